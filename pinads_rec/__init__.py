@@ -1,0 +1,1 @@
+"""pinads_rec: ads engagement prediction on TorchRec."""
