@@ -1,0 +1,25 @@
+# The two commands of the README: `make demo` and `make test`. Each sets up .venv on first use.
+PY := .venv/bin/python
+NPROC ?= 2
+CONFIG ?= configs/demo.yaml
+
+.PHONY: setup demo data test clean
+
+setup:
+	@bash scripts/setup_env.sh
+
+data/demo/summary.json: | setup
+	$(PY) -m pinads_rec.data.synth --config $(CONFIG) --out data/demo
+
+data: data/demo/summary.json
+
+# Generate the demo data, then train on $(NPROC) ranks launched through TorchX (gloo on CPU).
+demo: setup data
+	rm -rf runs/demo
+	.venv/bin/torchx run -s local_cwd dist.ddp -j 1x$(NPROC) --script pinads_rec/train.py -- --config $(CONFIG)
+
+test: setup
+	bash scripts/run_tests.sh $(ARGS)
+
+clean:
+	rm -rf data/demo runs

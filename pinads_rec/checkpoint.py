@@ -1,0 +1,74 @@
+"""Sharded checkpoints with ``torch.distributed.checkpoint`` (DCP).
+
+Layout: ``<run_dir>/checkpoints/step-<N>/`` holds the DCP shards of the model and optimizers and a
+``train_state.json`` (step, epoch, batches consumed in the epoch, LR schedule, config). A checkpoint
+is written to ``step-<N>.tmp`` and renamed once every rank has finished, so a crash while saving
+leaves the previous checkpoint as the latest loadable one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from pinads_rec import config
+
+STATE_FILE = "train_state.json"
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    epoch: int = 0
+    batches_in_epoch: int = 0  # batches of `epoch` already trained: resume skips exactly these
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def latest(run_dir: Path) -> Optional[Path]:
+    ckpts = [p for p in (Path(run_dir) / "checkpoints").glob("step-*")
+             if not p.name.endswith(".tmp") and (p / STATE_FILE).exists()]
+    return max(ckpts, key=lambda p: int(p.name.split("-")[1]), default=None)
+
+
+def save(run_dir: Path, state: TrainState, dmp, optimizer, schedule, cfg: config.ExperimentConfig,
+         keep: int = 3) -> Path:
+    root = Path(run_dir) / "checkpoints"
+    final, tmp = root / f"step-{state.step}", root / f"step-{state.step}.tmp"
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if rank0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    dcp.save({"model": dmp.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint_id=str(tmp))
+    _barrier()
+    if rank0:
+        meta = {"train": asdict(state), "schedule": schedule.state_dict(), "config": config.to_dict(cfg)}
+        (tmp / STATE_FILE).write_text(json.dumps(meta, indent=1, default=str))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        old = sorted((p for p in root.glob("step-*") if not p.name.endswith(".tmp")),
+                     key=lambda p: int(p.name.split("-")[1]))
+        for p in old[:-keep]:
+            shutil.rmtree(p, ignore_errors=True)
+    _barrier()
+    return final
+
+
+def load(path: Path, dmp, optimizer, schedule) -> TrainState:
+    state = {"model": dmp.state_dict(), "optimizer": optimizer.state_dict()}
+    dcp.load(state, checkpoint_id=str(path))
+    dmp.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    meta = json.loads((Path(path) / STATE_FILE).read_text())
+    schedule.load_state_dict(meta["schedule"])
+    return TrainState(**meta["train"])

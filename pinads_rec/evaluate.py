@@ -1,0 +1,355 @@
+"""Evaluation metrics for ads engagement prediction, per surface x per task, exact over all examples.
+
+What it computes, for every (surface, task) pair plus an ``"all"`` surface row per task:
+
+* ``auc``          exact ROC AUC over all examples (rank-based Mann-Whitney statistic, tied scores
+                   get the average rank, i.e. a tied positive/negative pair counts 1/2); nan when
+                   only one class is present.
+* ``log_loss``     mean binary cross-entropy of the predicted probabilities (clamped to
+                   [1e-7, 1 - 1e-7]).
+* ``ne``           normalized entropy = log_loss / H(p_bar), where p_bar is the empirical base rate
+                   and H(p) = -(p log p + (1 - p) log(1 - p)); nan when p_bar is 0 or 1.
+* ``calibration``  sum(predicted) / sum(labels); nan when there are no positives.
+* ``oracle_auc`` / ``oracle_ne``  the same AUC / NE computed from the generator's true
+                   probabilities (synthetic data only), ``None`` when the accumulator has no oracle.
+
+Metrics are exact, not bucketed/approximated: :class:`MetricAccumulator` keeps every evaluated
+example (detached CPU copies) and, when ``torch.distributed`` is initialized with more than one
+rank, gathers all examples from all ranks to every rank before computing, so every rank returns the
+same rows, equal to a single-process computation on the concatenation of the ranks' data (in rank
+order). Everything is computed in float64 with torch only.
+
+Labels are binary engagement labels; for AUC and the ``positives`` count a label is positive when
+it is > 0.5. Log loss / NE / calibration use the label values as given.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "EPS",
+    "auc",
+    "log_loss",
+    "normalized_entropy",
+    "calibration",
+    "MetricAccumulator",
+    "format_table",
+]
+
+EPS = 1e-7
+ALL_SURFACES = "all"
+
+
+# --------------------------------------------------------------------------------------------
+# Metric functions on 1-D tensors.
+# --------------------------------------------------------------------------------------------
+
+
+def _as_1d_f64(x: torch.Tensor, name: str) -> torch.Tensor:
+    x = torch.as_tensor(x)
+    if x.dim() != 1:
+        x = x.reshape(-1)
+    return x.detach().to(device="cpu", dtype=torch.float64)
+
+
+def _check_same_len(a: torch.Tensor, b: torch.Tensor) -> None:
+    if a.numel() != b.numel():
+        raise ValueError(f"length mismatch: {a.numel()} predictions vs {b.numel()} labels")
+
+
+def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """Exact ROC AUC, ties averaged. nan when only one class is present (or on nan scores).
+
+    Sorts once (``torch.unique``), groups equal scores, and for each group of tied scores counts
+    ``positives_in_group * (negatives_strictly_below + negatives_in_group / 2)``.
+    """
+    s = _as_1d_f64(scores, "scores")
+    y = _as_1d_f64(labels, "labels")
+    _check_same_len(s, y)
+    pos = y > 0.5
+    n_pos = int(pos.sum())
+    n_neg = s.numel() - n_pos
+    if n_pos == 0 or n_neg == 0 or bool(torch.isnan(s).any()):
+        return float("nan")
+    # uniq is sorted ascending; inverse maps every example to its tie group.
+    _, inverse = torch.unique(s, sorted=True, return_inverse=True)
+    n_groups = int(inverse.max()) + 1
+    pos_g = torch.zeros(n_groups, dtype=torch.int64).index_add_(0, inverse, pos.to(torch.int64))
+    tot_g = torch.bincount(inverse, minlength=n_groups)
+    neg_g = tot_g - pos_g
+    neg_below = torch.cumsum(neg_g, 0) - neg_g  # negatives with strictly lower score
+    num = (pos_g.to(torch.float64) * (neg_below.to(torch.float64) + 0.5 * neg_g.to(torch.float64))).sum()
+    return float(num / (float(n_pos) * float(n_neg)))
+
+
+def log_loss(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean binary cross-entropy (natural log), probs clamped to [1e-7, 1-1e-7]. nan when empty."""
+    p = _as_1d_f64(probs, "probs")
+    y = _as_1d_f64(labels, "labels")
+    _check_same_len(p, y)
+    if p.numel() == 0:
+        return float("nan")
+    p = p.clamp(EPS, 1.0 - EPS)
+    ll = -(y * torch.log(p) + (1.0 - y) * torch.log1p(-p))
+    return float(ll.mean())
+
+
+def _entropy(p: float) -> float:
+    return -(p * math.log(p) + (1.0 - p) * math.log(1.0 - p))
+
+
+def normalized_entropy(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """Log loss divided by the entropy of the empirical base rate. nan if base rate is 0 or 1."""
+    p = _as_1d_f64(probs, "probs")
+    y = _as_1d_f64(labels, "labels")
+    _check_same_len(p, y)
+    if y.numel() == 0:
+        return float("nan")
+    base = float(y.mean())
+    if not (0.0 < base < 1.0):
+        return float("nan")
+    return log_loss(p, y) / _entropy(base)
+
+
+def calibration(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """Sum of predicted probabilities / sum of labels. nan if there are no positives."""
+    p = _as_1d_f64(probs, "probs")
+    y = _as_1d_f64(labels, "labels")
+    _check_same_len(p, y)
+    sy = float(y.sum())
+    if sy == 0.0:
+        return float("nan")
+    return float(p.sum()) / sy
+
+
+# --------------------------------------------------------------------------------------------
+# Accumulator (exact, all examples, optionally gathered across ranks).
+# --------------------------------------------------------------------------------------------
+
+
+class MetricAccumulator:
+    """Collects predictions over an evaluation pass and computes per-surface x per-task metrics.
+
+    ``update`` keeps detached CPU copies of the valid rows; ``compute`` returns a list of dict rows
+    (surfaces in the given order, then ``"all"``; tasks in the given order within each surface).
+    """
+
+    def __init__(self, tasks: Sequence[str], surfaces: Sequence[str], has_oracle: bool = False) -> None:
+        self.tasks: List[str] = list(tasks)
+        self.surfaces: List[str] = list(surfaces)
+        self.has_oracle = bool(has_oracle)
+        if not self.tasks:
+            raise ValueError("MetricAccumulator needs at least one task")
+        if not self.surfaces:
+            raise ValueError("MetricAccumulator needs at least one surface")
+        if ALL_SURFACES in self.surfaces:
+            raise ValueError(f"surface name {ALL_SURFACES!r} is reserved for the aggregate row")
+        self.reset()
+
+    def reset(self) -> None:
+        self._probs: List[torch.Tensor] = []
+        self._labels: List[torch.Tensor] = []
+        self._surface: List[torch.Tensor] = []
+        self._true: List[torch.Tensor] = []
+
+    @property
+    def num_examples(self) -> int:
+        """Examples held locally (before any cross-rank gather)."""
+        return sum(int(t.shape[0]) for t in self._surface)
+
+    def update(
+        self,
+        probs: torch.Tensor,
+        labels: torch.Tensor,
+        surface: torch.Tensor,
+        true_probs: Optional[torch.Tensor] = None,
+        valid: Optional[torch.Tensor] = None,
+    ) -> None:
+        """Add a batch: probs/labels/true_probs ``[B, T]``, surface ``[B]`` int64 index, valid ``[B]`` bool."""
+        T = len(self.tasks)
+        probs = probs.detach()
+        labels = labels.detach()
+        surface = surface.detach()
+        if probs.dim() == 1 and T == 1:
+            probs = probs.unsqueeze(1)
+        if labels.dim() == 1 and T == 1:
+            labels = labels.unsqueeze(1)
+        if probs.dim() != 2 or probs.shape[1] != T:
+            raise ValueError(f"probs must be [B, {T}], got {tuple(probs.shape)}")
+        B = probs.shape[0]
+        if tuple(labels.shape) != (B, T):
+            raise ValueError(f"labels must be [{B}, {T}], got {tuple(labels.shape)}")
+        if tuple(surface.shape) != (B,):
+            raise ValueError(f"surface must be [{B}], got {tuple(surface.shape)}")
+        if self.has_oracle:
+            if true_probs is None:
+                raise ValueError("has_oracle=True but update() got no true_probs")
+            true_probs = true_probs.detach()
+            if true_probs.dim() == 1 and T == 1:
+                true_probs = true_probs.unsqueeze(1)
+            if tuple(true_probs.shape) != (B, T):
+                raise ValueError(f"true_probs must be [{B}, {T}], got {tuple(true_probs.shape)}")
+        if valid is not None:
+            valid = valid.detach().to(device=probs.device, dtype=torch.bool).reshape(-1)
+            if valid.numel() != B:
+                raise ValueError(f"valid must be [{B}], got {tuple(valid.shape)}")
+            probs = probs[valid]
+            labels = labels.to(probs.device)[valid]
+            surface = surface.to(probs.device)[valid]
+            if self.has_oracle:
+                true_probs = true_probs.to(probs.device)[valid]
+        surface = surface.to(device="cpu", dtype=torch.int64)
+        if surface.numel() and (int(surface.min()) < 0 or int(surface.max()) >= len(self.surfaces)):
+            raise ValueError(
+                f"surface index out of range [0, {len(self.surfaces)}): "
+                f"min {int(surface.min())}, max {int(surface.max())}"
+            )
+        # .to("cpu") is a no-op on CPU tensors, so clone to never alias the caller's buffers.
+        self._probs.append(probs.to("cpu", copy=True))
+        self._labels.append(labels.to("cpu", copy=True))
+        self._surface.append(surface.clone())
+        if self.has_oracle:
+            self._true.append(true_probs.to("cpu", copy=True))
+
+    # ---- gathering --------------------------------------------------------------------------
+
+    def _local_packed(self) -> torch.Tensor:
+        """All local examples as one float64 ``[n, 1 + T (+T) + T]`` tensor: surface | probs | labels | true."""
+        T = len(self.tasks)
+        n_cols = 1 + 2 * T + (T if self.has_oracle else 0)
+        if not self._surface:
+            return torch.zeros(0, n_cols, dtype=torch.float64)
+        cols = [
+            torch.cat(self._surface).to(torch.float64).unsqueeze(1),  # exact for indices < 2**53
+            torch.cat(self._probs).to(torch.float64),
+            torch.cat(self._labels).to(torch.float64),
+        ]
+        if self.has_oracle:
+            cols.append(torch.cat(self._true).to(torch.float64))
+        return torch.cat(cols, dim=1)
+
+    @staticmethod
+    def _gather(local: torch.Tensor, group: Any) -> torch.Tensor:
+        """All-gather variable-length row blocks from every rank, concatenated in rank order."""
+        world = dist.get_world_size(group=group)
+        device = torch.device("cpu")
+        if "nccl" in str(dist.get_backend(group)).lower():
+            device = torch.device("cuda", torch.cuda.current_device())
+        n_cols = local.shape[1]
+        size = torch.tensor([local.shape[0]], dtype=torch.int64, device=device)
+        sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+        dist.all_gather(sizes, size, group=group)
+        sizes_l = [int(s.item()) for s in sizes]
+        max_n = max(max(sizes_l), 1)  # never exchange zero-size tensors
+        padded = torch.zeros(max_n, n_cols, dtype=torch.float64, device=device)
+        padded[: local.shape[0]] = local.to(device)
+        outs = [torch.empty(max_n, n_cols, dtype=torch.float64, device=device) for _ in range(world)]
+        dist.all_gather(outs, padded, group=group)
+        return torch.cat([o[:n].cpu() for o, n in zip(outs, sizes_l)], dim=0)
+
+    # ---- compute ----------------------------------------------------------------------------
+
+    def compute(self, process_group: Any = None) -> List[Dict[str, Any]]:
+        """Metrics rows for every surface (then ``"all"``) x task, over all examples of all ranks.
+
+        Collective when torch.distributed is initialized with world size > 1: every rank of
+        ``process_group`` must call it.
+        """
+        T = len(self.tasks)
+        data = self._local_packed()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size(group=process_group) > 1:
+            data = self._gather(data, process_group)
+        surface = data[:, 0].to(torch.int64)
+        probs = data[:, 1 : 1 + T]
+        labels = data[:, 1 + T : 1 + 2 * T]
+        true = data[:, 1 + 2 * T : 1 + 3 * T] if self.has_oracle else None
+
+        rows: List[Dict[str, Any]] = []
+        selections = [(name, surface == i) for i, name in enumerate(self.surfaces)]
+        selections.append((ALL_SURFACES, None))
+        for name, mask in selections:
+            for t, task in enumerate(self.tasks):
+                p = probs[:, t] if mask is None else probs[mask, t]
+                y = labels[:, t] if mask is None else labels[mask, t]
+                row: Dict[str, Any] = {
+                    "surface": name,
+                    "task": task,
+                    "examples": int(y.numel()),
+                    "positives": int((y > 0.5).sum()),
+                    "auc": auc(p, y),
+                    "ne": normalized_entropy(p, y),
+                    "log_loss": log_loss(p, y),
+                    "calibration": calibration(p, y),
+                    "oracle_auc": None,
+                    "oracle_ne": None,
+                }
+                if true is not None:
+                    q = true[:, t] if mask is None else true[mask, t]
+                    row["oracle_auc"] = auc(q, y)
+                    row["oracle_ne"] = normalized_entropy(q, y)
+                rows.append(row)
+        return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Text table.
+# --------------------------------------------------------------------------------------------
+
+
+def _fmt(x: Optional[float], spec: str = ".4f") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isnan(x):
+        return "nan"
+    return format(x, spec)
+
+
+def _lift(row: Dict[str, Any]) -> Optional[float]:
+    a, o = row.get("auc"), row.get("oracle_auc")
+    if a is None or o is None:
+        return None
+    if math.isnan(a) or math.isnan(o) or o == 0.5:
+        return float("nan")
+    return (a - 0.5) / (o - 0.5)
+
+
+def format_table(rows: Sequence[Dict[str, Any]]) -> str:
+    """Fixed-width text table of :meth:`MetricAccumulator.compute` rows.
+
+    Lift = (auc - 0.5) / (oracle_auc - 0.5): the fraction of the oracle's attainable AUC gain over
+    random that the model achieves ("-" without an oracle).
+    """
+    headers = ["surface", "task", "n", "pos_rate", "AUC", "oAUC", "lift", "NE", "oNE", "logloss", "calib"]
+    body: List[List[str]] = []
+    for r in rows:
+        n = int(r["examples"])
+        pos_rate = r["positives"] / n if n else float("nan")
+        body.append(
+            [
+                str(r["surface"]),
+                str(r["task"]),
+                str(n),
+                _fmt(pos_rate),
+                _fmt(r["auc"]),
+                _fmt(r.get("oracle_auc")),
+                _fmt(_lift(r), ".3f"),
+                _fmt(r["ne"]),
+                _fmt(r.get("oracle_ne")),
+                _fmt(r["log_loss"]),
+                _fmt(r["calibration"], ".3f"),
+            ]
+        )
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(headers)]
+    left = {0, 1}  # text columns left-aligned, numbers right-aligned
+
+    def line(cells: List[str]) -> str:
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    out = [line(headers), "  ".join("-" * w for w in widths)]
+    out.extend(line(b) for b in body)
+    return "\n".join(out)

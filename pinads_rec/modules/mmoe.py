@@ -1,0 +1,32 @@
+"""Multi-gate Mixture-of-Experts (MMoE) with per-task towers giving per-surface logits.
+
+Shared MLP experts; one softmax gate per task mixes them; each task's tower maps its mixture to one
+logit per surface (unified-surfaces article: one model, surface-specific heads).
+
+In: x [B, D]. Out: logits [B, T, S] for T tasks and S surfaces.
+"""
+
+from typing import List
+
+import torch
+from torch import nn
+from torchrec.modules.mlp import MLP
+
+
+class MMoE(nn.Module):
+    def __init__(self, in_features: int, num_tasks: int, num_surfaces: int, num_experts: int,
+                 expert_dims: List[int], tower_dims: List[int]):
+        super().__init__()
+        self.experts = nn.ModuleList(MLP(in_features, expert_dims) for _ in range(num_experts))
+        self.gates = nn.Linear(in_features, num_tasks * num_experts)
+        self.towers = nn.ModuleList(
+            nn.Sequential(MLP(expert_dims[-1], tower_dims), nn.Linear(tower_dims[-1], num_surfaces))
+            if tower_dims else nn.Linear(expert_dims[-1], num_surfaces)
+            for _ in range(num_tasks))
+        self.num_tasks, self.num_experts = num_tasks, num_experts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        experts = torch.stack([e(x) for e in self.experts], dim=1)  # [B, E, H]
+        gates = self.gates(x).view(-1, self.num_tasks, self.num_experts).softmax(dim=-1)  # [B, T, E]
+        mixed = torch.bmm(gates, experts)  # [B, T, H]
+        return torch.stack([tower(mixed[:, t]) for t, tower in enumerate(self.towers)], dim=1)

@@ -1,0 +1,167 @@
+"""Parallelism in one place: process group, planner, sharders, DistributedModelParallel, optimizers.
+
+The model (``models/ranker.py``) is a plain module built on the meta device; everything that knows
+about ranks, devices and sharding lives here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.types import ShardingEnv, ShardingPlan, ShardingType
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+from pinads_rec.config import ExperimentConfig, TrainConfig
+from pinads_rec.models.ranker import embedding_bag_configs, embedding_configs
+
+
+@dataclass
+class Distributed:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(timeout_s: float = 600.0) -> Distributed:
+    """Joins the process group torchrun/TorchX set up (env://): NCCL with CUDA, gloo without.
+    Without a launcher it runs as a world of one."""
+    if torch.cuda.is_available():
+        backend = "nccl"
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        backend, local_rank, device = "gloo", int(os.environ.get("LOCAL_RANK", 0)), torch.device("cpu")
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+            init = f"file://{os.path.abspath(os.environ.get('PINADS_RDZV_FILE', '/tmp/pinads_rec_single_rdzv_' + str(os.getpid())))}"
+            dist.init_process_group(backend, init_method=init, rank=0, world_size=1,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
+        else:
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return Distributed(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
+
+
+# --- sharding --------------------------------------------------------------------------------
+
+
+class BagSharder(EmbeddingBagCollectionSharder):
+    """The stock sharder offers row-wise only on CUDA; fbgemm's CPU kernels run it correctly too."""
+
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        types = super().sharding_types(compute_device_type)
+        extra = [ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value]
+        return types + [t for t in extra if t not in types]
+
+
+def sharders() -> list:
+    return [BagSharder(), EmbeddingCollectionSharder()]
+
+
+def constraints(cfg: ExperimentConfig, compute_device: str) -> Dict[str, ParameterConstraints]:
+    """Per-table allowed sharding types: the config's choice, minus what the device cannot run."""
+    bag = {ShardingType.DATA_PARALLEL.value, ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value,
+           ShardingType.TABLE_COLUMN_WISE.value, ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value}
+    seq = {ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value, ShardingType.ROW_WISE.value}
+    if compute_device == "cuda":
+        seq.add(ShardingType.DATA_PARALLEL.value)
+    # On CPU an EmbeddingCollection table planned data_parallel crashes in forward: never plan it.
+    wanted = set(cfg.train.sharding_types)
+    out = {}
+    for tables, allowed in ((embedding_bag_configs(cfg.features), bag), (embedding_configs(cfg.features), seq)):
+        for t in tables:
+            types = sorted(allowed & wanted) if wanted else sorted(allowed)
+            if not types:
+                raise ValueError(f"train.sharding_types {sorted(wanted)} leaves table {t.name!r} no sharding "
+                                 f"type it can use on {compute_device} (allowed: {sorted(allowed)})")
+            out[t.name] = ParameterConstraints(sharding_types=types)
+    return out
+
+
+def plan_sharding(model: nn.Module, cfg: ExperimentConfig, env: Distributed,
+                  local_world_size: Optional[int] = None) -> ShardingPlan:
+    compute = env.device.type
+    topology = Topology(world_size=env.world_size, compute_device=compute,
+                        local_world_size=local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)))
+    planner = EmbeddingShardingPlanner(topology=topology, batch_size=cfg.data.batch_size,
+                                       constraints=constraints(cfg, compute), debug=False)
+    if env.world_size > 1:
+        return planner.collective_plan(model, sharders(), dist.GroupMember.WORLD)
+    return planner.plan(model, sharders())
+
+
+def shard(model: nn.Module, cfg: ExperimentConfig, env: Distributed,
+          plan: Optional[ShardingPlan] = None) -> DistributedModelParallel:
+    """Fused embedding optimizers are attached first, so the sharded tables update inside backward."""
+    attach_embedding_optimizer(model, cfg.train, env.device)
+    plan = plan or plan_sharding(model, cfg, env)
+    return DistributedModelParallel(module=model, env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
+                                    device=env.device, plan=plan, sharders=sharders())
+
+
+def attach_embedding_optimizer(model: nn.Module, train: TrainConfig, device: torch.device) -> None:
+    kind = train.embedding_optimizer
+    if kind == "adam" and device.type != "cuda":
+        raise ValueError("train.embedding_optimizer: adam is CUDA-only in fbgemm; use rowwise_adagrad on CPU")
+    optim_cls, kwargs = {
+        "rowwise_adagrad": (RowWiseAdagrad, {"lr": train.embedding_lr, "eps": 1e-8}),
+        "adagrad": (torch.optim.Adagrad, {"lr": train.embedding_lr, "eps": 1e-8}),
+        "sgd": (torch.optim.SGD, {"lr": train.embedding_lr}),
+        "adam": (torch.optim.Adam, {"lr": train.embedding_lr}),
+    }[kind]
+    for name, module in model.named_modules():
+        if type(module).__name__ in ("EmbeddingBagCollection", "EmbeddingCollection"):
+            apply_optimizer_in_backward(optim_cls, module.parameters(), kwargs)
+
+
+def make_optimizer(dmp: DistributedModelParallel, train: TrainConfig, total_steps: int):
+    """Adam(W) for dense parameters combined with the fused embedding optimizers, and the LR schedule
+    (linear warm-up, then linear decay to final_lr_ratio) applied to the dense part."""
+    dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+    dense = KeyedOptimizerWrapper(
+        dense_params, lambda params: torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay))
+    optimizer = CombinedOptimizer([("dense", dense), ("sparse", dmp.fused_optimizer)])
+    schedule = torch.optim.lr_scheduler.LambdaLR(dense, lr_lambda=lr_multiplier(train, total_steps))
+    return optimizer, schedule
+
+
+def lr_multiplier(train: TrainConfig, total_steps: int):
+    warmup, final = train.warmup_steps, train.final_lr_ratio
+
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        span = max(total_steps - warmup, 1)
+        return 1.0 - (1.0 - final) * min(max(step - warmup, 0) / span, 1.0)
+
+    return f
+
+
+def all_reduce_int(value: int, op=dist.ReduceOp.MIN) -> int:
+    t = torch.tensor([value], dtype=torch.int64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        if dist.get_backend() == "nccl":
+            t = t.cuda()
+        dist.all_reduce(t, op=op)
+    return int(t.item())

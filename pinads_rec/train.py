@@ -1,0 +1,222 @@
+"""Train the unified ranker: the script torchrun / TorchX launch on every rank.
+
+    torchx run dist.ddp -j 1x2 --script pinads_rec/train.py -- --config configs/demo.yaml
+    python -m pinads_rec.train --config configs/demo.yaml --set train.max_steps=100   # one process
+
+Planner + DistributedModelParallel shard the embedding collections, ``TrainPipelineSparseDist``
+overlaps the next batch's copy and input all-to-all with the current step, an eval pass reports
+AUC / NE / log loss / calibration per surface x per task (with the oracle when the data has it), and
+``torch.distributed.checkpoint`` saves and resumes the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+# Launched as a script (torchx --script pinads_rec/train.py), the repo root is not on sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pinads_rec import checkpoint, config  # noqa: E402
+from pinads_rec.data.batch import Batch  # noqa: E402
+from pinads_rec.data.contract import ContractError  # noqa: E402
+from pinads_rec.data.loader import make_loader  # noqa: E402
+from pinads_rec.evaluate import MetricAccumulator, format_table  # noqa: E402
+from pinads_rec.models.ranker import RankerTrainTask, UnifiedRanker  # noqa: E402
+from pinads_rec import parallel  # noqa: E402
+
+log = logging.getLogger("pinads_rec.train")
+DEFAULT_CONFIG = "configs/demo.yaml"
+
+
+class EndTogether:
+    """Stops every rank's iteration at the same step: one rank running out of batches ends the
+    epoch for all, instead of leaving the others blocked in a collective."""
+
+    def __init__(self, batches: Iterator[Batch], group: Optional[dist.ProcessGroup]):
+        self.batches, self.group = batches, group
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Batch:
+        batch = next(self.batches, None)
+        flag = torch.tensor([0 if batch is None else 1])
+        if self.group is not None:
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        if not flag.item():
+            raise StopIteration
+        return batch
+
+
+def build(cfg: config.ExperimentConfig, env: parallel.Distributed, plan=None):
+    torch.manual_seed(cfg.train.seed)
+    # Embedding tables are created on the meta device: DMP allocates each rank's shards only.
+    model = UnifiedRanker(cfg.features, cfg.model, device=torch.device("meta"))
+    dmp = parallel.shard(RankerTrainTask(model), cfg, env, plan)
+    return dmp
+
+
+def evaluate(dmp, cfg: config.ExperimentConfig, env: parallel.Distributed, group) -> List[dict]:
+    """One pass over the held-out files; ranks that run out early replay a batch marked invalid
+    so every rank takes part in every sharded forward."""
+    tasks = [t.name for t in cfg.features.tasks]
+    has_oracle = all(t.true_probability_column for t in cfg.features.tasks)
+    acc = MetricAccumulator(tasks, cfg.features.surfaces, has_oracle)
+    loader = make_loader(cfg, cfg.data.eval_dir, env.rank, env.world_size, shuffle=False)
+    batches, last = iter(loader), None
+    dmp.eval()
+    with torch.no_grad():
+        while True:
+            batch = next(batches, None)
+            flag = torch.tensor([0 if batch is None else 1])
+            if group is not None:
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+            if not flag.item():
+                break
+            valid = batch is not None
+            batch = batch if valid else last
+            if batch is None:
+                raise ContractError(f"rank {env.rank} got no eval rows: {cfg.data.eval_dir} has fewer row "
+                                    f"groups than the {env.world_size} ranks")
+            last = batch
+            _, (_, logits, labels) = dmp(batch.to(env.device))
+            acc.update(torch.sigmoid(logits.float()).cpu(), labels.cpu(), batch.surface,
+                       batch.true_probs, valid=batch.valid & valid)
+    dmp.train()
+    return acc.compute()
+
+
+def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
+    run_dir = Path(cfg.train.run_dir)
+    data_group = dist.new_group(backend="gloo") if env.world_size > 1 else None
+    dmp = build(cfg, env)
+    loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True,
+                         pin_memory=env.device.type == "cuda")
+    dataset = loader.dataset
+    steps_per_epoch = max(dataset.num_rows // (cfg.data.batch_size * env.world_size), 1)
+    total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
+    optimizer, schedule = parallel.make_optimizer(dmp, cfg.train, total_steps)
+
+    state = checkpoint.TrainState()
+    latest = checkpoint.latest(run_dir)
+    if latest is not None:
+        state = checkpoint.load(latest, dmp, optimizer, schedule)
+        if env.is_main:
+            log.info("resumed from %s (step %d, epoch %d)", latest, state.step, state.epoch)
+
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, env.device, execute_all_batches=True)
+    metrics_log = run_dir / "metrics.jsonl"
+    if env.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(config.to_dict(cfg), indent=1))
+    bar = tqdm(total=total_steps, initial=state.step, disable=not env.is_main, unit="step",
+               mininterval=1.0 if sys.stderr.isatty() else 15.0, dynamic_ncols=True)
+    global_batch = cfg.data.batch_size * env.world_size
+    started, examples, window_loss, window_n = time.perf_counter(), 0, 0.0, 0
+
+    done = bool(cfg.train.max_steps) and state.step >= cfg.train.max_steps
+    for epoch in range(state.epoch, cfg.train.epochs):
+        if done:
+            break
+        dataset.set_epoch(epoch)
+        batches = iter(loader)
+        for _ in range(state.batches_in_epoch):  # resume at the same place in the epoch
+            next(batches)
+        it = EndTogether(batches, data_group)
+        while True:
+            try:
+                loss, _, labels = pipeline.progress(it)
+            except StopIteration:
+                break
+            schedule.step()
+            state.step += 1
+            state.batches_in_epoch += 1
+            examples += labels.shape[0] * env.world_size
+            window_loss += float(loss)
+            window_n += 1
+            bar.update(1)
+            if state.step % cfg.train.log_every == 0:
+                rate = examples / (time.perf_counter() - started)
+                record = {"step": state.step, "epoch": epoch, "loss": window_loss / window_n,
+                          "lr": schedule.get_last_lr()[0], "examples_per_s": rate}
+                bar.set_postfix(loss=f"{record['loss']:.4f}", ex_s=f"{rate:,.0f}")
+                if env.is_main:
+                    with metrics_log.open("a") as f:
+                        f.write(json.dumps(record) + "\n")
+                window_loss, window_n = 0.0, 0
+            if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
+                checkpoint.save(run_dir, state, dmp, optimizer, schedule, cfg)
+            if cfg.train.max_steps and state.step >= cfg.train.max_steps:
+                done = True
+                break
+        if not done:
+            state.epoch, state.batches_in_epoch = epoch + 1, 0
+    bar.close()
+    elapsed = time.perf_counter() - started
+    throughput = examples / elapsed if elapsed > 0 else 0.0
+
+    pipeline.detach()
+    checkpoint.save(run_dir, state, dmp, optimizer, schedule, cfg)
+    rows = evaluate(dmp, cfg, env, data_group)
+    summary = {"step": state.step, "train_examples_per_s": throughput, "train_seconds": elapsed,
+               "world_size": env.world_size, "global_batch": global_batch, "eval": rows}
+    if env.is_main:
+        print(f"\ntrained {state.step} steps on {env.world_size} rank(s): {throughput:,.0f} examples/s")
+        print(format_table(rows))
+        with metrics_log.open("a") as f:
+            f.write(json.dumps(summary, default=float) + "\n")
+    return summary
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("config_path", nargs="?", help=argparse.SUPPRESS)
+    p.add_argument("--config", default=None, help=f"experiment YAML (default {DEFAULT_CONFIG})")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any config field, e.g. --set train.max_steps=100 (repeatable)")
+    args = p.parse_args(argv)
+    args.config = args.config or (args.config_path if args.config_path and args.config_path.endswith(
+        (".yaml", ".yml")) else None) or DEFAULT_CONFIG
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for noisy in ("torchrec", "torch.distributed"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        cfg = config.load(args.config, args.overrides)
+    except config.ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    env = parallel.init_distributed()
+    try:
+        train(cfg, env)
+    except ContractError as e:
+        # A DataLoader worker's error arrives wrapped with its traceback; the user needs the last line.
+        message = str(e).strip().splitlines()[-1]
+        print(f"[rank {env.rank}] data error: {message}", file=sys.stderr, flush=True)
+        # Exit at once: the launcher then stops the other ranks instead of leaving them in a collective.
+        os._exit(2)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

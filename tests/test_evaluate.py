@@ -1,0 +1,316 @@
+"""Tests for pinads_rec.evaluate: exact AUC (with ties), NE / log loss / calibration, per-surface
+accumulation, and the cross-rank gather (2 gloo processes, FILE rendezvous)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from pinads_rec.evaluate import (
+    MetricAccumulator,
+    auc,
+    calibration,
+    format_table,
+    log_loss,
+    normalized_entropy,
+)
+
+
+
+def T(x):
+    """float64 tensor, so hand-computed decimals (0.8, 0.4, ...) are represented exactly enough."""
+    return torch.tensor(x, dtype=torch.float64)
+
+
+
+def _pairwise_auc(scores, labels) -> float:
+    """O(n^2) reference: P(score_pos > score_neg) + 1/2 P(tie)."""
+    s = [float(x) for x in scores]
+    y = [float(x) for x in labels]
+    pos = [a for a, l in zip(s, y) if l > 0.5]
+    neg = [a for a, l in zip(s, y) if l <= 0.5]
+    total = 0.0
+    for p in pos:
+        for n in neg:
+            total += 1.0 if p > n else (0.5 if p == n else 0.0)
+    return total / (len(pos) * len(neg))
+
+
+def _same(a, b, rel=1e-12) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    if isinstance(a, float) and math.isnan(a):
+        return isinstance(b, float) and math.isnan(b)
+    return a == pytest.approx(b, rel=rel, abs=1e-15)
+
+
+def _rows_equal(r1, r2) -> None:
+    assert len(r1) == len(r2)
+    for a, b in zip(r1, r2):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert _same(a[k], b[k]), (a["surface"], a["task"], k, a[k], b[k])
+
+
+# --------------------------------------------------------------------------------------------
+# AUC
+# --------------------------------------------------------------------------------------------
+
+
+def test_auc_hand_example():
+    # positive 0.35 beats negative 0.1 only, positive 0.8 beats both: 3 of 4 pairs.
+    assert auc(T([0.1, 0.4, 0.35, 0.8]), T([0, 0, 1, 1])) == pytest.approx(0.75)
+
+
+def test_auc_with_ties_hand_example():
+    # positives: 0.3, 0.6, 0.6; negatives: 0.3, 0.6, 0.9.
+    # pos 0.3: tie with neg 0.3 (1/2)            -> 0.5
+    # pos 0.6: beats 0.3 (1), ties 0.6 (1/2)     -> 1.5, twice -> 3.0
+    # 3.5 / 9 pairs
+    scores = T([0.3, 0.3, 0.6, 0.6, 0.6, 0.9])
+    labels = T([0, 1, 0, 1, 1, 0])
+    assert auc(scores, labels) == pytest.approx(3.5 / 9)
+    # order of examples is irrelevant
+    perm = torch.tensor([5, 2, 0, 4, 1, 3])
+    assert auc(scores[perm], labels[perm]) == pytest.approx(3.5 / 9)
+    # all scores tied -> 0.5; perfect and inverted rankings
+    assert auc(torch.full((6,), 0.4), labels) == pytest.approx(0.5)
+    assert auc(T([0.1, 0.2, 0.8, 0.9]), T([0, 0, 1, 1])) == pytest.approx(1.0)
+    assert auc(T([0.9, 0.8, 0.2, 0.1]), T([0, 0, 1, 1])) == pytest.approx(0.0)
+
+
+def test_auc_one_class_is_nan():
+    assert math.isnan(auc(T([0.1, 0.5, 0.9]), T([1, 1, 1])))
+    assert math.isnan(auc(T([0.1, 0.5, 0.9]), T([0, 0, 0])))
+    assert math.isnan(auc(T([]), T([])))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_auc_matches_pairwise_bruteforce_with_ties(seed):
+    g = torch.Generator().manual_seed(seed)
+    n = 300
+    # coarse scores -> many ties; labels correlated with score
+    scores = torch.randint(0, 25, (n,), generator=g).to(torch.float32) / 25
+    labels = (torch.rand(n, generator=g) < 0.2 + 0.6 * scores).to(torch.float32)
+    assert 0 < labels.sum() < n
+    assert auc(scores, labels) == pytest.approx(_pairwise_auc(scores, labels), rel=1e-12)
+    # also continuous scores (float64, no ties)
+    s2 = torch.rand(n, generator=g, dtype=torch.float64)
+    assert auc(s2, labels) == pytest.approx(_pairwise_auc(s2, labels), rel=1e-12)
+
+
+# --------------------------------------------------------------------------------------------
+# Log loss / NE / calibration
+# --------------------------------------------------------------------------------------------
+
+
+def test_log_loss_ne_calibration_hand_example_balanced():
+    probs, labels = T([0.8, 0.4]), T([1.0, 0.0])
+    # -(ln 0.8 + ln 0.6) / 2
+    assert log_loss(probs, labels) == pytest.approx(0.3669845875401002, rel=1e-12)
+    # base rate 0.5 -> entropy ln 2
+    assert normalized_entropy(probs, labels) == pytest.approx(0.3669845875401002 / math.log(2), rel=1e-12)
+    assert normalized_entropy(probs, labels) == pytest.approx(0.5294468445267843, rel=1e-12)
+    assert calibration(probs, labels) == pytest.approx(1.2)
+
+
+def test_log_loss_ne_calibration_hand_example_skewed():
+    probs, labels = T([0.1, 0.2, 0.3, 0.6]), T([0.0, 0.0, 0.0, 1.0])
+    # -(ln .9 + ln .8 + ln .7 + ln .6) / 4
+    assert log_loss(probs, labels) == pytest.approx(0.2990011586691898, rel=1e-12)
+    # H(0.25) = -(0.25 ln 0.25 + 0.75 ln 0.75) = 0.5623351446...
+    assert normalized_entropy(probs, labels) == pytest.approx(0.2990011586691898 / 0.5623351446188083, rel=1e-12)
+    assert calibration(probs, labels) == pytest.approx(1.2 / 1.0)
+    # predicting the base rate everywhere gives NE == 1
+    assert normalized_entropy(torch.full((4,), 0.25), labels) == pytest.approx(1.0, rel=1e-12)
+
+
+def test_clamping_and_degenerate_cases():
+    # p = 0 for a positive is clamped to 1e-7: loss = -ln(1e-7)
+    assert log_loss(T([0.0]), T([1.0])) == pytest.approx(-math.log(1e-7), rel=1e-9)
+    assert log_loss(T([1.0]), T([0.0])) == pytest.approx(-math.log(1e-7), rel=1e-6)
+    assert math.isfinite(log_loss(T([0.0, 1.0]), T([0.0, 1.0])))
+    # base rate 0 or 1 -> NE nan; no positives -> calibration nan
+    assert math.isnan(normalized_entropy(T([0.2, 0.3]), T([0.0, 0.0])))
+    assert math.isnan(normalized_entropy(T([0.2, 0.3]), T([1.0, 1.0])))
+    assert math.isnan(calibration(T([0.2, 0.3]), T([0.0, 0.0])))
+    assert math.isnan(log_loss(T([]), T([])))
+
+
+# --------------------------------------------------------------------------------------------
+# Accumulator
+# --------------------------------------------------------------------------------------------
+
+
+def _row(rows, surface, task):
+    (r,) = [r for r in rows if r["surface"] == surface and r["task"] == task]
+    return r
+
+
+def test_accumulator_groups_by_surface():
+    tasks = ["click", "save"]
+    surfaces = ["home", "search", "related"]
+    acc = MetricAccumulator(tasks, surfaces, has_oracle=True)
+    # home: perfect ranking for click (AUC 1); search: inverted (AUC 0); related: the ties example.
+    home_p = T([[0.1, 0.3], [0.2, 0.3], [0.8, 0.3], [0.9, 0.3]])
+    home_y = T([[0, 0], [0, 1], [1, 0], [1, 1]])
+    search_p = T([[0.9, 0.5], [0.8, 0.5], [0.2, 0.5], [0.1, 0.5]])
+    search_y = T([[0, 1], [0, 0], [1, 1], [1, 0]])
+    rel_s = T([0.3, 0.3, 0.6, 0.6, 0.6, 0.9])
+    rel_p = torch.stack([rel_s, 1 - rel_s], 1)
+    rel_y = torch.stack([T([0, 1, 0, 1, 1, 0]), T([0, 1, 0, 1, 1, 0])], 1)
+
+    probs = torch.cat([home_p, search_p, rel_p])
+    labels = torch.cat([home_y, search_y, rel_y])
+    surface = torch.tensor([0] * 4 + [1] * 4 + [2] * 6, dtype=torch.int64)
+    true = probs.clone()
+    # feed in two interleaved batches (shuffled), plus garbage rows masked out by `valid`
+    perm = torch.randperm(14, generator=torch.Generator().manual_seed(0))
+    junk_p, junk_y = torch.full((3, 2), 0.99), torch.zeros(3, 2)
+    junk_s = torch.tensor([0, 1, 2])
+    for half in (perm[:7], perm[7:]):
+        acc.update(
+            torch.cat([probs[half], junk_p]),
+            torch.cat([labels[half], junk_y]),
+            torch.cat([surface[half], junk_s]),
+            true_probs=torch.cat([true[half], junk_p]),
+            valid=torch.cat([torch.ones(len(half), dtype=torch.bool), torch.zeros(3, dtype=torch.bool)]),
+        )
+    assert acc.num_examples == 14
+    rows = acc.compute()
+    assert [(r["surface"], r["task"]) for r in rows] == [
+        (s, t) for s in surfaces + ["all"] for t in tasks
+    ]
+
+    assert _row(rows, "home", "click")["auc"] == pytest.approx(1.0)
+    assert _row(rows, "search", "click")["auc"] == pytest.approx(0.0)
+    assert _row(rows, "related", "click")["auc"] == pytest.approx(3.5 / 9)
+    assert _row(rows, "related", "save")["auc"] == pytest.approx(1 - 3.5 / 9)
+    assert _row(rows, "home", "save")["auc"] == pytest.approx(0.5)  # constant prediction
+    r = _row(rows, "home", "click")
+    assert (r["examples"], r["positives"]) == (4, 2)
+    assert r["calibration"] == pytest.approx((0.1 + 0.2 + 0.8 + 0.9) / 2)
+    assert r["log_loss"] == pytest.approx(log_loss(home_p[:, 0], home_y[:, 0]))
+    assert r["ne"] == pytest.approx(normalized_entropy(home_p[:, 0], home_y[:, 0]))
+    # oracle == model here
+    for r in rows:
+        assert _same(r["oracle_auc"], r["auc"]) and _same(r["oracle_ne"], r["ne"])
+
+    a = _row(rows, "all", "click")
+    assert (a["examples"], a["positives"]) == (14, 7)
+    assert a["auc"] == pytest.approx(_pairwise_auc(probs[:, 0], labels[:, 0]))
+    assert a["ne"] == pytest.approx(normalized_entropy(probs[:, 0], labels[:, 0]))
+    assert a["calibration"] == pytest.approx(float(probs[:, 0].sum() / labels[:, 0].sum()))
+
+    table = format_table(rows)
+    lines = table.splitlines()
+    assert len(lines) == 2 + len(rows)
+    assert len({len(l) for l in lines}) == 1  # fixed width
+    assert "AUC" in lines[0] and "lift" in lines[0] and "related" in table
+
+    acc.reset()
+    assert acc.num_examples == 0
+    empty = acc.compute()
+    assert all(r["examples"] == 0 and math.isnan(r["auc"]) for r in empty)
+
+
+def test_accumulator_without_oracle_and_validation():
+    acc = MetricAccumulator(["click"], ["home", "search"], has_oracle=False)
+    acc.update(T([[0.2], [0.7], [0.6]]), T([[0.0], [1.0], [0.0]]), torch.tensor([0, 0, 1]))
+    rows = acc.compute()
+    assert all(r["oracle_auc"] is None and r["oracle_ne"] is None for r in rows)
+    assert _row(rows, "home", "click")["auc"] == pytest.approx(1.0)
+    assert math.isnan(_row(rows, "search", "click")["auc"])  # only negatives
+    assert "-" in format_table(rows)
+    with pytest.raises(ValueError):
+        acc.update(T([[0.2]]), T([[0.0]]), torch.tensor([2]))  # surface index out of range
+    with pytest.raises(ValueError):
+        acc.update(T([[0.2, 0.1]]), T([[0.0, 0.0]]), torch.tensor([0]))  # wrong task count
+    with pytest.raises(ValueError):
+        MetricAccumulator(["click"], ["home"], has_oracle=True).update(T([[0.2]]), T([[0.0]]), torch.tensor([0]))
+
+
+def test_update_copies_inputs():
+    acc = MetricAccumulator(["click"], ["home"], has_oracle=False)
+    p, y = T([[0.2], [0.7]]), T([[0.0], [1.0]])
+    acc.update(p, y, torch.tensor([0, 0]))
+    p.fill_(0.5)  # caller reuses its buffer
+    assert acc.compute()[0]["auc"] == pytest.approx(1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Distributed gather: 2 gloo processes, FILE rendezvous.
+# --------------------------------------------------------------------------------------------
+
+_TASKS = ["click", "save", "hide"]
+_SURFACES = ["home", "search", "related"]
+
+
+def _rank_data(rank: int, n: int):
+    g = torch.Generator().manual_seed(1000 + rank)
+    true = torch.rand(n, len(_TASKS), generator=g)
+    labels = (torch.rand(n, len(_TASKS), generator=g) < true).to(torch.float32)
+    probs = (true + 0.3 * torch.randn(n, len(_TASKS), generator=g)).clamp(0, 1)
+    probs = (probs * 20).round() / 20  # ties
+    surface = torch.randint(0, len(_SURFACES), (n,), generator=g)
+    valid = torch.rand(n, generator=g) < 0.9
+    return probs, labels, surface, true, valid
+
+
+_RANK_SIZES = {0: 157, 1: 89}
+
+
+def _fill(acc: MetricAccumulator, rank: int) -> None:
+    probs, labels, surface, true, valid = _rank_data(rank, _RANK_SIZES[rank])
+    for sl in (slice(0, 40), slice(40, None)):  # two batches per rank
+        acc.update(probs[sl], labels[sl], surface[sl], true_probs=true[sl], valid=valid[sl])
+
+
+def _dist_worker(rank: int, world: int, rdzv: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=rdzv, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30)
+    )
+    try:
+        acc = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
+        _fill(acc, rank)
+        rows = acc.compute()
+        # second pass: rank 1 has no examples at all (zero-size contribution)
+        acc2 = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
+        if rank == 0:
+            _fill(acc2, 0)
+        rows2 = acc2.compute()
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"rows": rows, "rows2": rows2}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_distributed_gather_matches_single_process(tmp_path):
+    world = 2
+    rdzv = f"file://{tmp_path}/rdzv"
+    mp.spawn(_dist_worker, args=(world, rdzv, str(tmp_path)), nprocs=world, join=True)
+
+    # single-process reference on the concatenated data (rank order)
+    ref = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
+    for rank in range(world):
+        _fill(ref, rank)
+    ref_rows = ref.compute()
+    ref0 = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
+    _fill(ref0, 0)
+    ref_rows2 = ref0.compute()
+
+    n_all = sum(int(_rank_data(r, n)[4].sum()) for r, n in _RANK_SIZES.items())
+    assert sum(r["examples"] for r in ref_rows if r["surface"] == "all") == n_all * len(_TASKS)
+    for rank in range(world):
+        got = json.loads(Path(tmp_path, f"rank{rank}.json").read_text())
+        _rows_equal(got["rows"], ref_rows)
+        _rows_equal(got["rows2"], ref_rows2)
