@@ -65,10 +65,18 @@ def save(run_dir: Path, state: TrainState, dmp, optimizer, schedule, cfg: config
 
 
 def load(path: Path, dmp, optimizer, schedule) -> TrainState:
+    # Optimizer state is created lazily at the first step; DCP loads in place, so materialize it
+    # first (a zero-gradient step) or the moments would silently stay empty. Runs before the model
+    # weights are loaded, so whatever that step touches is overwritten.
+    optimizer.init_state()
+    optimizer.zero_grad(set_to_none=True)
     state = {"model": dmp.state_dict(), "optimizer": optimizer.state_dict()}
     dcp.load(state, checkpoint_id=str(path))
     dmp.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     meta = json.loads((Path(path) / STATE_FILE).read_text())
     schedule.load_state_dict(meta["schedule"])
+    # The scheduler restores its counter, not the optimizer's current LR: put that back too.
+    for group, lr in zip(schedule.optimizer.param_groups, schedule.get_last_lr()):
+        group["lr"] = lr
     return TrainState(**meta["train"])

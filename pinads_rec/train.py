@@ -59,6 +59,13 @@ class EndTogether:
         return batch
 
 
+def pipelined_module_names(dmp, pipeline) -> List[str]:
+    """Sharded modules whose input distribution the pipeline really overlaps (it silently skips
+    modules whose inputs it cannot trace back to the batch)."""
+    chosen = {id(m) for m in pipeline._pipelined_modules}
+    return [name for name, m in dmp.named_modules() if id(m) in chosen]
+
+
 def build(cfg: config.ExperimentConfig, env: parallel.Distributed, plan=None):
     torch.manual_seed(cfg.train.seed)
     # Embedding tables are created on the meta device: DMP allocates each rank's shards only.
@@ -126,6 +133,7 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
                mininterval=1.0 if sys.stderr.isatty() else 15.0, dynamic_ncols=True)
     global_batch = cfg.data.batch_size * env.world_size
     started, examples, window_loss, window_n = time.perf_counter(), 0, 0.0, 0
+    pipelined = None
 
     done = bool(cfg.train.max_steps) and state.step >= cfg.train.max_steps
     for epoch in range(state.epoch, cfg.train.epochs):
@@ -141,6 +149,10 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
                 loss, _, labels = pipeline.progress(it)
             except StopIteration:
                 break
+            if pipelined is None:
+                pipelined = pipelined_module_names(dmp, pipeline)
+                if env.is_main:
+                    log.info("TrainPipelineSparseDist pipelines %s", pipelined or "NOTHING (model not traceable)")
             schedule.step()
             state.step += 1
             state.batches_in_epoch += 1
@@ -172,6 +184,7 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
     checkpoint.save(run_dir, state, dmp, optimizer, schedule, cfg)
     rows = evaluate(dmp, cfg, env, data_group)
     summary = {"step": state.step, "train_examples_per_s": throughput, "train_seconds": elapsed,
+               "pipelined_modules": pipelined or [],
                "world_size": env.world_size, "global_batch": global_batch, "eval": rows}
     if env.is_main:
         print(f"\ntrained {state.step} steps on {env.world_size} rank(s): {throughput:,.0f} examples/s")

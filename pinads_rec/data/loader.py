@@ -143,12 +143,15 @@ class ParquetBatches(torch.utils.data.IterableDataset):
         pending_rows = 0
 
         def drain(until_rows: int) -> Iterator[pa.Table]:
+            """Emits requests off the front of the (shuffled) pool until at most until_rows remain."""
             nonlocal pool, pool_rows, pending, pending_rows
             if self.shuffle:
                 pool = [pool[i] for i in rng.permutation(len(pool))]
-            while pool and pool_rows > until_rows:
-                req = pool.pop()
-                pool_rows -= req[2]
+            sizes = np.cumsum([n for _, _, n in pool])
+            k = int(np.searchsorted(sizes, pool_rows - until_rows)) + 1 if pool_rows > until_rows else 0
+            drawn, pool = pool[:k], pool[k:]
+            pool_rows -= int(sizes[k - 1]) if k else 0
+            for req in drawn:
                 pending.append(req)
                 pending_rows += req[2]
                 while pending_rows >= self.batch_size:

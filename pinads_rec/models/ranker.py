@@ -59,6 +59,7 @@ class UnifiedRanker(nn.Module):
         bag_tables = embedding_bag_configs(features)
         seq_tables = embedding_configs(features)
         self.ebc = EmbeddingBagCollection(tables=bag_tables, device=device)
+        self.sparse_keys = [s.name for s in features.sparse]
         seq_dims = {t.embedding_dim for t in seq_tables}
         if len(seq_dims) > 1:
             raise ValueError(f"sequence tables must share one embedding_dim (an EmbeddingCollection "
@@ -87,8 +88,9 @@ class UnifiedRanker(nn.Module):
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [B, T]: each row's logit per task from its own surface's head."""
-        pooled = self.ebc(batch.sparse).values()  # [B, sum of bag dims]
-        parts = [self.dense_norm(batch.dense), pooled]
+        # By name, in config order: a sharded EBC returns its keys grouped by sharding, not as declared.
+        pooled = self.ebc(batch.sparse).to_dict()
+        parts = [self.dense_norm(batch.dense)] + [pooled[k] for k in self.sparse_keys]
         if self.ec is not None:
             events = self.ec(batch.sequences)
             per_request = []

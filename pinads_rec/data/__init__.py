@@ -1,0 +1,1 @@
+"""Data: the planted-truth synthetic generator (synth) and the Parquet loader."""
