@@ -16,7 +16,7 @@ data: data/demo/summary.json
 # Generate the demo data, then train on $(NPROC) ranks launched through TorchX (gloo on CPU).
 demo: setup data
 	rm -rf runs/demo
-	.venv/bin/torchx run -s local_cwd dist.ddp -j 1x$(NPROC) --script pinads_rec/train.py -- --config $(CONFIG)
+	PATH="$(CURDIR)/.venv/bin:$$PATH" torchx run -s local_cwd dist.ddp -j 1x$(NPROC) --script pinads_rec/train.py -- --config $(CONFIG)
 
 test: setup
 	bash scripts/run_tests.sh $(ARGS)

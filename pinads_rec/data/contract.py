@@ -135,6 +135,8 @@ class RowGroupChecker:
         self.columns = contract_columns(features)
         self.surface_index = pa.array(features.surfaces)
         self.repairs: Counter = Counter()
+        # A group's truncation is counted once, on its first id column.
+        self.counting_columns = {g.features[0].column for g in features.sequence_groups}
 
     def __call__(self, table: pa.Table, where: str) -> pa.Table:
         """Returns the row group with ids hashed, surfaces as indices, repairs applied."""
@@ -144,6 +146,11 @@ class RowGroupChecker:
             if col.null_count:
                 row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
                 raise ContractError(f"{place}: null value at row {row} (nulls are not allowed)")
+            if _is_list(col.type):
+                inner = col.combine_chunks().flatten()
+                if inner.null_count:
+                    i = int(np.flatnonzero(inner.is_null().to_numpy(zero_copy_only=False))[0])
+                    raise ContractError(f"{place}: null inside a list (value #{i}; nulls are not allowed)")
             fixed = self._check(c, col, place, table)
             if fixed is not None:
                 table = table.set_column(table.schema.get_field_index(c.name), c.name, fixed)
@@ -235,7 +242,7 @@ class RowGroupChecker:
             row = int(np.argmax(lengths > c.max_length))
             raise ContractError(f"{place}: row {row} has a sequence of {lengths[row]} events, "
                                 f"more than the group's max_length {c.max_length}")
-        if c.role == SEQ_ID:  # count once per group, on its first id column
+        if c.name in self.counting_columns:
             self._count(f"sequence group {c.group}: truncated to newest {c.max_length}",
                         int((lengths > c.max_length).sum()), place)
         return pc.list_slice(col, 0, c.max_length)

@@ -160,7 +160,7 @@ class ParquetBatches(torch.utils.data.IterableDataset):
 
         for group in self.my_row_groups():
             table = self.read(group)
-            pool += [(table, s, n) for s, n in _requests(table, self.features.columns.request_id)]
+            pool += [(table, s, n) for s, n in _requests(table, self.features.columns.request_id, group)]
             pool_rows += table.num_rows
             if pool_rows > buffer_rows:
                 yield from drain(buffer_rows // 2)
@@ -216,13 +216,13 @@ class ParquetBatches(torch.utils.data.IterableDataset):
                      labels=labels, valid=valid, true_probs=true_probs)
 
 
-def _requests(table: pa.Table, request_column: str) -> List[tuple]:
-    """(start, length) of each request; rows are regrouped first when a request is not contiguous."""
+def _requests(table: pa.Table, request_column: str, where: RowGroup) -> List[tuple]:
+    """(start, length) of each request: the contract wants a request's rows contiguous."""
     req = table.column(request_column).to_numpy()
     starts = np.flatnonzero(np.concatenate([[True], req[1:] != req[:-1]]))
     if len(starts) != len(np.unique(req)):
-        raise ContractError(f"rows of a request must be contiguous within a row group "
-                            f"(column {request_column!r}); sort the files by request")
+        raise ContractError(f"{where}, column {request_column!r}: the rows of a request are not contiguous "
+                            f"(request-level broadcasting needs them together); sort the file by request")
     lengths = np.diff(np.append(starts, len(req)))
     return list(zip(starts.tolist(), lengths.tolist()))
 

@@ -1,0 +1,163 @@
+"""TorchX component: train the pinads_rec ranker on any TorchX scheduler.
+
+From the repository root (with the project's virtual environment active, so ``torchrun`` is on
+PATH)::
+
+    torchx run components/train.py:train -j 1x2 --config configs/demo.yaml --set train.max_steps=50
+    torchx run components/train.py:train -j 1x8 --config configs/my_experiment.yaml     # 8 GPUs
+    torchx run -s slurm components/train.py:train -j 2x8 --config ...                   # 2 nodes
+
+It wraps ``torchx.components.dist.ddp`` (torchrun on every node) with the project's defaults.
+The scheduler (``-s``) is chosen on the command line or in ``.torchxconfig``; this function does
+not depend on it. See docs/launching.md.
+
+Notes for whoever edits this file:
+  * TorchX builds the CLI from the signature and the docstring: every parameter needs a type
+    annotation from torchx's supported set and an ``Args:`` entry.
+  * TorchX ``exec``s this file inside one of its own modules, so ``__file__`` is not this file:
+    use paths relative to the working directory (the repository root), never ``__file__``.
+  * No ``from __future__ import annotations``: TorchX reads the annotations as real types.
+"""
+
+import os
+import re
+import sys
+from typing import Dict, List, Optional
+
+import torchx
+import torchx.components.dist as torchx_dist
+import torchx.specs as specs
+
+PINADS_SCRIPT = "pinads_rec/train.py"
+PINADS_DEFAULT_CONFIG = "configs/demo.yaml"
+
+# Per launched process, used when cpu / memMB / gpu are left at -1 ("auto").
+PINADS_CPU_PER_PROC = 4
+PINADS_MEM_MB_PER_PROC = 16 * 1024
+PINADS_GPU_PER_PROC = 1
+
+# Environment for every rank; --env entries are applied on top.
+#  - OMP_NUM_THREADS=1: what torchrun would set anyway (minus its warning); train.py sizes torch's
+#    intra-op pool itself (CPUs / local ranks), this only keeps other OpenMP users single-threaded.
+#  - PYTHONPATH=.: the working directory is the repository root on every scheduler (local_cwd runs
+#    in it, container schedulers in the image's workdir), so `pinads_rec` imports without an
+#    install.
+PINADS_ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": "."}
+
+# `key.path=value` assignments separated by commas or whitespace; a comma inside a value (a YAML
+# list such as [a,b]) is kept because a split only happens before another `key=`.
+_OVERRIDE_SPLIT = re.compile(r"[,\s]+(?=[A-Za-z_][\w.\-]*=)")
+
+
+def split_overrides(text: Optional[str]) -> List[str]:
+    """``"a.b=1, c=[x,y]"`` -> ``["a.b=1", "c=[x,y]"]``."""
+    if not text or not text.strip():
+        return []
+    return [part for part in _OVERRIDE_SPLIT.split(text.strip().strip(",")) if part]
+
+
+def repeated_set_flags(argv: List[str]) -> int:
+    """How many ``--set`` flags a ``torchx run ... components/train.py:train ...`` command line gives
+    this component (script arguments after ``--`` excluded); 0 when not run by the torchx CLI.
+
+    torchx rejects ``--set a=1 --set b=2`` ("Repeated Command Line Arguments") but not
+    ``--set=a=1 --set=b=2``, of which its argparse would silently keep only the last.
+    """
+    if not argv or os.path.basename(argv[0]) != "torchx":
+        return 0
+    start = next((i + 1 for i, a in enumerate(argv) if a.endswith("train.py:train")), None)
+    if start is None:
+        return 0
+    rest = argv[start:]
+    rest = rest[: rest.index("--")] if "--" in rest else rest
+    return sum(1 for a in rest if a == "--set" or a.startswith("--set="))
+
+
+def with_nproc(j: str, nproc: int) -> str:
+    """Replaces the processes-per-node part of a ``-j`` spec (``2x4``, ``1:2x4``, ``4``); 0 keeps it."""
+    torchx_dist.parse_nnodes(j)  # raises a clear ValueError on a malformed -j
+    if nproc == 0:
+        return j
+    if nproc < 0:
+        raise ValueError(f"--nproc must be >= 1 (or 0: take it from -j), got {nproc}")
+    nodes = j.rsplit("x", 1)[0] if "x" in j else "1"
+    return f"{nodes}x{nproc}"
+
+
+def train(
+    *script_args: str,
+    config: str = PINADS_DEFAULT_CONFIG,
+    set: Optional[str] = None,
+    j: str = "1x2",
+    nproc: int = 0,
+    script: str = PINADS_SCRIPT,
+    name: str = "pinads_rec/train",
+    image: str = torchx.IMAGE,
+    h: Optional[str] = None,
+    cpu: int = -1,
+    gpu: int = -1,
+    memMB: int = -1,
+    env: Optional[Dict[str, str]] = None,
+    max_retries: int = 2,
+    mounts: Optional[List[str]] = None,
+    rdzv_port: int = 29500,
+    debug: bool = False,
+) -> specs.AppDef:
+    """
+    Trains the pinads_rec ranker (pinads_rec/train.py) with torchrun on every node.
+
+    The same component runs on every TorchX scheduler: pick one with ``-s`` (local_cwd, slurm,
+    kubernetes, ...) and its options with ``-cfg``. On one machine with 8 GPUs change only
+    ``-j 1x8``.
+
+    Args:
+        script_args: extra arguments for pinads_rec/train.py, after ``--`` (e.g. ``-- --set a=1 --set b=2``)
+        config: experiment YAML, relative to the repository root
+        set: config overrides ``key.path=value``, several separated by commas or spaces (``--set "train.max_steps=50,data.batch_size=256"``); a repeated ``--set`` keeps only the last, so put more after ``--`` or in one flag
+        j: ``[{min_nnodes}:]{nnodes}x{nproc_per_node}``: nodes x processes per node (one process per GPU; on CPU, gloo ranks)
+        nproc: shorthand that replaces the processes-per-node part of ``-j``; 0: keep ``-j``
+        script: training script run by torchrun on every node
+        name: job name ``{experiment}/{run}``
+        image: image with the project's environment, for container schedulers (docker, kubernetes); ignored by local_cwd and slurm
+        h: a registered named resource; takes precedence over cpu, gpu and memMB
+        cpu: CPUs per node; -1: 4 per process
+        gpu: GPUs per node; -1: one per process; set 0 for CPU-only clusters
+        memMB: memory per node in MB; -1: 16 GiB per process
+        env: extra environment variables ``A=1,B=2``, applied over the defaults (OMP_NUM_THREADS=1, PYTHONPATH=.)
+        max_retries: scheduler-level retries of the whole job (ignored by the local schedulers); train.py resumes from the latest checkpoint in train.run_dir
+        mounts: mounts for container schedulers: ``type=<bind/volume>,src=/host,dst=/job[,readonly]``
+        rdzv_port: port on the first node for the c10d rendezvous (multi-node only)
+        debug: turn on torch.distributed's debug flags
+    """
+    if repeated_set_flags(sys.argv) > 1:
+        raise ValueError(
+            "--set given more than once: torchx keeps only the last. Give several overrides in one "
+            '--set separated by commas or spaces (--set "a.b=1,c.d=2"), or after -- as '
+            "-- --set=a.b=1 --set=c.d=2")
+    j = with_nproc(j, nproc)
+    _, _, nproc_per_node, _ = torchx_dist.parse_nnodes(j)
+
+    run_env = dict(PINADS_ENV)
+    run_env.update(env or {})
+
+    args = ["--config", config]
+    for assignment in split_overrides(set):
+        args += ["--set", assignment]
+    args += list(script_args)
+
+    return torchx_dist.ddp(
+        *args,
+        script=script,
+        name=name,
+        image=image,
+        h=h,
+        cpu=cpu if cpu >= 0 else PINADS_CPU_PER_PROC * nproc_per_node,
+        gpu=gpu if gpu >= 0 else PINADS_GPU_PER_PROC * nproc_per_node,
+        memMB=memMB if memMB >= 0 else PINADS_MEM_MB_PER_PROC * nproc_per_node,
+        j=j,
+        env=run_env,
+        max_retries=max_retries,
+        mounts=mounts,
+        rdzv_port=rdzv_port,
+        debug=debug,
+    )
