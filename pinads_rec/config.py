@@ -8,7 +8,9 @@ paths: ``--set model.dcn.num_layers=3 --set train.lr=0.01``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -285,6 +287,11 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             raise ConfigError(f"{path}: expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}: expected a number, got {value!r}")
         return float(value)
@@ -337,6 +344,8 @@ def _validate(cfg: ExperimentConfig) -> None:
     f = cfg.features
 
     def positive(path: str, value: float, allow_zero: bool = False) -> None:
+        if not math.isfinite(value):
+            raise ConfigError(f"{path}: must be a finite number, got {value}")
         if value < 0 or (value == 0 and not allow_zero):
             raise ConfigError(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
@@ -356,6 +365,9 @@ def _validate(cfg: ExperimentConfig) -> None:
         raise ConfigError("features.tasks: at least one task (label column) is required")
     if not f.surfaces:
         raise ConfigError("features.surfaces: at least one surface is required")
+    for i, name in enumerate(f.surfaces):
+        if name in f.surfaces[:i]:
+            raise ConfigError(f"features.surfaces[{i}]: duplicate surface {name!r}")
     for i, t in enumerate(f.tables):
         positive(f"features.tables[{i}].num_embeddings", t.num_embeddings)
         positive(f"features.tables[{i}].embedding_dim", t.embedding_dim)
@@ -417,7 +429,11 @@ def _validate(cfg: ExperimentConfig) -> None:
 
 
 def from_dict(raw: Dict[str, Any], overrides: Sequence[str] = ()) -> ExperimentConfig:
-    raw = dict(raw or {})
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"<root>: expected a mapping of sections, got {type(raw).__name__}")
+    raw = copy.deepcopy(raw)  # overrides must not write into the caller's dicts
     for assignment in overrides:
         _set_override(raw, assignment)
     cfg = _build(ExperimentConfig, raw, "")

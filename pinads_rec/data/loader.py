@@ -149,7 +149,7 @@ class ParquetBatches(torch.utils.data.IterableDataset):
                 pool = [pool[i] for i in rng.permutation(len(pool))]
             sizes = np.cumsum([n for _, _, n in pool])
             k = int(np.searchsorted(sizes, pool_rows - until_rows)) + 1 if pool_rows > until_rows else 0
-            drawn, pool = pool[:k], pool[k:]
+            drawn, pool = pool[:k], _compact(pool[k:])
             pool_rows -= int(sizes[k - 1]) if k else 0
             for req in drawn:
                 pending.append(req)
@@ -227,6 +227,25 @@ def _requests(table: pa.Table, request_column: str, where: RowGroup) -> List[tup
     return list(zip(starts.tolist(), lengths.tolist()))
 
 
+def _compact(pool: List[tuple]) -> List[tuple]:
+    """Copies the requests still waiting into fresh tables, so a row group is freed as soon as it
+    is drained instead of living until its last request is drawn (keeps memory at the buffer size)."""
+    by_table: Dict[int, list] = {}
+    for table, start, n in pool:
+        by_table.setdefault(id(table), [table, []])[1].append((start, n))
+    out = []
+    for table, reqs in by_table.values():
+        if sum(n for _, n in reqs) == table.num_rows:  # untouched: nothing to free
+            out += [(table, start, n) for start, n in reqs]
+            continue
+        kept = table.take(pa.array(np.concatenate([np.arange(s, s + n) for s, n in reqs])))
+        at = 0
+        for _, n in reqs:
+            out.append((kept, at, n))
+            at += n
+    return out
+
+
 def _cut(pending: List[tuple], rows: int):
     """Takes ``rows`` rows off the front of the drawn requests; returns (table, rest, rest_rows)."""
     pieces, taken, rest = [], 0, []
@@ -259,6 +278,9 @@ def _kjt(keys: List[str], columns: List[pa.ChunkedArray], stride: int) -> KeyedJ
         else:
             values.append(col.flatten().to_numpy(zero_copy_only=False))
             lengths.append(pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int32))
+    if not keys:  # e.g. a model without sequence groups
+        return KeyedJaggedTensor(keys=[], values=torch.empty(0, dtype=torch.int64),
+                                 lengths=torch.empty(0, dtype=torch.int32), stride=stride)
     return KeyedJaggedTensor(
         keys=keys,
         values=torch.from_numpy(np.concatenate(values).astype(np.int64, copy=False)),

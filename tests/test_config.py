@@ -1,0 +1,362 @@
+"""Typed config: errors name the offending key's dotted path; overrides and defaults apply."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pinads_rec import config
+from pinads_rec.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "configs" / "demo.yaml"
+ALL_CONFIGS = sorted((REPO / "configs").rglob("*.yaml")) + sorted((REPO / "configs").rglob("*.yml"))
+
+
+def demo_raw() -> dict:
+    return yaml.safe_load(DEMO.read_text())
+
+
+def table_index(raw: dict, name: str) -> int:
+    return next(i for i, t in enumerate(raw["features"]["tables"]) if t["name"] == name)
+
+
+def fails(pattern: str, raw: dict = None, overrides=()):
+    """from_dict(raw or demo, overrides) raises a ConfigError matching ``pattern`` (re.search)."""
+    with pytest.raises(ConfigError, match=pattern) as info:
+        config.from_dict(demo_raw() if raw is None else raw, list(overrides))
+    return str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# Unknown keys.
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("override,key", [
+    ("foo=1", "foo"),
+    ("model.dcn.foo=1", "model.dcn.foo"),
+    ("data.batchsize=64", "data.batchsize"),
+    ("synth.faults.zero_fil_column=x", "synth.faults.zero_fil_column"),
+    ("features.columns.query=q", "features.columns.query"),
+])
+def test_unknown_key_override(override, key):
+    msg = fails("^" + re.escape(key) + ": unknown key", overrides=[override])
+    assert "valid keys here" in msg
+
+
+def test_unknown_key_inside_a_list_item():
+    raw = demo_raw()
+    raw["features"]["tables"][1]["sized"] = 3
+    raw["features"]["sequence_groups"][1]["features"][2]["pool"] = "sum"
+    fails(r"^features\.tables\[1\]\.sized: unknown key", raw)
+    del raw["features"]["tables"][1]["sized"]
+    fails(r"^features\.sequence_groups\[1\]\.features\[2\]\.pool: unknown key", raw)
+
+
+def test_unknown_key_via_load_names_file_and_key(tmp_path):
+    path = tmp_path / "c.yaml"
+    raw = demo_raw()
+    raw["model"] = {"dcn": {"num_layer": 3}}
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=re.escape(str(path)) + r": model\.dcn\.num_layer: unknown key"):
+        config.load(path)
+
+
+# --------------------------------------------------------------------------------------------
+# Wrong types.
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("override,pattern", [
+    ("train.lr=abc", r"^train\.lr: expected a number, got 'abc'"),
+    ("train.lr=true", r"^train\.lr: expected a number, got True"),
+    ("data.batch_size=1.5", r"^data\.batch_size: expected an integer, got 1\.5"),
+    ("data.batch_size=true", r"^data\.batch_size: expected an integer, got True"),
+    ("data.batch_size='64'", r"^data\.batch_size: expected an integer, got '64'"),
+    ("train.run_dir=5", r"^train\.run_dir: expected a string, got 5"),
+    ("features.surfaces=home_feed", r"^features\.surfaces: expected a list"),
+    ("model.mmoe.expert_dims=[64, x]", r"^model\.mmoe\.expert_dims\[1\]: expected an integer, got 'x'"),
+    ("model.dcn=3", r"^model\.dcn: expected a mapping"),
+    ("synth.faults.zero_fill_column=3", r"^synth\.faults\.zero_fill_column: expected a string, got 3"),
+])
+def test_wrong_type(override, pattern):
+    fails(pattern, overrides=[override])
+
+
+def test_wrong_type_inside_a_list_item():
+    raw = demo_raw()
+    raw["features"]["tables"][table_index(raw, "item")]["hash"] = "yes"
+    fails(r"^features\.tables\[1\]\.hash: expected true/false, got 'yes'", raw)
+    raw = demo_raw()
+    raw["features"]["dense"][2]["dim"] = "32"
+    fails(r"^features\.dense\[2\]\.dim: expected an integer, got '32'", raw)
+
+
+def test_int_for_float_is_accepted_as_float():
+    cfg = config.from_dict(demo_raw(), ["train.lr=1"])
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
+
+
+def test_required_key_missing():
+    raw = demo_raw()
+    del raw["features"]["tables"][0]["num_embeddings"]
+    fails(r"^features\.tables\[0\]\.num_embeddings: required key is missing", raw)
+    raw = demo_raw()
+    del raw["features"]["sparse"][3]["column"]
+    fails(r"^features\.sparse\[3\]\.column: required key is missing", raw)
+
+
+# --------------------------------------------------------------------------------------------
+# Sizes.
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field,value,pattern", [
+    ("num_embeddings", -5, r"^features\.tables\[2\]\.num_embeddings: must be > 0, got -5"),
+    ("num_embeddings", 0, r"^features\.tables\[2\]\.num_embeddings: must be > 0, got 0"),
+    ("embedding_dim", -1, r"^features\.tables\[2\]\.embedding_dim: must be > 0, got -1"),
+])
+def test_negative_table_size(field, value, pattern):
+    raw = demo_raw()
+    raw["features"]["tables"][2][field] = value
+    fails(pattern, raw)
+
+
+@pytest.mark.parametrize("override,pattern", [
+    ("data.batch_size=-1", r"^data\.batch_size: must be > 0, got -1"),
+    ("data.batch_size=0", r"^data\.batch_size: must be > 0, got 0"),
+    ("data.shuffle_buffer_rows=-1", r"^data\.shuffle_buffer_rows: must be >= 0, got -1"),
+    ("data.num_workers=-2", r"^data\.num_workers: must be >= 0, got -2"),
+    ("synth.num_files=0", r"^synth\.num_files: must be > 0"),
+    ("model.mmoe.expert_dims=[64, -1]", r"^model\.mmoe\.expert_dims\[1\]: must be > 0, got -1"),
+    ("model.sequence.num_heads=3", r"^model\.sequence\.num_heads: 3 does not divide d_model 32"),
+    ("train.lr=-0.1", r"^train\.lr: must be > 0"),
+])
+def test_bad_size(override, pattern):
+    fails(pattern, overrides=[override])
+
+
+def test_bad_dense_and_sequence_sizes():
+    raw = demo_raw()
+    raw["features"]["dense"][0]["dim"] = 0
+    fails(r"^features\.dense\[0\]\.dim: must be > 0, got 0", raw)
+    raw = demo_raw()
+    raw["features"]["sequence_groups"][1]["max_length"] = -3
+    fails(r"^features\.sequence_groups\[1\]\.max_length: must be > 0, got -3", raw)
+    raw = demo_raw()
+    raw["features"]["dense"][1]["clip_max"] = -1.0
+    fails(r"^features\.dense\[1\]\.clip_max: must exceed clip_min", raw)
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf"])
+def test_non_finite_learning_rate(value):
+    fails(r"^train\.lr:", overrides=[f"train.lr={value}"])
+
+
+# --------------------------------------------------------------------------------------------
+# References, literals, duplicates.
+# --------------------------------------------------------------------------------------------
+
+
+def test_reference_to_missing_table():
+    raw = demo_raw()
+    raw["features"]["sparse"][1]["table"] = "items"
+    fails(r"^features\.sparse\[1\]\.table: no table named 'items' in features\.tables", raw)
+    raw = demo_raw()
+    raw["features"]["sequence_groups"][0]["features"][1]["table"] = "actions"
+    fails(r"^features\.sequence_groups\[0\]\.features\[1\]\.table: no table named 'actions'", raw)
+
+
+def test_table_shared_by_pooled_and_sequence_features():
+    raw = demo_raw()
+    raw["features"]["sequence_groups"][0]["features"][0]["table"] = "item"
+    fails(r"^features\.sequence_groups\[0\]\.features\[0\]\.table: table 'item' is already used", raw)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("data.nonfinite_dense=drop", "data.nonfinite_dense"),
+    ("data.overlong_sequence=keep", "data.overlong_sequence"),
+    ("train.embedding_optimizer=lamb", "train.embedding_optimizer"),
+    ("model.kind=tower", "model.kind"),
+])
+def test_invalid_literal(override, key):
+    msg = fails("^" + re.escape(key) + ": must be one of", overrides=[override])
+    assert repr(override.split("=")[1]) in msg
+
+
+def test_invalid_literal_inside_a_list_item():
+    raw = demo_raw()
+    raw["features"]["sparse"][0]["pooling"] = "max"
+    fails(r"^features\.sparse\[0\]\.pooling: must be one of \['sum', 'mean'\], got 'max'", raw)
+    raw = demo_raw()
+    raw["features"]["dense"][0]["norm"] = "zscore"
+    fails(r"^features\.dense\[0\]\.norm: must be one of", raw)
+
+
+def test_invalid_sharding_type():
+    fails(r"^train\.sharding_types\[1\]: 'grid' is not one of", overrides=["train.sharding_types=[row_wise, grid]"])
+
+
+@pytest.mark.parametrize("section,index,name", [
+    ("tables", 4, "item"), ("sparse", 3, "item_id"), ("dense", 2, "user_activity"),
+    ("sequence_groups", 2, "pins"), ("tasks", 2, "click"),
+])
+def test_duplicate_names(section, index, name):
+    raw = demo_raw()
+    raw["features"][section][index]["name"] = name
+    fails(f"^features\\.{section}\\[{index}\\]\\.name: duplicate name '{name}'", raw)
+
+
+def test_duplicate_surfaces():
+    fails(r"^features\.surfaces", overrides=["features.surfaces=[home_feed, home_feed, search]"])
+
+
+@pytest.mark.parametrize("section", ["tasks", "surfaces"])
+def test_empty_required_list(section):
+    fails(f"^features\\.{section}: at least one", overrides=[f"features.{section}=[]"])
+
+
+# --------------------------------------------------------------------------------------------
+# Files.
+# --------------------------------------------------------------------------------------------
+
+
+def test_missing_config_file(tmp_path):
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match=f"config file {re.escape(str(path))} does not exist"):
+        config.load(path)
+
+
+@pytest.mark.parametrize("text", ["features: [unclosed\n", "a: b: c\n", "data:\n  batch_size: 1\n bad: 2\n"])
+def test_invalid_yaml(tmp_path, text):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(str(path)) + ": not valid YAML"):
+        config.load(path)
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "just text\n", "5\n"], ids=["list", "string", "int"])
+def test_yaml_root_not_a_mapping(tmp_path, text):
+    path = tmp_path / "root.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(str(path)) + r": <root>: expected a mapping"):
+        config.load(path)
+
+
+def test_load_prefixes_the_file():
+    with pytest.raises(ConfigError, match=re.escape(str(DEMO)) + r": data\.batch_size: must be > 0"):
+        config.load(DEMO, ["data.batch_size=-4"])
+
+
+# --------------------------------------------------------------------------------------------
+# --set overrides.
+# --------------------------------------------------------------------------------------------
+
+
+def test_overrides_apply():
+    cfg = config.load(DEMO, [
+        "model.dcn.num_layers=3",  # nested, section absent from demo.yaml
+        "train.lr=0.01",
+        "model.mmoe.expert_dims=[64, 32, 16]",  # list value
+        "train.sharding_types=[row_wise, table_wise]",
+        "features.surfaces=[home_feed, search]",
+        "synth.faults.zero_fill_column=user_activity",  # two levels below an absent key
+        "train.run_dir=runs/a=b",  # '=' inside the value
+        "data.batch_size=64",
+        "data.batch_size=128",  # the last one wins
+    ])
+    assert cfg.model.dcn.num_layers == 3
+    assert cfg.model.dcn.low_rank == config.DCNConfig().low_rank  # siblings keep their defaults
+    assert cfg.train.lr == 0.01
+    assert cfg.model.mmoe.expert_dims == [64, 32, 16]
+    assert cfg.train.sharding_types == ["row_wise", "table_wise"]
+    assert cfg.features.surfaces == ["home_feed", "search"]
+    assert cfg.synth.faults.zero_fill_column == "user_activity"
+    assert cfg.train.run_dir == "runs/a=b"
+    assert cfg.data.batch_size == 128
+    assert cfg.data.shuffle_buffer_rows == 16384  # from the file, untouched
+
+
+def test_override_can_set_null():
+    cfg = config.load(DEMO, ["features.tasks=[{name: click, label_column: click}]",
+                             "features.sequence_groups=[]"])
+    assert [t.name for t in cfg.features.tasks] == ["click"]
+    assert cfg.features.tasks[0].true_probability_column is None
+    assert cfg.features.sequence_groups == []
+
+
+@pytest.mark.parametrize("override,pattern", [
+    ("nokey", r"override 'nokey': expected key\.path=value"),
+    ("features.tables.0.num_embeddings=5", r"override features\.tables\.0\.num_embeddings: features\.tables is not a mapping"),
+    ("data.batch_size.x=1", r"override data\.batch_size\.x: data\.batch_size is not a mapping"),
+])
+def test_bad_override(override, pattern):
+    fails(pattern, overrides=[override])
+
+
+def test_overrides_do_not_modify_the_callers_dict():
+    raw = demo_raw()
+    before = copy.deepcopy(raw)
+    config.from_dict(raw, ["data.batch_size=7", "model.dcn.num_layers=4"])
+    assert raw == before
+
+
+@pytest.mark.parametrize("text", ["1e-3", "5E-4"])
+def test_exponent_notation_is_a_number(text):
+    cfg = config.from_dict(demo_raw(), [f"train.lr={text}"])
+    assert cfg.train.lr == float(text)
+
+
+# --------------------------------------------------------------------------------------------
+# Defaults; every shipped config loads.
+# --------------------------------------------------------------------------------------------
+
+
+MINIMAL = {"features": {"tasks": [{"name": "click", "label_column": "click"}]}}
+
+
+def test_defaults_load():
+    cfg = config.from_dict(copy.deepcopy(MINIMAL))
+    want = config.ExperimentConfig()
+    assert cfg.data == want.data
+    assert cfg.synth == want.synth
+    assert cfg.model == want.model
+    assert cfg.train == want.train
+    assert cfg.features.columns == want.features.columns
+    assert cfg.features.surfaces == want.features.surfaces
+    assert cfg.features.tasks == [config.TaskConfig(name="click", label_column="click")]
+
+
+def test_no_task_is_an_error():
+    fails(r"^features\.tasks: at least one task", raw={})
+
+
+def test_demo_unstated_keys_take_defaults():
+    cfg = config.load(DEMO)
+    assert cfg.model == config.ModelConfig()
+    assert cfg.train.lr == config.TrainConfig().lr
+    assert cfg.data.nonfinite_dense == "error" and cfg.data.overlong_sequence == "truncate"
+    assert cfg.features.table("user").hash and not cfg.features.table("item").hash
+    assert cfg.features.sparse[0].pooling == "sum"
+
+
+def test_config_round_trips_through_to_dict():
+    cfg = config.load(DEMO)
+    assert config.from_dict(copy.deepcopy(config.to_dict(cfg))) == cfg
+
+
+@pytest.mark.parametrize("path", ALL_CONFIGS, ids=[p.name for p in ALL_CONFIGS])
+def test_every_shipped_config_loads(path):
+    cfg = config.load(path)
+    assert isinstance(cfg, config.ExperimentConfig)
+    assert dataclasses.is_dataclass(cfg) and cfg.features.tasks
+
+
+def test_configs_dir_is_not_empty():
+    assert ALL_CONFIGS, "configs/ holds no YAML"
