@@ -8,7 +8,7 @@ CONFIG ?= configs/demo.yaml
 setup:
 	@bash scripts/setup_env.sh
 
-data/demo/summary.json: | setup
+data/demo/summary.json: $(CONFIG) | setup
 	$(PY) -m pinads_rec.data.synth --config $(CONFIG) --out data/demo
 
 data: data/demo/summary.json

@@ -24,6 +24,9 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message names the offending key."""
 
 
+CANDIDATE_PREFIX = "candidate."
+
+
 # --------------------------------------------------------------------------------------------
 # Feature declarations: which Parquet column is what. Nothing about columns is hard-coded.
 # --------------------------------------------------------------------------------------------
@@ -42,7 +45,10 @@ class TableConfig:
 
 @dataclass
 class SparseFeatureConfig:
-    """A pooled categorical feature: an int64 column (one id) or list<int64> column (multi-hot)."""
+    """A categorical feature of the candidate row: an int64 column (one id) or list<int64> column
+    (multi-hot), pooled by an EmbeddingBagCollection. A single-id feature whose table is also used by
+    sequence features is looked up by the EmbeddingCollection instead, so the candidate and the
+    user's events share one embedding space (e.g. the candidate's topic and the events' topics)."""
 
     name: str
     column: str
@@ -128,6 +134,26 @@ class FeaturesConfig:
         """KeyedJaggedTensor keys of the sequence features, group by group: ``<group>.<feature>``."""
         return [f"{g.name}.{f.name}" for g in self.sequence_groups for f in g.features]
 
+    @property
+    def sequence_tables(self) -> List[str]:
+        return sorted({f.table for g in self.sequence_groups for f in g.features})
+
+    @property
+    def pooled_sparse(self) -> List[SparseFeatureConfig]:
+        """Features looked up by the EmbeddingBagCollection."""
+        return [s for s in self.sparse if s.table not in self.sequence_tables]
+
+    @property
+    def shared_sparse(self) -> List[SparseFeatureConfig]:
+        """Candidate features whose table is a sequence table: looked up by the EmbeddingCollection."""
+        return [s for s in self.sparse if s.table in self.sequence_tables]
+
+    @property
+    def embedding_collection_keys(self) -> List[str]:
+        """Keys of the per-request KJT: the sequence features, then ``candidate.<feature>`` holding
+        each request's candidates' ids in row order (so their lookups come back as [B, D])."""
+        return self.sequence_keys + [CANDIDATE_PREFIX + s.name for s in self.shared_sparse]
+
 
 # --------------------------------------------------------------------------------------------
 # Data loading, synthetic data, model and training.
@@ -196,6 +222,11 @@ class SequenceEncoderConfig:
     dropout: float = 0.0
     # Time-delta position embedding: bucket = floor(log2(1 + seconds)), clamped to num_buckets - 1.
     time_buckets: int = 24
+    # How the encoded events become features: "summary" (the prepended summary token), "mean"
+    # (masked mean of the events) -- both once per request -- and "target" (each candidate attends
+    # over its request's events: per row, light).
+    poolings: List[Literal["summary", "mean", "target"]] = field(
+        default_factory=lambda: ["summary", "mean", "target"])
 
 
 @dataclass
@@ -372,11 +403,9 @@ def _validate(cfg: ExperimentConfig) -> None:
         positive(f"features.tables[{i}].num_embeddings", t.num_embeddings)
         positive(f"features.tables[{i}].embedding_dim", t.embedding_dim)
     tables = {t.name for t in f.tables}
-    pooled_tables = set()
     for i, s in enumerate(f.sparse):
         if s.table not in tables:
             raise ConfigError(f"features.sparse[{i}].table: no table named {s.table!r} in features.tables")
-        pooled_tables.add(s.table)
     for i, d in enumerate(f.dense):
         positive(f"features.dense[{i}].dim", d.dim)
         if d.norm == "minmax" and d.clip_max <= d.clip_min:
@@ -389,9 +418,8 @@ def _validate(cfg: ExperimentConfig) -> None:
             where = f"features.sequence_groups[{i}].features[{j}].table"
             if sf.table not in tables:
                 raise ConfigError(f"{where}: no table named {sf.table!r} in features.tables")
-            if sf.table in pooled_tables:
-                # One table lives in exactly one TorchRec collection (pooled EBC or sequence EC).
-                raise ConfigError(f"{where}: table {sf.table!r} is already used by a pooled feature")
+        if g.name + "." == CANDIDATE_PREFIX:
+            raise ConfigError(f"features.sequence_groups[{i}].name: 'candidate' is reserved")
         if g.embedding_column is not None:
             positive(f"features.sequence_groups[{i}].embedding_dim", g.embedding_dim)
     d, s, m, t = cfg.data, cfg.synth, cfg.model, cfg.train
@@ -407,6 +435,8 @@ def _validate(cfg: ExperimentConfig) -> None:
     positive("model.sequence.num_layers", enc.num_layers, allow_zero=True)
     positive("model.sequence.num_heads", enc.num_heads)
     positive("model.sequence.time_buckets", enc.time_buckets)
+    if not enc.poolings or len(set(enc.poolings)) != len(enc.poolings):
+        raise ConfigError(f"model.sequence.poolings: need one or more distinct poolings, got {enc.poolings}")
     if enc.d_model % enc.num_heads:
         raise ConfigError(f"model.sequence.num_heads: {enc.num_heads} does not divide d_model {enc.d_model}")
     positive("model.dcn.num_layers", m.dcn.num_layers, allow_zero=True)

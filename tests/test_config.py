@@ -91,8 +91,9 @@ def test_wrong_type(override, pattern):
 
 def test_wrong_type_inside_a_list_item():
     raw = demo_raw()
-    raw["features"]["tables"][table_index(raw, "item")]["hash"] = "yes"
-    fails(r"^features\.tables\[1\]\.hash: expected true/false, got 'yes'", raw)
+    i = table_index(raw, "item")
+    raw["features"]["tables"][i]["hash"] = "yes"
+    fails(rf"^features\.tables\[{i}\]\.hash: expected true/false, got 'yes'", raw)
     raw = demo_raw()
     raw["features"]["dense"][2]["dim"] = "32"
     fails(r"^features\.dense\[2\]\.dim: expected an integer, got '32'", raw)
@@ -173,10 +174,18 @@ def test_reference_to_missing_table():
     fails(r"^features\.sequence_groups\[0\]\.features\[1\]\.table: no table named 'actions'", raw)
 
 
-def test_table_shared_by_pooled_and_sequence_features():
+def test_candidate_feature_may_share_a_sequence_table():
+    cfg = config.from_dict(demo_raw())
+    shared = [s.name for s in cfg.features.shared_sparse]
+    assert shared == ["item_id", "item_topic", "context_topic"]
+    assert "candidate.item_topic" in cfg.features.embedding_collection_keys
+    assert "item_topic" not in [s.name for s in cfg.features.pooled_sparse]
+
+
+def test_reserved_group_name():
     raw = demo_raw()
-    raw["features"]["sequence_groups"][0]["features"][0]["table"] = "item"
-    fails(r"^features\.sequence_groups\[0\]\.features\[0\]\.table: table 'item' is already used", raw)
+    raw["features"]["sequence_groups"][0]["name"] = "candidate"
+    fails(r"^features\.sequence_groups\[0\]\.name: 'candidate' is reserved", raw)
 
 
 @pytest.mark.parametrize("override,key", [
@@ -204,7 +213,7 @@ def test_invalid_sharding_type():
 
 
 @pytest.mark.parametrize("section,index,name", [
-    ("tables", 4, "item"), ("sparse", 3, "item_id"), ("dense", 2, "user_activity"),
+    ("tables", 4, "user"), ("sparse", 3, "item_id"), ("dense", 2, "user_activity"),
     ("sequence_groups", 2, "pins"), ("tasks", 2, "click"),
 ])
 def test_duplicate_names(section, index, name):
@@ -340,7 +349,7 @@ def test_no_task_is_an_error():
 def test_demo_unstated_keys_take_defaults():
     cfg = config.load(DEMO)
     assert cfg.model == config.ModelConfig()
-    assert cfg.train.lr == config.TrainConfig().lr
+    assert cfg.train.warmup_steps == config.TrainConfig().warmup_steps
     assert cfg.data.nonfinite_dense == "error" and cfg.data.overlong_sequence == "truncate"
     assert cfg.features.table("user").hash and not cfg.features.table("item").hash
     assert cfg.features.sparse[0].pooling == "sum"

@@ -286,7 +286,7 @@ def test_id_beyond_table_with_hash_sparse(base, tmp_path):
 def test_id_beyond_table_with_hash_sequence(base, tmp_path):
     """seq_action's table has 8 rows: action ids written as id + 8 * 3 come back as id."""
     _, data_dir, table = base
-    cfg = demo_cfg(data_dir, tables={"seq_action": {"hash": True}})
+    cfg = demo_cfg(data_dir, tables={"action": {"hash": True}})
     col = table["seq_pin_action"].combine_chunks()
     big = pa.ListArray.from_arrays(col.offsets, pa.array(col.values.to_numpy() + 24))
     d, _ = write(tmp_path, with_column(table, "seq_pin_action", big))
@@ -376,10 +376,12 @@ def test_sequence_embedding_of_wrong_width(base, tmp_path):
     events = table["seq_pin_emb"][row].as_py()
     col = table["seq_pin_emb"].combine_chunks()
     narrow = pa.list_(pa.list_(pa.float32()))
-    bad = replace_rows(table, "seq_pin_emb", {row: [e[:8] for e in events]}, type=narrow)
+    width = cfg.features.sequence_groups[0].embedding_dim
+    bad = replace_rows(table, "seq_pin_emb", {row: [e[: width // 2] for e in events]}, type=narrow)
     d, path = write(tmp_path, bad)
     assert col.type != narrow
-    expect(cfg, d, where(path, BAD_RG, "seq_pin_emb") + ": event embeddings of width 8, config says 16")
+    expect(cfg, d, where(path, BAD_RG, "seq_pin_emb")
+           + f": event embeddings of width {width // 2}, config says {width}")
 
 
 LONG = 120  # events written for one request; the pins group keeps max_length = 100
@@ -392,7 +394,7 @@ def _overlong(table: pa.Table):
     j = np.arange(LONG)
     new = {"seq_pin_item": (1000 + j).tolist(), "seq_pin_ts": (t0 - 10 * (j + 1)).tolist(),
            "seq_pin_action": (j % 8).tolist(), "seq_pin_topic": (j % 33).tolist(),
-           "seq_pin_emb": [[float(x)] * 16 for x in j]}
+           "seq_pin_emb": [[float(x)] * len(table["seq_pin_emb"][a].as_py()[0]) for x in j]}
     for name, value in new.items():
         table = replace_rows(table, name, {r: value for r in range(a, b)})
     return table, a, b, new

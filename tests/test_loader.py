@@ -56,12 +56,17 @@ def test_round_trip_equals_parquet(tiny_data):
         np.testing.assert_allclose(batch.dense[:n, at:at + 32].numpy(), emb, rtol=0, atol=0)
         # pooled sparse features, including the multi-hot query tokens
         jt = batch.sparse.to_dict()
-        for s in f.sparse:
+        for s in f.pooled_sparse:
             got = [x.tolist() for x in jt[s.name].to_dense()[:n]]
             want = part.column(s.column).to_pylist()
             want = [w if isinstance(w, list) else [w] for w in want]
             size = f.table(s.table).num_embeddings
             assert got == [[v % size for v in w] for w in want], s.name
+        # candidate ids sharing a sequence table ride in the per-request KJT, in row order
+        for s in f.shared_sparse:
+            got = batch.sequences[f"candidate.{s.name}"].values()[:n].tolist()
+            assert got == part.column(s.column).to_pylist(), s.name
+            assert int(batch.sequences[f"candidate.{s.name}"].lengths().sum()) == batch.batch_size
         # sequences: one per request, equal to the request's first row; deltas = request - event time
         req = part.column(f.columns.request_id).to_numpy()
         first = np.flatnonzero(np.r_[True, req[1:] != req[:-1]])

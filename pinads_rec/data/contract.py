@@ -33,9 +33,10 @@ class ContractError(ValueError):
 
 
 # Column roles: what the loader does with each column and which Arrow types it accepts.
-ID, ID_LIST, FLOAT, FLOAT_LIST, SEQ_ID, SEQ_TS, SEQ_EMB, LABEL, PROB, SURFACE, TIME, REQUEST = (
-    "id", "id list", "float", "fixed-size float list", "sequence id list", "sequence timestamp list",
-    "sequence embedding list", "0/1 label", "probability", "surface", "timestamp", "request id")
+ID, SHARED_ID, FLOAT, FLOAT_LIST, SEQ_ID, SEQ_TS, SEQ_EMB, LABEL, PROB, SURFACE, TIME, REQUEST = (
+    "id", "single id (its table is shared with sequences)", "float", "fixed-size float list",
+    "sequence id list", "sequence timestamp list", "sequence embedding list", "0/1 label", "probability",
+    "surface", "timestamp", "request id")
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,11 @@ def contract_columns(features: FeaturesConfig) -> List[Column]:
     add(Column(names.request_id, REQUEST))
     add(Column(names.surface, SURFACE))
     add(Column(names.timestamp, TIME))
+    shared = {s.name for s in features.shared_sparse}
     for s in features.sparse:
         t = features.table(s.table)
-        add(Column(s.column, ID, t.num_embeddings, t.hash))  # ID or ID_LIST decided by the file's type
+        # ID: one id or a list (decided by the file's type); SHARED_ID: exactly one id per row.
+        add(Column(s.column, SHARED_ID if s.name in shared else ID, t.num_embeddings, t.hash))
     for d in features.dense:
         add(Column(d.column, FLOAT if d.dim == 1 else FLOAT_LIST, dim=d.dim))
     for g in features.sequence_groups:
@@ -94,7 +97,7 @@ def _is_list(t: pa.DataType) -> bool:
 
 
 def _type_ok(c: Column, t: pa.DataType) -> bool:
-    if c.role in (ID, REQUEST):
+    if c.role in (ID, REQUEST, SHARED_ID):
         return _is_int(t) or (c.role == ID and _is_list(t) and _is_int(t.value_type))
     if c.role in (FLOAT, LABEL, PROB, TIME):
         return _is_num(t)
@@ -109,7 +112,7 @@ def _type_ok(c: Column, t: pa.DataType) -> bool:
     raise AssertionError(c.role)
 
 
-_EXPECTED = {ID: "int64 or list<int64>", REQUEST: "integer", FLOAT: "float", LABEL: "integer or float 0/1",
+_EXPECTED = {ID: "int64 or list<int64>", SHARED_ID: "int64", REQUEST: "integer", FLOAT: "float", LABEL: "integer or float 0/1",
              PROB: "float", TIME: "integer or float seconds", FLOAT_LIST: "list<float>",
              SEQ_ID: "list<int64>", SEQ_TS: "list<int64>", SEQ_EMB: "list<fixed_size_list<float>>",
              SURFACE: "string (or integer index)"}
@@ -161,7 +164,7 @@ class RowGroupChecker:
 
     def _check(self, c: Column, col: pa.ChunkedArray, place: str, table: pa.Table) -> Optional[pa.Array]:
         col = col.combine_chunks()
-        if c.role in (ID, SEQ_ID):
+        if c.role in (ID, SHARED_ID, SEQ_ID):
             fixed = None
             if c.role == SEQ_ID:
                 fixed = col = self._truncate(c, col, place)

@@ -187,9 +187,12 @@ class ParquetBatches(torch.utils.data.IterableDataset):
             dense_np[:, at:at + d.dim] = values.reshape(B, d.dim)
             at += d.dim
 
-        sparse = _kjt([s.name for s in f.sparse], [table.column(s.column) for s in f.sparse], B)
+        sparse = _kjt([s.name for s in f.pooled_sparse], [table.column(s.column) for s in f.pooled_sparse], B)
         seq_cols = [first_rows.column(sf.column) for g in f.sequence_groups for sf in g.features]
-        sequences = _kjt(f.sequence_keys, seq_cols, len(starts))
+        # Candidate ids sharing a sequence table: per request, the ids of its rows (in row order).
+        seq_cols += [pa.ListArray.from_arrays(pa.array(np.append(starts, B).astype(np.int32)),
+                                              table.column(s.column).combine_chunks()) for s in f.shared_sparse]
+        sequences = _kjt(f.embedding_collection_keys, seq_cols, len(starts))
 
         request_time = first_rows.column(f.columns.timestamp).to_numpy().astype(np.float64)
         deltas, embeddings = {}, {}
@@ -271,7 +274,7 @@ def _cut(pending: List[tuple], rows: int):
 def _kjt(keys: List[str], columns: List[pa.ChunkedArray], stride: int) -> KeyedJaggedTensor:
     values, lengths = [], []
     for col in columns:
-        col = col.combine_chunks()
+        col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         if pa.types.is_integer(col.type):
             values.append(col.to_numpy(zero_copy_only=False))
             lengths.append(np.ones(len(col), np.int32))

@@ -5,7 +5,8 @@ Data path, top to bottom:
 1. sparse arch: an ``EmbeddingBagCollection`` pools the categorical features per row [B, ...];
    an ``EmbeddingCollection`` looks up every sequence event, once per *request* [U, ...];
 2. sequence arch: one ``SequenceEncoder`` per group, run per request, then broadcast to the
-   request's candidate rows by ``request_index``;
+   request's candidate rows by ``request_index``; optionally each candidate then attends over its
+   request's encoded events (``TargetAttention``, light and per row);
 3. dense arch: normalized dense features ++ pooled embeddings ++ sequence representations ->
    DCNv2 cross network (torchrec ``LowRankCrossNet``) -> MMoE -> per-task towers giving one logit
    per surface -> each row keeps its own surface's logits.
@@ -24,17 +25,18 @@ from torchrec.modules.crossnet import CrossNet, LowRankCrossNet
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-from pinads_rec.config import FeaturesConfig, ModelConfig
+from pinads_rec.config import CANDIDATE_PREFIX, FeaturesConfig, ModelConfig
 from pinads_rec.data.batch import Batch
 from pinads_rec.modules.dense_norm import DenseNormalization
 from pinads_rec.modules.mmoe import MMoE
 from pinads_rec.modules.sequence import SequenceEncoder
+from pinads_rec.modules.target_attention import TargetAttention
 
 
 def embedding_bag_configs(features: FeaturesConfig) -> List[EmbeddingBagConfig]:
     out = []
     for t in features.tables:
-        users = [s for s in features.sparse if s.table == t.name]
+        users = [s for s in features.pooled_sparse if s.table == t.name]
         if users:
             pooling = PoolingType.MEAN if users[0].pooling == "mean" else PoolingType.SUM
             out.append(EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
@@ -46,6 +48,7 @@ def embedding_configs(features: FeaturesConfig) -> List[EmbeddingConfig]:
     out = []
     for t in features.tables:
         keys = [f"{g.name}.{f.name}" for g in features.sequence_groups for f in g.features if f.table == t.name]
+        keys += [CANDIDATE_PREFIX + s.name for s in features.shared_sparse if s.table == t.name]
         if keys:
             out.append(EmbeddingConfig(name=t.name, embedding_dim=t.embedding_dim,
                                        num_embeddings=t.num_embeddings, feature_names=keys))
@@ -76,8 +79,19 @@ class UnifiedRanker(nn.Module):
             for g in features.sequence_groups})
         self.dense_norm = DenseNormalization(features.dense)
 
-        width = (features.dense_dim + sum(t.embedding_dim * len(t.feature_names) for t in bag_tables)
-                 + sum(e.output_dim for e in self.sequence_encoders.values()))
+        # Target attention queries come from the candidate side: pooled features not marked user_side.
+        dims = {s.name: features.table(s.table).embedding_dim for s in features.sparse}
+        self.shared_keys = [s.name for s in features.shared_sparse]
+        self.bag_keys = [s.name for s in features.pooled_sparse]
+        self.candidate_keys = [s.name for s in features.sparse if not s.user_side]
+        use_target = "target" in model.sequence.poolings and bool(self.candidate_keys)
+        self.target_attention = nn.ModuleDict({
+            g.name: TargetAttention(sum(dims[k] for k in self.candidate_keys), model.sequence.d_model)
+            for g in features.sequence_groups} if use_target else {})
+
+        width = (features.dense_dim + sum(dims.values())
+                 + sum(e.output_dim for e in self.sequence_encoders.values())
+                 + len(self.target_attention) * model.sequence.d_model)
         self.interaction_width = width
         dcn = model.dcn
         self.cross = (LowRankCrossNet(width, dcn.num_layers, dcn.low_rank) if dcn.low_rank
@@ -89,18 +103,27 @@ class UnifiedRanker(nn.Module):
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [B, T]: each row's logit per task from its own surface's head."""
         # By name, in config order: a sharded EBC returns its keys grouped by sharding, not as declared.
-        pooled = self.ebc(batch.sparse).to_dict()
-        parts = [self.dense_norm(batch.dense)] + [pooled[k] for k in self.sparse_keys]
+        bags = self.ebc(batch.sparse).to_dict()
+        pooled = {k: bags[k] for k in self.bag_keys}
         if self.ec is not None:
             events = self.ec(batch.sequences)
-            per_request = []
+            for k in self.shared_keys:  # candidate ids looked up in a sequence table: [B, D] in row order
+                pooled[k] = events[CANDIDATE_PREFIX + k].values()
+        parts = [self.dense_norm(batch.dense)] + [pooled[k] for k in self.sparse_keys]
+        if self.ec is not None:
+            query = torch.cat([pooled[k] for k in self.candidate_keys], dim=1) if self.target_attention else None
+            per_request, per_row = [], []
             for group, keys, pretrained in self.groups:
-                per_request.append(self.sequence_encoders[group](
+                summary, encoded, mask = self.sequence_encoders[group](
                     [events[k].values() for k in keys], events[keys[0]].offsets(),
                     batch.sequence_time_deltas[group],
-                    batch.sequence_embeddings[group] if pretrained else None))
+                    batch.sequence_embeddings[group] if pretrained else None)
+                per_request.append(summary)
+                if self.target_attention:
+                    per_row.append(self.target_attention[group](query, encoded, mask, batch.request_index))
             # Request-level broadcasting: user-side work ran once per request; rows index into it.
             parts.append(torch.cat(per_request, dim=1).index_select(0, batch.request_index))
+            parts += per_row
         x = self.cross(torch.cat(parts, dim=1))
         logits = self.mmoe(x)  # [B, T, S]
         index = batch.surface.view(-1, 1, 1).expand(-1, logits.shape[1], 1)

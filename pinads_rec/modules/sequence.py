@@ -8,13 +8,14 @@ log of (request time - event time), so position means "how long ago", not "how m
 Encoder: the jagged events are padded to the group's max length with ``fbgemm.jagged_to_padded_dense``;
 a learned summary token is prepended (so an empty sequence still has one valid token and never
 yields NaN); a pre-norm Transformer encoder runs ``scaled_dot_product_attention`` with the padding
-masked out of every key. Output: [summary token, masked mean of the events], [U, 2 * d_model].
+masked out of every key. Per-request poolings: the summary token's output and/or the masked mean
+of the events. The encoded events and their mask are returned too, for target attention.
 
 In: per attribute [N, D_attr] (N events over U requests), offsets [U + 1], time deltas [N] seconds,
-optional pretrained [N, E]. Out: [U, 2 * d_model].
+optional pretrained [N, E]. Out: pooled [U, P * d_model], events [U, L, d_model], mask [U, L].
 """
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
 import torch
@@ -70,13 +71,15 @@ class SequenceEncoder(nn.Module):
         self.layers = nn.ModuleList(
             TransformerLayer(d, cfg.num_heads, cfg.ffn_dim, cfg.dropout) for _ in range(cfg.num_layers))
         self.norm = nn.LayerNorm(d)
+        self.summary, self.mean = "summary" in cfg.poolings, "mean" in cfg.poolings
 
     @property
     def output_dim(self) -> int:
-        return 2 * self.d_model
+        """Width of the per-request pooled output."""
+        return (self.summary + self.mean) * self.d_model
 
     def forward(self, attributes: List[torch.Tensor], offsets: torch.Tensor, time_deltas: torch.Tensor,
-                pretrained: Optional[torch.Tensor] = None) -> torch.Tensor:
+                pretrained: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         event = attributes[0]
         for a in attributes[1:]:
             event = event + a
@@ -94,6 +97,12 @@ class SequenceEncoder(nn.Module):
         for layer in self.layers:
             x = layer(x, key_mask)
         x = self.norm(x)
-        m = event_mask.unsqueeze(-1).to(x.dtype)
-        mean = (x[:, 1:] * m).sum(dim=1) / lengths.clamp(min=1).unsqueeze(-1).to(x.dtype)
-        return torch.cat([x[:, 0], mean], dim=1)
+        events = x[:, 1:]
+        pooled = []
+        if self.summary:
+            pooled.append(x[:, 0])
+        if self.mean:
+            m = event_mask.unsqueeze(-1).to(x.dtype)
+            pooled.append((events * m).sum(dim=1) / lengths.clamp(min=1).unsqueeze(-1).to(x.dtype))
+        pooled = torch.cat(pooled, dim=1) if pooled else events.new_zeros(U, 0)
+        return pooled, events, event_mask
