@@ -140,7 +140,7 @@ def make_optimizer(dmp: DistributedModelParallel, train: TrainConfig, total_step
     (linear warm-up, then linear decay to final_lr_ratio) applied to the dense part."""
     dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
     dense = KeyedOptimizerWrapper(
-        dense_params, lambda params: torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay))
+        dense_params, lambda params: torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay, fused=True))
     optimizer = CombinedOptimizer([("dense", dense), ("sparse", dmp.fused_optimizer)])
     schedule = torch.optim.lr_scheduler.LambdaLR(dense, lr_lambda=lr_multiplier(train, total_steps))
     return optimizer, schedule

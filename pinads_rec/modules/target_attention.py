@@ -1,18 +1,36 @@
 """Target attention: each candidate attends over its request's encoded events (the DIN idea, with a
 scaled dot product as the score; sequence-modeling article, "feature interaction" and DIN).
 
-The expensive encoder runs once per request; this step is per candidate row but light: one query
-projection per row and a dot product with each of the request's events. A learned "no event" slot
-with score 0 and value 0 keeps an empty sequence finite (it attends to nothing and returns zeros).
+The expensive encoder runs once per request; this step is per candidate but light. The candidates
+of a request are contiguous rows (``request_index`` is non-decreasing, as the loader builds it), so
+they are padded into one [U, C, d] block and scored against their request's events with one batched
+matmul: no per-row copy of the [L, d] events is ever made. A learned "no event" slot with score 0
+and value 0 keeps an empty sequence finite (it attends to nothing and returns zeros).
 
 In: query [B, Dq] (candidate-side features), events [U, L, d], mask [U, L] (True = real event),
-request_index [B] (row -> request). Out: [B, d].
+request_index [B] (row -> request, non-decreasing). Out: [B, d].
 """
 
 import math
 
+import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
 import torch
 from torch import nn
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, events: torch.Tensor, mask: torch.Tensor,
+            request_index: torch.Tensor) -> torch.Tensor:
+    """q [B, d] per candidate; keys, events [U, L, d]; mask [U, L]. Returns [B, d]."""
+    rows = torch.bincount(request_index, minlength=events.shape[0])
+    offsets = torch.cat([rows.new_zeros(1), rows.cumsum(0)])
+    q = torch.ops.fbgemm.jagged_to_padded_dense(q, [offsets], [int(rows.max())], 0.0)  # [U, C, d]
+    scores = torch.bmm(q, keys.transpose(1, 2)).masked_fill(~mask.unsqueeze(1), float("-inf"))  # [U, C, L]
+    weights = torch.cat([scores, torch.zeros_like(scores[..., :1])], dim=-1).softmax(dim=-1)[..., :-1]
+    return torch.ops.fbgemm.dense_to_jagged(torch.bmm(weights, events), [offsets])[0]
+
+
+# The padding width depends on the batch: keep this call opaque to FX tracing (train pipeline).
+torch.fx.wrap("_attend")
 
 
 class TargetAttention(nn.Module):
@@ -24,10 +42,4 @@ class TargetAttention(nn.Module):
 
     def forward(self, query: torch.Tensor, events: torch.Tensor, mask: torch.Tensor,
                 request_index: torch.Tensor) -> torch.Tensor:
-        q = self.query(query) * self.scale  # [B, d]
-        keys = self.key(events).index_select(0, request_index)  # [B, L, d]
-        values = events.index_select(0, request_index)  # [B, L, d]
-        scores = torch.bmm(keys, q.unsqueeze(-1)).squeeze(-1)  # [B, L]
-        scores = scores.masked_fill(~mask.index_select(0, request_index), float("-inf"))
-        weights = torch.cat([scores, torch.zeros_like(scores[:, :1])], dim=1).softmax(dim=1)[:, :-1]
-        return torch.bmm(weights.unsqueeze(1), values).squeeze(1)
+        return _attend(self.query(query) * self.scale, self.key(events), events, mask, request_index)
