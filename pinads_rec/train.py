@@ -22,18 +22,19 @@ from typing import Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from tqdm import tqdm
 
-# Launched as a script (torchx --script pinads_rec/train.py), the repo root is not on sys.path.
+# Launched as a script (torchx --script pinads_rec/train.py) outside the project's venv, the repo
+# root is not on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pinads_rec import checkpoint, config  # noqa: E402
+from pinads_rec import checkpoint, config, parallel  # noqa: E402
 from pinads_rec.data.batch import Batch  # noqa: E402
 from pinads_rec.data.contract import ContractError  # noqa: E402
 from pinads_rec.data.loader import make_loader  # noqa: E402
 from pinads_rec.evaluate import MetricAccumulator, format_table  # noqa: E402
 from pinads_rec.models.ranker import RankerTrainTask, UnifiedRanker  # noqa: E402
-from pinads_rec import parallel  # noqa: E402
 
 log = logging.getLogger("pinads_rec.train")
 DEFAULT_CONFIG = "configs/demo.yaml"
@@ -121,8 +122,6 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
         state = checkpoint.load(latest, dmp, optimizer, schedule)
         if env.is_main:
             log.info("resumed from %s (step %d, epoch %d)", latest, state.step, state.epoch)
-
-    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
     pipeline = TrainPipelineSparseDist(dmp, optimizer, env.device, execute_all_batches=True)
     metrics_log = run_dir / "metrics.jsonl"
