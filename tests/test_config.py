@@ -26,7 +26,7 @@ def table_index(raw: dict, name: str) -> int:
     return next(i for i, t in enumerate(raw["features"]["tables"]) if t["name"] == name)
 
 
-def fails(pattern: str, raw: dict = None, overrides=()):
+def assert_config_error(pattern: str, raw: dict = None, overrides=()):
     """from_dict(raw or demo, overrides) raises a ConfigError matching ``pattern`` (re.search)."""
     with pytest.raises(ConfigError, match=pattern) as info:
         config.from_dict(demo_raw() if raw is None else raw, list(overrides))
@@ -46,7 +46,7 @@ def fails(pattern: str, raw: dict = None, overrides=()):
     ("features.columns.query=q", "features.columns.query"),
 ])
 def test_unknown_key_override(override, key):
-    msg = fails("^" + re.escape(key) + ": unknown key", overrides=[override])
+    msg = assert_config_error("^" + re.escape(key) + ": unknown key", overrides=[override])
     assert "valid keys here" in msg
 
 
@@ -54,9 +54,9 @@ def test_unknown_key_inside_a_list_item():
     raw = demo_raw()
     raw["features"]["tables"][1]["sized"] = 3
     raw["features"]["sequence_groups"][1]["features"][2]["pool"] = "sum"
-    fails(r"^features\.tables\[1\]\.sized: unknown key", raw)
+    assert_config_error(r"^features\.tables\[1\]\.sized: unknown key", raw)
     del raw["features"]["tables"][1]["sized"]
-    fails(r"^features\.sequence_groups\[1\]\.features\[2\]\.pool: unknown key", raw)
+    assert_config_error(r"^features\.sequence_groups\[1\]\.features\[2\]\.pool: unknown key", raw)
 
 
 def test_unknown_key_via_load_names_file_and_key(tmp_path):
@@ -86,17 +86,17 @@ def test_unknown_key_via_load_names_file_and_key(tmp_path):
     ("synth.faults.zero_fill_column=3", r"^synth\.faults\.zero_fill_column: expected a string, got 3"),
 ])
 def test_wrong_type(override, pattern):
-    fails(pattern, overrides=[override])
+    assert_config_error(pattern, overrides=[override])
 
 
 def test_wrong_type_inside_a_list_item():
     raw = demo_raw()
     i = table_index(raw, "item")
     raw["features"]["tables"][i]["hash"] = "yes"
-    fails(rf"^features\.tables\[{i}\]\.hash: expected true/false, got 'yes'", raw)
+    assert_config_error(rf"^features\.tables\[{i}\]\.hash: expected true/false, got 'yes'", raw)
     raw = demo_raw()
     raw["features"]["dense"][2]["dim"] = "32"
-    fails(r"^features\.dense\[2\]\.dim: expected an integer, got '32'", raw)
+    assert_config_error(r"^features\.dense\[2\]\.dim: expected an integer, got '32'", raw)
 
 
 def test_int_for_float_is_accepted_as_float():
@@ -107,10 +107,10 @@ def test_int_for_float_is_accepted_as_float():
 def test_required_key_missing():
     raw = demo_raw()
     del raw["features"]["tables"][0]["num_embeddings"]
-    fails(r"^features\.tables\[0\]\.num_embeddings: required key is missing", raw)
+    assert_config_error(r"^features\.tables\[0\]\.num_embeddings: required key is missing", raw)
     raw = demo_raw()
     del raw["features"]["sparse"][3]["column"]
-    fails(r"^features\.sparse\[3\]\.column: required key is missing", raw)
+    assert_config_error(r"^features\.sparse\[3\]\.column: required key is missing", raw)
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,7 +126,7 @@ def test_required_key_missing():
 def test_negative_table_size(field, value, pattern):
     raw = demo_raw()
     raw["features"]["tables"][2][field] = value
-    fails(pattern, raw)
+    assert_config_error(pattern, raw)
 
 
 @pytest.mark.parametrize("override,pattern", [
@@ -140,24 +140,24 @@ def test_negative_table_size(field, value, pattern):
     ("train.lr=-0.1", r"^train\.lr: must be > 0"),
 ])
 def test_bad_size(override, pattern):
-    fails(pattern, overrides=[override])
+    assert_config_error(pattern, overrides=[override])
 
 
 def test_bad_dense_and_sequence_sizes():
     raw = demo_raw()
     raw["features"]["dense"][0]["dim"] = 0
-    fails(r"^features\.dense\[0\]\.dim: must be > 0, got 0", raw)
+    assert_config_error(r"^features\.dense\[0\]\.dim: must be > 0, got 0", raw)
     raw = demo_raw()
     raw["features"]["sequence_groups"][1]["max_length"] = -3
-    fails(r"^features\.sequence_groups\[1\]\.max_length: must be > 0, got -3", raw)
+    assert_config_error(r"^features\.sequence_groups\[1\]\.max_length: must be > 0, got -3", raw)
     raw = demo_raw()
     raw["features"]["dense"][1]["clip_max"] = -1.0
-    fails(r"^features\.dense\[1\]\.clip_max: must exceed clip_min", raw)
+    assert_config_error(r"^features\.dense\[1\]\.clip_max: must exceed clip_min", raw)
 
 
 @pytest.mark.parametrize("value", [".nan", ".inf"])
 def test_non_finite_learning_rate(value):
-    fails(r"^train\.lr:", overrides=[f"train.lr={value}"])
+    assert_config_error(r"^train\.lr:", overrides=[f"train.lr={value}"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,10 +168,10 @@ def test_non_finite_learning_rate(value):
 def test_reference_to_missing_table():
     raw = demo_raw()
     raw["features"]["sparse"][1]["table"] = "items"
-    fails(r"^features\.sparse\[1\]\.table: no table named 'items' in features\.tables", raw)
+    assert_config_error(r"^features\.sparse\[1\]\.table: no table named 'items' in features\.tables", raw)
     raw = demo_raw()
     raw["features"]["sequence_groups"][0]["features"][1]["table"] = "actions"
-    fails(r"^features\.sequence_groups\[0\]\.features\[1\]\.table: no table named 'actions'", raw)
+    assert_config_error(r"^features\.sequence_groups\[0\]\.features\[1\]\.table: no table named 'actions'", raw)
 
 
 def test_candidate_feature_may_share_a_sequence_table():
@@ -185,7 +185,7 @@ def test_candidate_feature_may_share_a_sequence_table():
 def test_reserved_group_name():
     raw = demo_raw()
     raw["features"]["sequence_groups"][0]["name"] = "candidate"
-    fails(r"^features\.sequence_groups\[0\]\.name: 'candidate' is reserved", raw)
+    assert_config_error(r"^features\.sequence_groups\[0\]\.name: 'candidate' is reserved", raw)
 
 
 @pytest.mark.parametrize("override,key", [
@@ -195,21 +195,21 @@ def test_reserved_group_name():
     ("model.kind=tower", "model.kind"),
 ])
 def test_invalid_literal(override, key):
-    msg = fails("^" + re.escape(key) + ": must be one of", overrides=[override])
+    msg = assert_config_error("^" + re.escape(key) + ": must be one of", overrides=[override])
     assert repr(override.split("=")[1]) in msg
 
 
 def test_invalid_literal_inside_a_list_item():
     raw = demo_raw()
     raw["features"]["sparse"][0]["pooling"] = "max"
-    fails(r"^features\.sparse\[0\]\.pooling: must be one of \['sum', 'mean'\], got 'max'", raw)
+    assert_config_error(r"^features\.sparse\[0\]\.pooling: must be one of \['sum', 'mean'\], got 'max'", raw)
     raw = demo_raw()
     raw["features"]["dense"][0]["norm"] = "zscore"
-    fails(r"^features\.dense\[0\]\.norm: must be one of", raw)
+    assert_config_error(r"^features\.dense\[0\]\.norm: must be one of", raw)
 
 
 def test_invalid_sharding_type():
-    fails(r"^train\.sharding_types\[1\]: 'grid' is not one of", overrides=["train.sharding_types=[row_wise, grid]"])
+    assert_config_error(r"^train\.sharding_types\[1\]: 'grid' is not one of", overrides=["train.sharding_types=[row_wise, grid]"])
 
 
 @pytest.mark.parametrize("section,index,name", [
@@ -219,16 +219,16 @@ def test_invalid_sharding_type():
 def test_duplicate_names(section, index, name):
     raw = demo_raw()
     raw["features"][section][index]["name"] = name
-    fails(f"^features\\.{section}\\[{index}\\]\\.name: duplicate name '{name}'", raw)
+    assert_config_error(f"^features\\.{section}\\[{index}\\]\\.name: duplicate name '{name}'", raw)
 
 
 def test_duplicate_surfaces():
-    fails(r"^features\.surfaces", overrides=["features.surfaces=[home_feed, home_feed, search]"])
+    assert_config_error(r"^features\.surfaces", overrides=["features.surfaces=[home_feed, home_feed, search]"])
 
 
 @pytest.mark.parametrize("section", ["tasks", "surfaces"])
 def test_empty_required_list(section):
-    fails(f"^features\\.{section}: at least one", overrides=[f"features.{section}=[]"])
+    assert_config_error(f"^features\\.{section}: at least one", overrides=[f"features.{section}=[]"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ def test_override_can_set_null():
     ("data.batch_size.x=1", r"override data\.batch_size\.x: data\.batch_size is not a mapping"),
 ])
 def test_bad_override(override, pattern):
-    fails(pattern, overrides=[override])
+    assert_config_error(pattern, overrides=[override])
 
 
 def test_overrides_do_not_modify_the_callers_dict():
@@ -343,7 +343,7 @@ def test_defaults_load():
 
 
 def test_no_task_is_an_error():
-    fails(r"^features\.tasks: at least one task", raw={})
+    assert_config_error(r"^features\.tasks: at least one task", raw={})
 
 
 def test_demo_unstated_keys_take_defaults():

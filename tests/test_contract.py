@@ -102,7 +102,7 @@ def where(path: str, group: Optional[int] = None, column: Optional[str] = None) 
     return out
 
 
-def expect(cfg, d, pattern: str) -> str:
+def assert_rejected(cfg, d, pattern: str) -> str:
     with pytest.raises(ContractError, match=pattern) as info:
         read_all(cfg, d)
     return str(info.value)
@@ -193,7 +193,7 @@ def test_untouched_file_loads(base, tmp_path):
 def test_missing_column(base, tmp_path, column):
     cfg, _, table = base
     d, path = write(tmp_path, table.drop_columns([column]), name="b_bad.parquet", good=table)
-    expect(cfg, d, where(path) + f": missing column '{column}'")
+    assert_rejected(cfg, d, where(path) + f": missing column '{column}'")
 
 
 WRONG_TYPES = {
@@ -223,7 +223,7 @@ def test_wrong_dtype(base, tmp_path, case):
     else:
         array = table[column].cast(new_type)
     d, path = write(tmp_path, with_column(table, column, array), name="b_bad.parquet", good=table)
-    msg = expect(cfg, d, where(path) + f": column '{column}' has type")
+    msg = assert_rejected(cfg, d, where(path) + f": column '{column}' has type")
     assert "expected" in msg
 
 
@@ -243,7 +243,7 @@ def test_negative_id(base, tmp_path, column):
     else:
         bad = replace_rows(table, column, {BAD: -3})
     d, path = write(tmp_path, bad)
-    expect(cfg, d, where(path, BAD_RG, column) + ": negative id -3")
+    assert_rejected(cfg, d, where(path, BAD_RG, column) + ": negative id -3")
 
 
 @pytest.mark.parametrize("column,size", [("ad_type", 2), ("advertiser_id", 2000), ("query_tokens", 1024),
@@ -258,7 +258,7 @@ def test_id_beyond_table_without_hash(base, tmp_path, column, size):
     else:
         bad = replace_rows(table, column, {BAD: size + 5})
     d, path = write(tmp_path, bad)
-    msg = expect(cfg, d, where(path, BAD_RG, column) + f": id {size + 5} is beyond its table's size {size}")
+    msg = assert_rejected(cfg, d, where(path, BAD_RG, column) + f": id {size + 5} is beyond its table's size {size}")
     assert "hash: true" in msg
 
 
@@ -326,7 +326,7 @@ def test_nonfinite_dense_error(base, tmp_path, column, value):
     cfg = load_tiny(data_dir, ["data.nonfinite_dense=error"])
     bad, _ = _spoil_dense(table, column, value)
     d, path = write(tmp_path, bad)
-    msg = expect(cfg, d, where(path, BAD_RG, column) + ": non-finite value")
+    msg = assert_rejected(cfg, d, where(path, BAD_RG, column) + ": non-finite value")
     assert "nonfinite_dense" in msg  # says how to opt into the repair
 
 
@@ -365,7 +365,7 @@ def test_ragged_sequence_group(base, tmp_path, group, column):
     values = table[column][row].as_py()
     bad = replace_rows(table, column, {row: values[:-1]})
     d, path = write(tmp_path, bad)
-    msg = expect(cfg, d, where(path, BAD_RG) + f": ragged sequence group '{group}' at row {row - RG}: "
+    msg = assert_rejected(cfg, d, where(path, BAD_RG) + f": ragged sequence group '{group}' at row {row - RG}: "
                  f"column '{column}' has {len(values) - 1} events")
     assert f"has {len(values)}" in msg
 
@@ -380,7 +380,7 @@ def test_sequence_embedding_of_wrong_width(base, tmp_path):
     bad = replace_rows(table, "seq_pin_emb", {row: [e[: width // 2] for e in events]}, type=narrow)
     d, path = write(tmp_path, bad)
     assert col.type != narrow
-    expect(cfg, d, where(path, BAD_RG, "seq_pin_emb")
+    assert_rejected(cfg, d, where(path, BAD_RG, "seq_pin_emb")
            + f": event embeddings of width {width // 2}, config says {width}")
 
 
@@ -405,7 +405,7 @@ def test_overlong_sequence_error(base, tmp_path):
     cfg = load_tiny(data_dir, ["data.overlong_sequence=error"])
     bad, a, _, _ = _overlong(table)
     d, path = write(tmp_path, bad)
-    expect(cfg, d, where(path, BAD_RG) + r", column 'seq_pin_\w+': "
+    assert_rejected(cfg, d, where(path, BAD_RG) + r", column 'seq_pin_\w+': "
            f"row {a - RG} has a sequence of {LONG} events, more than the group's max_length 100")
 
 
@@ -473,14 +473,14 @@ def test_empty_sequences_are_fine(base, tmp_path):
 def test_label_not_binary(base, tmp_path, value, as_type):
     cfg, _, table = base
     d, path = write(tmp_path, replace_rows(table, "good_click", {BAD: value}, type=as_type))
-    expect(cfg, d, where(path, BAD_RG, "good_click") + f": label .* at row {BAD_ROW} is not 0 or 1")
+    assert_rejected(cfg, d, where(path, BAD_RG, "good_click") + f": label .* at row {BAD_ROW} is not 0 or 1")
 
 
 @pytest.mark.parametrize("value", [1.5, -0.1, float("nan")], ids=["1.5", "-0.1", "nan"])
 def test_probability_outside_unit_interval(base, tmp_path, value):
     cfg, _, table = base
     d, path = write(tmp_path, replace_rows(table, "true_p_save", {BAD: value}))
-    expect(cfg, d, where(path, BAD_RG, "true_p_save") + f": probability .* at row {BAD_ROW} is outside \\[0, 1\\]")
+    assert_rejected(cfg, d, where(path, BAD_RG, "true_p_save") + f": probability .* at row {BAD_ROW} is outside \\[0, 1\\]")
 
 
 @pytest.mark.parametrize("encoding", ["string", "dictionary", "index"])
@@ -496,7 +496,7 @@ def test_unknown_surface(base, tmp_path, encoding):
         if encoding == "dictionary":
             bad = with_column(bad, "surface", bad["surface"].dictionary_encode())
     d, path = write(tmp_path, bad)
-    expect(cfg, d, where(path, BAD_RG, "surface") + f": unknown surface {shown} at row {BAD_ROW}")
+    assert_rejected(cfg, d, where(path, BAD_RG, "surface") + f": unknown surface {shown} at row {BAD_ROW}")
 
 
 def test_known_surfaces_as_dictionary_and_index_load(base, tmp_path):
@@ -519,7 +519,7 @@ def test_known_surfaces_as_dictionary_and_index_load(base, tmp_path):
 def test_null_value(base, tmp_path, column):
     cfg, _, table = base
     d, path = write(tmp_path, replace_rows(table, column, {BAD: None}))
-    expect(cfg, d, where(path, BAD_RG, column) + f": null value at row {BAD_ROW}")
+    assert_rejected(cfg, d, where(path, BAD_RG, column) + f": null value at row {BAD_ROW}")
 
 
 @pytest.mark.parametrize("column", ["seq_pin_item", "query_tokens", "seq_ad_ts", "seq_pin_emb"])
@@ -529,7 +529,7 @@ def test_null_inside_id_list(base, tmp_path, column):
     values = table[column][row].as_py()
     values[1] = None  # an element (for seq_pin_emb: a whole event vector) inside the list
     d, path = write(tmp_path, replace_rows(table, column, {row: values}))
-    expect(cfg, d, where(path, row // RG, column) + ": null")
+    assert_rejected(cfg, d, where(path, row // RG, column) + ": null")
 
 
 # --------------------------------------------------------------------------------------------
@@ -558,7 +558,7 @@ def test_unreadable_file(base, tmp_path, case):
     pq.write_table(table, d / "a_good.parquet", row_group_size=RG)
     path = d / "x.parquet"
     _bytes_case(table, path, case)
-    expect(cfg, d, where(str(path)) + ": not a readable Parquet file")
+    assert_rejected(cfg, d, where(str(path)) + ": not a readable Parquet file")
 
 
 @pytest.mark.parametrize("column", ["item_id", "seq_pin_emb", "click"])
@@ -571,19 +571,19 @@ def test_corrupt_column_chunk(base, tmp_path, column):
     data = bytearray(Path(path).read_bytes())
     data[start:start + cc.total_compressed_size] = b"\xab" * cc.total_compressed_size
     Path(path).write_bytes(bytes(data))
-    expect(cfg, d, where(path, 1) + ": cannot be read")
+    assert_rejected(cfg, d, where(path, 1) + ": cannot be read")
 
 
 def test_empty_directory(base, tmp_path):
     cfg, _, _ = base
     (tmp_path / "notes.txt").write_text("no data here\n")
-    expect(cfg, tmp_path, f"data directory {re.escape(str(tmp_path))} holds no .parquet files")
+    assert_rejected(cfg, tmp_path, f"data directory {re.escape(str(tmp_path))} holds no .parquet files")
 
 
 def test_nonexistent_directory(base, tmp_path):
     cfg, _, _ = base
     missing = tmp_path / "does" / "not" / "exist"
-    expect(cfg, missing, f"data directory {re.escape(str(missing))} does not exist")
+    assert_rejected(cfg, missing, f"data directory {re.escape(str(missing))} does not exist")
 
 
 # --------------------------------------------------------------------------------------------
@@ -602,7 +602,7 @@ def _non_contiguous(table: pa.Table):
 def test_request_rows_not_contiguous(base, tmp_path):
     cfg, _, table = base
     d, path = write(tmp_path, _non_contiguous(table))
-    expect(cfg, d, where(path, 1, "request_id") + ": .*contiguous")
+    assert_rejected(cfg, d, where(path, 1, "request_id") + ": .*contiguous")
 
 
 # --------------------------------------------------------------------------------------------
