@@ -271,6 +271,9 @@ class TrainConfig:
     # Sharding types the planner may use (subset of table_wise, row_wise, column_wise,
     # table_row_wise, table_column_wise, data_parallel); empty = all that suit the device.
     sharding_types: List[str] = field(default_factory=list)
+    # A plan saved by `python -m pinads_rec.plan --out`: each table keeps its sharding type and
+    # compute kernel (the planner still places shards for the actual world size).
+    plan_file: Optional[str] = None
 
 
 @dataclass

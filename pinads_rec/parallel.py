@@ -7,6 +7,7 @@ about ranks, devices and sharding lives here.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional
@@ -88,15 +89,44 @@ def constraints(cfg: ExperimentConfig, compute_device: str) -> Dict[str, Paramet
         seq.add(ShardingType.DATA_PARALLEL.value)
     # On CPU an EmbeddingCollection table planned data_parallel crashes in forward: never plan it.
     wanted = set(cfg.train.sharding_types)
+    saved = load_plan(cfg.train.plan_file)["tables"] if cfg.train.plan_file else {}
     out = {}
     for tables, allowed in ((embedding_bag_configs(cfg.features), bag), (embedding_configs(cfg.features), seq)):
         for t in tables:
+            if t.name in saved:
+                choice = saved[t.name]
+                if choice["sharding_type"] not in allowed:
+                    raise ValueError(f"train.plan_file {cfg.train.plan_file}: table {t.name!r} is planned "
+                                     f"{choice['sharding_type']}, which {compute_device} cannot run")
+                out[t.name] = ParameterConstraints(sharding_types=[choice["sharding_type"]],
+                                                   compute_kernels=[_kernel_for(choice["compute_kernel"], compute_device)])
+                continue
             types = sorted(allowed & wanted) if wanted else sorted(allowed)
             if not types:
                 raise ValueError(f"train.sharding_types {sorted(wanted)} leaves table {t.name!r} no sharding "
                                  f"type it can use on {compute_device} (allowed: {sorted(allowed)})")
             out[t.name] = ParameterConstraints(sharding_types=types)
     return out
+
+
+def load_plan(path: str) -> dict:
+    """A plan JSON written by pinads_rec.plan: {"tables": {name: {"sharding_type", "compute_kernel",
+    "ranks", ...}}, "topology": {...}}."""
+    try:
+        with open(path) as f:
+            plan = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"train.plan_file: cannot read {path}: {e}") from None
+    if not isinstance(plan, dict) or not isinstance(plan.get("tables"), dict):
+        raise ValueError(f"train.plan_file: {path} is not a plan written by pinads_rec.plan (no 'tables')")
+    return plan
+
+
+def _kernel_for(kernel: str, compute_device: str) -> str:
+    # A plan made for GPUs names fused (HBM) kernels; on CPU the same "fused" kernel runs from DDR.
+    if compute_device != "cuda" and kernel in ("fused_uvm", "fused_uvm_caching"):
+        return "fused"
+    return kernel
 
 
 def plan_sharding(model: nn.Module, cfg: ExperimentConfig, env: Distributed,
