@@ -3,7 +3,9 @@
 Layout: ``<run_dir>/checkpoints/step-<N>/`` holds the DCP shards of the model and optimizers and a
 ``train_state.json`` (step, epoch, batches consumed in the epoch, LR schedule, config). A checkpoint
 is written to ``step-<N>.tmp`` and renamed once every rank has finished, so a crash while saving
-leaves the previous checkpoint as the latest loadable one.
+leaves the previous checkpoint as the latest loadable one. Loading checks first that the
+checkpoint's ``features`` and ``model`` config match the run's, and refuses with the differing keys
+(weights of another model would load partly or fail deep inside DCP).
 """
 
 from __future__ import annotations
@@ -40,8 +42,7 @@ def latest(run_dir: Path) -> Optional[Path]:
     return max(ckpts, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
-def save(run_dir: Path, state: TrainState, dmp, optimizer, schedule, cfg: config.ExperimentConfig,
-         keep: int = 3) -> Path:
+def save(run_dir: Path, state: TrainState, dmp, optimizer, schedule, cfg: config.ExperimentConfig) -> Path:
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step-{state.step}", root / f"step-{state.step}.tmp"
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
@@ -58,10 +59,39 @@ def save(run_dir: Path, state: TrainState, dmp, optimizer, schedule, cfg: config
         tmp.rename(final)
         old = sorted((p for p in root.glob("step-*") if not p.name.endswith(".tmp")),
                      key=lambda p: int(p.name.split("-")[1]))
-        for p in old[:-keep]:
+        for p in old[:-cfg.train.keep_checkpoints]:
             shutil.rmtree(p, ignore_errors=True)
     _barrier()
     return final
+
+
+class IncompatibleCheckpoint(ValueError):
+    """The checkpoint was written by a model with another architecture or feature set."""
+
+
+def config_differences(saved: dict, current: dict, prefix: str = "") -> list:
+    """Dotted keys whose values differ between two config dicts (recursing into dicts and lists)."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        out = []
+        for key in sorted(set(saved) | set(current)):
+            out += config_differences(saved.get(key), current.get(key), f"{prefix}.{key}" if prefix else key)
+        return out
+    if isinstance(saved, list) and isinstance(current, list) and len(saved) == len(current):
+        return [d for i, (a, b) in enumerate(zip(saved, current)) for d in config_differences(a, b, f"{prefix}[{i}]")]
+    return [] if saved == current else [prefix]
+
+
+def check_compatible(path: Path, cfg: config.ExperimentConfig) -> None:
+    """The parts of the config that shape the weights must match: features and model."""
+    saved = json.loads((Path(path) / STATE_FILE).read_text())["config"]
+    current = config.to_dict(cfg)
+    diffs = [d for section in ("features", "model")
+             for d in config_differences(saved.get(section), current[section], section)]
+    if diffs:
+        shown = ", ".join(diffs[:8]) + (f" and {len(diffs) - 8} more" if len(diffs) > 8 else "")
+        raise IncompatibleCheckpoint(
+            f"checkpoint {path} was written by a different model ({shown} differ); use another "
+            f"train.run_dir or restore the config it was trained with")
 
 
 def load(path: Path, dmp, optimizer, schedule) -> TrainState:

@@ -267,6 +267,7 @@ class TrainConfig:
     embedding_optimizer: Literal["rowwise_adagrad", "adagrad", "sgd", "adam"] = "rowwise_adagrad"
     run_dir: str = "runs/demo"
     checkpoint_every: int = 0
+    keep_checkpoints: int = 3
     log_every: int = 20
     # Sharding types the planner may use (subset of table_wise, row_wise, column_wise,
     # table_row_wise, table_column_wise, data_parallel); empty = all that suit the device.
@@ -451,6 +452,7 @@ def _validate(cfg: ExperimentConfig) -> None:
     if not m.mmoe.expert_dims:
         raise ConfigError("model.mmoe.expert_dims: at least one expert layer is required")
     positive("train.epochs", t.epochs)
+    positive("train.keep_checkpoints", t.keep_checkpoints)
     positive("train.max_steps", t.max_steps, allow_zero=True)
     positive("train.lr", t.lr)
     positive("train.embedding_lr", t.embedding_lr)

@@ -119,6 +119,7 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
     state = checkpoint.TrainState()
     latest = checkpoint.latest(run_dir)
     if latest is not None:
+        checkpoint.check_compatible(latest, cfg)
         state = checkpoint.load(latest, dmp, optimizer, schedule)
         if env.is_main:
             log.info("resumed from %s (step %d, epoch %d)", latest, state.step, state.epoch)
@@ -220,10 +221,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     env = parallel.init_distributed()
     try:
         train(cfg, env)
-    except ContractError as e:
+    except (ContractError, checkpoint.IncompatibleCheckpoint) as e:
         # A DataLoader worker's error arrives wrapped with its traceback; the user needs the last line.
         message = str(e).strip().splitlines()[-1]
-        print(f"[rank {env.rank}] data error: {message}", file=sys.stderr, flush=True)
+        kind = "data error" if isinstance(e, ContractError) else "checkpoint error"
+        print(f"[rank {env.rank}] {kind}: {message}", file=sys.stderr, flush=True)
         # Exit at once: the launcher then stops the other ranks instead of leaving them in a collective.
         os._exit(2)
     dist.destroy_process_group()
