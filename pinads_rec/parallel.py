@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import zlib
 import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional
@@ -143,35 +144,80 @@ def plan_sharding(model: nn.Module, cfg: ExperimentConfig, env: Distributed,
 
 def shard(model: nn.Module, cfg: ExperimentConfig, env: Distributed,
           plan: Optional[ShardingPlan] = None) -> DistributedModelParallel:
-    """Fused embedding optimizers are attached first, so the sharded tables update inside backward."""
+    """Fused embedding optimizers are attached first, so the sharded tables update inside backward;
+    then every table is initialized from the seed alone, so the model does not depend on the plan."""
     attach_embedding_optimizer(model, cfg.train, env.device)
     plan = plan or plan_sharding(model, cfg, env)
-    return DistributedModelParallel(module=model, env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
-                                    device=env.device, plan=plan, sharders=sharders())
+    dmp = DistributedModelParallel(module=model, env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
+                                   device=env.device, plan=plan, sharders=sharders())
+    init_embeddings(dmp, cfg.train.seed)
+    return dmp
 
 
-def attach_embedding_optimizer(model: nn.Module, train: TrainConfig, device: torch.device) -> None:
+EMBEDDING_PARAM = (".embedding_bags.", ".embeddings.")  # parameter names of EBC / EC tables
+_INIT_BLOCK_ROWS = 4096
+
+
+@torch.no_grad()
+def init_embeddings(dmp: nn.Module, seed: int) -> None:
+    """Uniform(+-1/sqrt(rows)) like TorchRec's default, but drawn per block of rows from
+    (seed, table, block): a row's initial value is the same under every sharding plan and world size
+    (table-, row-, column-wise or replicated), which makes plans comparable step for step."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    for name, weight in dmp.state_dict().items():
+        if not any(p in name for p in EMBEDDING_PARAM):
+            continue
+        rows, cols = weight.shape
+        bound = rows ** -0.5
+        if isinstance(weight, ShardedTensor):
+            pieces = [(s.metadata.shard_offsets, s.metadata.shard_sizes, s.tensor) for s in weight.local_shards()]
+        else:  # replicated (data_parallel)
+            pieces = [((0, 0), (rows, cols), weight)]
+        for (r0, c0), (h, w), out in pieces:
+            for block in range(r0 // _INIT_BLOCK_ROWS, (r0 + h - 1) // _INIT_BLOCK_ROWS + 1):
+                g = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{name}/{block}".encode()))
+                start = block * _INIT_BLOCK_ROWS
+                values = torch.empty(min(_INIT_BLOCK_ROWS, rows - start), cols).uniform_(-bound, bound, generator=g)
+                lo, hi = max(r0, start), min(r0 + h, start + values.shape[0])
+                out[lo - r0:hi - r0].copy_(values[lo - start:hi - start, c0:c0 + w])
+
+
+def embedding_optimizer(train: TrainConfig, device: torch.device):
+    """(optimizer class, kwargs) for embedding tables, whichever way they are sharded."""
     kind = train.embedding_optimizer
     if kind == "adam" and device.type != "cuda":
         raise ValueError("train.embedding_optimizer: adam is CUDA-only in fbgemm; use rowwise_adagrad on CPU")
-    optim_cls, kwargs = {
+    return {
         "rowwise_adagrad": (RowWiseAdagrad, {"lr": train.embedding_lr, "eps": 1e-8}),
         "adagrad": (torch.optim.Adagrad, {"lr": train.embedding_lr, "eps": 1e-8}),
         "sgd": (torch.optim.SGD, {"lr": train.embedding_lr}),
         "adam": (torch.optim.Adam, {"lr": train.embedding_lr}),
     }[kind]
+
+
+def attach_embedding_optimizer(model: nn.Module, train: TrainConfig, device: torch.device) -> None:
+    optim_cls, kwargs = embedding_optimizer(train, device)
     for name, module in model.named_modules():
         if type(module).__name__ in ("EmbeddingBagCollection", "EmbeddingCollection"):
             apply_optimizer_in_backward(optim_cls, module.parameters(), kwargs)
 
 
 def make_optimizer(dmp: DistributedModelParallel, train: TrainConfig, total_steps: int):
-    """Adam(W) for dense parameters combined with the fused embedding optimizers, and the LR schedule
-    (linear warm-up, then linear decay to final_lr_ratio) applied to the dense part."""
-    dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+    """AdamW for the dense layers; the embedding optimizer for every table -- fused into backward
+    for sharded tables, and a plain optimizer of the same kind for replicated (data_parallel) ones, so
+    a table trains the same whichever way it is sharded. The LR schedule (linear warm-up, then linear
+    decay to final_lr_ratio) applies to the dense layers."""
+    unfused = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+    tables = {k: v for k, v in unfused.items() if any(p in k for p in EMBEDDING_PARAM)}
+    layers = {k: v for k, v in unfused.items() if k not in tables}
     dense = KeyedOptimizerWrapper(
-        dense_params, lambda params: torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay, fused=True))
-    optimizer = CombinedOptimizer([("dense", dense), ("sparse", dmp.fused_optimizer)])
+        layers, lambda params: torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay, fused=True))
+    parts = [("dense", dense), ("sparse", dmp.fused_optimizer)]
+    if tables:
+        optim_cls, kwargs = embedding_optimizer(train, next(iter(tables.values())).device)
+        parts.append(("replicated_tables", KeyedOptimizerWrapper(tables, lambda p: optim_cls(p, **kwargs))))
+    optimizer = CombinedOptimizer(parts)
     schedule = torch.optim.lr_scheduler.LambdaLR(dense, lr_lambda=lr_multiplier(train, total_steps))
     return optimizer, schedule
 
