@@ -1,7 +1,9 @@
 """Sharded checkpoints with ``torch.distributed.checkpoint`` (DCP).
 
-Layout: ``<run_dir>/checkpoints/step-<N>/`` holds the DCP shards of the model and optimizers and a
-``train_state.json`` (step, epoch, batches consumed in the epoch, LR schedule, config). A checkpoint
+Layout: ``<run_dir>/checkpoints/step-<N>/`` holds the DCP shards of the model and optimizers, a
+``train_state.json`` (step, epoch, position in the epoch, world size, LR schedule, config), the
+sharding plan (``plan.json``, reused on resume so optimizer state keeps its layout even when the
+world size changes) and each rank's RNG state (``rng-<rank>.pt``). A checkpoint
 is written to ``step-<N>.tmp`` and renamed once every rank has finished, so a crash while saving
 leaves the previous checkpoint as the latest loadable one. Loading checks first that the
 checkpoint's ``features`` and ``model`` config match the run's, and refuses with the differing keys
@@ -11,24 +13,33 @@ checkpoint's ``features`` and ``model`` config match the run's, and refuses with
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from pinads_rec import config
+from pinads_rec import config, parallel
 
 STATE_FILE = "train_state.json"
+PLAN_FILE = "plan.json"
 
 
 @dataclass
 class TrainState:
     step: int = 0
     epoch: int = 0
-    batches_in_epoch: int = 0  # batches of `epoch` already trained: resume skips exactly these
+    batches_in_epoch: int = 0  # per-rank batches of `epoch` already trained: resume skips these
+    world_size: int = 1  # of the run that wrote the checkpoint
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def _barrier() -> None:
@@ -51,9 +62,12 @@ def save(run_dir: Path, state: TrainState, dmp, optimizer, schedule, cfg: config
         tmp.mkdir(parents=True)
     _barrier()
     dcp.save({"model": dmp.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint_id=str(tmp))
+    torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+               tmp / f"rng-{_rank()}.pt")
     _barrier()
     if rank0:
         meta = {"train": asdict(state), "schedule": schedule.state_dict(), "config": config.to_dict(cfg)}
+        (tmp / PLAN_FILE).write_text(json.dumps(parallel.plan_tables(dmp.plan), indent=1))
         (tmp / STATE_FILE).write_text(json.dumps(meta, indent=1, default=str))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -105,6 +119,12 @@ def load(path: Path, dmp, optimizer, schedule) -> TrainState:
     dmp.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     meta = json.loads((Path(path) / STATE_FILE).read_text())
+    rng = Path(path) / f"rng-{_rank()}.pt"
+    if rng.exists():  # a rank that did not exist in the saved run keeps its fresh seed
+        saved = torch.load(rng, weights_only=False)
+        torch.set_rng_state(saved["torch"])
+        np.random.set_state(saved["numpy"])
+        random.setstate(saved["python"])
     schedule.load_state_dict(meta["schedule"])
     # The scheduler restores its counter, not the optimizer's current LR: put that back too.
     for group, lr in zip(schedule.optimizer.param_groups, schedule.get_last_lr()):

@@ -123,6 +123,16 @@ def load_plan(path: str) -> dict:
     return plan
 
 
+def plan_tables(plan: ShardingPlan) -> dict:
+    """The per-table part of a plan in load_plan's format (table -> type, kernel, ranks)."""
+    tables = {}
+    for module in plan.plan.values():
+        for param, sharding in module.items():
+            tables[param] = {"sharding_type": sharding.sharding_type, "compute_kernel": sharding.compute_kernel,
+                             "ranks": list(sharding.ranks or [])}
+    return {"tables": tables}
+
+
 def _kernel_for(kernel: str, compute_device: str) -> str:
     # A plan made for GPUs names fused (HBM) kernels; on CPU the same "fused" kernel runs from DDR.
     if compute_device != "cuda" and kernel in ("fused_uvm", "fused_uvm_caching"):

@@ -12,6 +12,7 @@ AUC / NE / log loss / calibration per surface x per task (with the oracle when t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -108,6 +109,14 @@ def evaluate(dmp, cfg: config.ExperimentConfig, env: parallel.Distributed, group
 def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
     run_dir = Path(cfg.train.run_dir)
     data_group = dist.new_group(backend="gloo") if env.world_size > 1 else None
+    latest = checkpoint.latest(run_dir)
+    if latest is not None:
+        checkpoint.check_compatible(latest, cfg)
+        if cfg.train.plan_file is None:
+            # Same sharding types and kernels as the checkpoint: its optimizer state then loads even
+            # on another world size (TorchRec cannot reshard optimizer state across sharding types).
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(
+                cfg.train, plan_file=str(latest / checkpoint.PLAN_FILE)))
     dmp = build(cfg, env)
     loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True,
                          pin_memory=env.device.type == "cuda")
@@ -116,11 +125,14 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
     total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
     optimizer, schedule = parallel.make_optimizer(dmp, cfg.train, total_steps)
 
-    state = checkpoint.TrainState()
-    latest = checkpoint.latest(run_dir)
+    state = checkpoint.TrainState(world_size=env.world_size)
     if latest is not None:
-        checkpoint.check_compatible(latest, cfg)
         state = checkpoint.load(latest, dmp, optimizer, schedule)
+        if state.world_size != env.world_size:
+            # Row groups are dealt to ranks by world size: the same global position is the best
+            # resume point there is (exact only when the world size is unchanged).
+            state.batches_in_epoch = state.batches_in_epoch * state.world_size // env.world_size
+            state.world_size = env.world_size
         if env.is_main:
             log.info("resumed from %s (step %d, epoch %d)", latest, state.step, state.epoch)
 
