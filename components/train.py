@@ -42,7 +42,10 @@ PINADS_GPU_PER_PROC = 1
 #  - PYTHONPATH=.: the working directory is the repository root on every scheduler (local_cwd runs
 #    in it, container schedulers in the image's workdir), so `pinads_rec` imports without an
 #    install.
-PINADS_ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": "."}
+#  - TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the store shared between torchrun's rendezvous and
+#    the workers, restarted workers can read the previous round's gloo/NCCL addresses and fail to
+#    connect (pytorch/pytorch#135712); a separate store per round makes restarts work.
+PINADS_ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": ".", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 # `key.path=value` assignments separated by commas or whitespace; a comma inside a value (a YAML
 # list such as [a,b]) is kept because a split only happens before another `key=`.

@@ -220,9 +220,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for noisy in ("torchrec", "torch.distributed"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # force: importing torchrec already configured the root logger. Libraries stay at WARNING (fbgemm
+    # logs every table's arguments at INFO); the project's own messages at INFO.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
+    logging.getLogger("pinads_rec").setLevel(logging.INFO)
     try:
         cfg = config.load(args.config, args.overrides)
     except config.ConfigError as e:

@@ -1,0 +1,183 @@
+"""Reliability: a rank killed mid-run restarts and resumes; a crash while saving leaves the previous
+checkpoint loadable; resuming on another world size restores model and optimizer state exactly."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, load_tiny, tiny_overrides
+from multiprocess import run_ranks
+
+pytestmark = pytest.mark.slow
+
+
+# --- resume on another world size ------------------------------------------------------------
+
+
+def _full_state(checkpoint_dir, out_file):
+    """Every tensor of a DCP checkpoint, unsharded, as one dict."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(checkpoint_dir), str(out_file))
+    return _flatten(torch.load(out_file, weights_only=False))
+
+
+def _flatten(tree, prefix=""):
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _flatten(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def _train_to_step_6(rank, world, result_dir, data_dir, run_dir):
+    from pinads_rec import parallel, train
+
+    train.train(load_tiny(data_dir, ["train.max_steps=6", f"train.run_dir={run_dir}"]), parallel.init_distributed())
+
+
+def _resume(rank, world, result_dir, data_dir, source, run_dir):
+    """Loads source's step-6 checkpoint on this world size, then saves it again from there."""
+    from pinads_rec import parallel, train
+
+    if rank == 0:
+        shutil.copytree(f"{source}/checkpoints/step-6", f"{run_dir}/checkpoints/step-6")
+    torch.distributed.barrier()
+    train.train(load_tiny(data_dir, ["train.max_steps=6", f"train.run_dir={run_dir}"]), parallel.init_distributed())
+
+
+@pytest.mark.parametrize("before,after", [(2, 1), (1, 2)])
+def test_resume_on_another_world_size_restores_model_and_optimizer(tiny_data, tmp_path, before, after):
+    data_dir = str(tiny_data[1])
+    first, second = tmp_path / f"run{before}", tmp_path / f"run{before}to{after}"
+    run_ranks(_train_to_step_6, before, str(tmp_path / "a"), data_dir, str(first))
+    run_ranks(_resume, after, str(tmp_path / "b"), data_dir, str(first), str(second))
+    saved = _full_state(first / "checkpoints/step-6", tmp_path / "saved.pt")
+    resaved = _full_state(second / "checkpoints/step-6", tmp_path / "resaved.pt")
+    assert saved.keys() == resaved.keys()
+    optimizer_keys = [k for k in saved if k.startswith("optimizer.state.")]
+    assert any("momentum" in k for k in optimizer_keys), "fused embedding optimizer state is checkpointed"
+    assert any(k.startswith("optimizer.state.dense.") for k in optimizer_keys)
+    for key, value in saved.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, resaved[key]), key
+        else:
+            assert value == resaved[key], key
+
+
+# --- a crash while saving --------------------------------------------------------------------
+
+
+def _crash_while_saving(rank, world, result_dir, data_dir, run_dir):
+    from pinads_rec import checkpoint, parallel, train
+
+    env = parallel.init_distributed()
+    cfg = load_tiny(data_dir, ["train.max_steps=4", "train.checkpoint_every=2", f"train.run_dir={run_dir}"])
+    train.train(cfg, env)
+    dmp = train.build(cfg, env)
+    optimizer, schedule = parallel.make_optimizer(dmp, cfg.train, 10)
+
+    real_rename = Path.rename
+
+    def crash(self, target):  # only the commit of the checkpoint directory; DCP renames its own files
+        if self.parent.name == "checkpoints" and self.name.endswith(".tmp"):
+            raise OSError("simulated crash while committing the checkpoint")
+        return real_rename(self, target)
+
+    Path.rename = crash
+    try:
+        with pytest.raises(OSError, match="simulated crash"):
+            checkpoint.save(Path(run_dir), checkpoint.TrainState(step=6), dmp, optimizer, schedule, cfg)
+    finally:
+        Path.rename = real_rename
+    latest = checkpoint.latest(Path(run_dir))
+    assert latest.name == "step-4"
+    assert (Path(run_dir) / "checkpoints/step-6.tmp").exists()
+    state = checkpoint.load(latest, dmp, optimizer, schedule)
+    assert state.step == 4
+    checkpoint.save(Path(run_dir), checkpoint.TrainState(step=6), dmp, optimizer, schedule, cfg)
+    assert checkpoint.latest(Path(run_dir)).name == "step-6"
+    assert not (Path(run_dir) / "checkpoints/step-6.tmp").exists()
+
+
+def test_crash_while_saving_keeps_the_previous_checkpoint(tiny_data, tmp_path):
+    run_ranks(_crash_while_saving, 1, str(tmp_path), str(tiny_data[1]), str(tmp_path / "run"))
+
+
+# --- a rank killed mid-run -------------------------------------------------------------------
+
+
+def _torchrun(run_dir, data_dir, max_restarts):
+    overrides = tiny_overrides(data_dir, run_dir) + ["train.epochs=3", "train.checkpoint_every=5",
+                                                     "train.log_every=1"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--max-restarts", str(max_restarts), "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
+           "pinads_rec/train.py", "--config", "configs/demo.yaml"]
+    for o in overrides:
+        cmd += ["--set", o]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _rank_pid(run_dir, rank):
+    """The pid of the worker process of `rank` training into run_dir."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+            environ = open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "pinads_rec/train.py" in cmdline and str(run_dir) in cmdline and f"RANK={rank}" in environ:
+            return int(pid)
+    return None
+
+
+def _kill_rank_after_first_checkpoint(run_dir, rank, killed):
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if (Path(run_dir) / "checkpoints/step-5").exists():
+            pid = _rank_pid(run_dir, rank)
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+        time.sleep(0.02)
+
+
+def _final_eval(run_dir):
+    with open(Path(run_dir) / "metrics.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    return rows, next(r for r in reversed(rows) if "eval" in r)
+
+
+def test_killed_rank_restarts_resumes_and_matches_an_uninterrupted_run(tiny_data, tmp_path):
+    data_dir = str(tiny_data[1])
+    steady, killed_run = tmp_path / "steady", tmp_path / "killed"
+    proc = _torchrun(steady, data_dir, max_restarts=0)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+
+    killed = []
+    proc = _torchrun(killed_run, data_dir, max_restarts=1)
+    watcher = threading.Thread(target=_kill_rank_after_first_checkpoint, args=(killed_run, 1, killed))
+    watcher.start()
+    out, _ = proc.communicate(timeout=300)
+    watcher.join()
+    (tmp_path / "killed_run.log").write_text(out)
+    assert killed, "rank 1 was never seen running"
+    assert proc.returncode == 0, out[-3000:]
+
+    assert "resumed from" in out and "checkpoints/step-" in out, "the restarted ranks resumed from a checkpoint"
+    rows, final = _final_eval(killed_run)
+    _, reference = _final_eval(steady)
+    assert final["step"] == reference["step"]
+    for ours, theirs in zip(final["eval"], reference["eval"]):
+        assert (ours["surface"], ours["task"]) == (theirs["surface"], theirs["task"])
+        assert ours["auc"] == pytest.approx(theirs["auc"], abs=1e-3), (ours["surface"], ours["task"])
