@@ -181,3 +181,28 @@ def test_killed_rank_restarts_resumes_and_matches_an_uninterrupted_run(tiny_data
     for ours, theirs in zip(final["eval"], reference["eval"]):
         assert (ours["surface"], ours["task"]) == (theirs["surface"], theirs["task"])
         assert ours["auc"] == pytest.approx(theirs["auc"], abs=1e-3), (ours["surface"], ours["task"])
+
+
+# --- bad data on one rank ends the whole job ---------------------------------------------------
+
+
+def test_bad_row_group_on_one_rank_stops_every_rank_with_a_clear_error(tiny_data, tmp_path):
+    """The rank that meets the bad row group exits with the message; torchrun then stops the other
+    rank, which would otherwise wait in a collective until the timeout."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data[1], data)
+    bad_file = sorted((data / "train").glob("*.parquet"))[-1]
+    table = pq.read_table(bad_file)
+    table = table.set_column(table.schema.get_field_index("advertiser_id"), "advertiser_id",
+                             pc.multiply(table["advertiser_id"], -1))
+    pq.write_table(table, bad_file, row_group_size=600)
+
+    started = time.time()
+    proc = _torchrun(tmp_path / "run", str(data), max_restarts=0)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert time.time() - started < 120, "no rank was left waiting for the collective timeout"
+    assert "data error:" in out and str(bad_file) in out and "'advertiser_id'" in out and "negative id" in out
