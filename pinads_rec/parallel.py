@@ -11,7 +11,7 @@ import json
 import zlib
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -140,13 +140,39 @@ def _kernel_for(kernel: str, compute_device: str) -> str:
     return kernel
 
 
+def ordered_enumerator(topology, batch_size: int, constraints):
+    """TorchRec's EmbeddingEnumerator, except that the sharding types and kernels a constraint allows
+    keep the sharder's order: TorchRec intersects them as sets, whose order changes with the hash
+    seed, and since the planner keeps the first of equally rated plans (row_wise and
+    table_row_wise on one host, for instance) the same command could print different plans."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+
+    class OrderedEnumerator(EmbeddingEnumerator):
+        def _filter_sharding_types(self, name, allowed_sharding_types, *args, **kwargs):
+            out = super()._filter_sharding_types(name, allowed_sharding_types, *args, **kwargs)
+            return sorted(out, key=_position(allowed_sharding_types))
+
+        def _filter_compute_kernels(self, name, allowed_compute_kernels, *args, **kwargs):
+            out = super()._filter_compute_kernels(name, allowed_compute_kernels, *args, **kwargs)
+            return sorted(out, key=_position(allowed_compute_kernels))
+
+    return OrderedEnumerator(topology=topology, batch_size=batch_size, constraints=constraints)
+
+
+def _position(order: Sequence[str]):
+    index = {v: i for i, v in enumerate(order)}
+    return lambda v: (index.get(v, len(index)), v)
+
+
 def plan_sharding(model: nn.Module, cfg: ExperimentConfig, env: Distributed,
                   local_world_size: Optional[int] = None) -> ShardingPlan:
     compute = env.device.type
     topology = Topology(world_size=env.world_size, compute_device=compute,
                         local_world_size=local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)))
-    planner = EmbeddingShardingPlanner(topology=topology, batch_size=cfg.data.batch_size,
-                                       constraints=constraints(cfg, compute), debug=False)
+    allowed = constraints(cfg, compute)
+    planner = EmbeddingShardingPlanner(topology=topology, batch_size=cfg.data.batch_size, constraints=allowed,
+                                       enumerator=ordered_enumerator(topology, cfg.data.batch_size, allowed),
+                                       debug=False)
     if env.world_size > 1:
         return planner.collective_plan(model, sharders(), dist.GroupMember.WORLD)
     return planner.plan(model, sharders())

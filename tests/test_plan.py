@@ -1,0 +1,245 @@
+"""pinads_rec.plan: TorchRec's planner run offline for a GPU cluster on this CPU machine (the
+production config on 8 CUDA ranks, in-process and as ``python -m``), a topology that cannot fit,
+--compare, the TorchX component, and the plan JSON's round trip into a 2-rank gloo training run.
+
+Planning the production config costs about a second per plan (the model's embeddings are on the
+meta device); the round trip is one 2-process launch that only builds the sharded model and runs
+one forward."""
+
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, load_tiny
+from multiprocess import run_ranks
+
+PROD = os.path.join(REPO, "configs", "prod_8gpu.yaml")
+DEMO = os.path.join(REPO, "configs", "demo.yaml")
+GB = 1024 ** 3
+
+
+def run_main(argv):
+    """pinads_rec.plan.main in this process: (exit status, stdout, stderr)."""
+    from pinads_rec import plan
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = plan.main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def config_tables(path):
+    from pinads_rec import config
+
+    return [t.name for t in config.load(path).features.tables]
+
+
+def check_plan_json(plan, tables, world_size, hbm_gb):
+    """Every table planned once, ranks in range, shards tiling each table, per-rank HBM within the cap."""
+    assert sorted(plan["tables"]) == sorted(tables)
+    for name, t in plan["tables"].items():
+        assert t["sharding_type"] and t["compute_kernel"], name
+        assert t["ranks"] and all(0 <= r < world_size for r in t["ranks"]), (name, t["ranks"])
+        rows, dim = t["num_embeddings"], t["embedding_dim"]
+        if t["sharding_type"] == "data_parallel":
+            assert all(s[2:4] == [rows, dim] for s in t["shards"]), name
+        else:  # the shards tile the table exactly
+            assert sum(s[2] * s[3] for s in t["shards"]) == rows * dim, name
+            assert all(s[0] + s[2] <= rows and s[1] + s[3] <= dim for s in t["shards"]), name
+        assert [s[4] for s in t["shards"]] == t["ranks"], name
+    assert [r["rank"] for r in plan["per_rank"]] == list(range(world_size))
+    for r in plan["per_rank"]:
+        assert 0 < r["hbm_total_bytes"] <= hbm_gb * GB, r
+    assert plan["topology"]["world_size"] == world_size
+    slowest = max(plan["per_rank"], key=lambda r: r["total"])
+    assert plan["critical_path"]["rank"] == slowest["rank"]
+    assert plan["critical_path"]["total_ms"] == pytest.approx(slowest["total"]) and slowest["total"] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI
+# ---------------------------------------------------------------------------------------------
+
+
+def test_prod_config_plans_on_8_cuda_ranks(tmp_path):
+    from pinads_rec.parallel import load_plan
+
+    out_json = tmp_path / "plan.json"
+    rc, out, err = run_main(["--config", PROD, "--world-size", "8", "--local-world-size", "8", "--hbm-gb", "80",
+                             "--ddr-gb", "512", "--batch-size", "4096", "--out", str(out_json)])
+    assert rc == 0, err
+    tables = config_tables(PROD)
+    for name in tables:
+        assert re.search(rf"^\s+{name}\s", out, re.M), f"table {name} missing from the output"
+    for rank in range(8):
+        assert re.search(rf"^\s+{rank}\s+0\s", out, re.M), f"rank {rank} missing from the per-rank table"
+    assert "Critical path: rank" in out and "Storage reserved per rank" in out
+    plan = json.loads(out_json.read_text())
+    check_plan_json(plan, tables, 8, 80)
+    assert load_plan(str(out_json))["tables"] == plan["tables"]  # what train.plan_file reads
+    assert plan["storage_reservation"]["percentage"] == 15.0
+    # 15% of 80 GB kept back, plus the dense model and the input batches.
+    assert plan["storage_reservation"]["margin_hbm_bytes"] == pytest.approx(12 * GB, rel=1e-6)
+    assert plan["storage_reservation"]["dense_bytes"] > 0 and plan["storage_reservation"]["kjt_bytes"] > 0
+
+
+def test_acceptance_command_as_a_subprocess(tmp_path):
+    """The issue's command, 2 x 8 GPUs of 80 GB, through `python -m`: well under a minute here."""
+    cmd = [sys.executable, "-m", "pinads_rec.plan", "--config", "configs/prod_8gpu.yaml", "--world-size", "16",
+           "--local-world-size", "8", "--hbm-gb", "80", "--ddr-gb", "512", "--batch-size", "4096",
+           "--out", str(tmp_path / "plan.json")]
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    elapsed = time.perf_counter() - started
+    assert proc.returncode == 0, proc.stderr
+    assert elapsed < 60, elapsed
+    for rank in range(16):
+        assert re.search(rf"^\s+{rank}\s+{rank // 8}\s", proc.stdout, re.M), f"rank {rank} missing"
+    assert "2 host(s) x 8 cuda = 16 ranks" in proc.stdout
+    assert "WARNING" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    check_plan_json(json.loads((tmp_path / "plan.json").read_text()), config_tables(PROD), 16, 80)
+
+
+def test_a_topology_that_cannot_fit_fails_clearly(tmp_path):
+    # One GPU whose host memory cannot hold the 72 GB user table either: no layout fits.
+    rc, out, err = run_main(["--config", PROD, "--world-size", "1", "--hbm-gb", "80", "--ddr-gb", "64",
+                             "--out", str(tmp_path / "plan.json")])
+    assert rc == 1
+    assert "Traceback" not in err and "Traceback" not in out
+    assert err.startswith("error: no sharding plan fits 1 host(s) x 1 cuda device(s)")
+    assert "insufficient storage" in err  # TorchRec's own diagnosis, kept
+    assert re.search(r"Does not fit on any rank in any layout: user \(", err), err
+    assert "Storage(hbm=72." in err  # byte counts shown in GB
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_a_batch_too_large_for_the_reservation_fails_clearly():
+    rc, out, err = run_main(["--config", DEMO, "--world-size", "2", "--hbm-gb", "1", "--batch-size", "2000000"])
+    assert rc == 1 and "Traceback" not in err
+    assert "no sharding plan fits" in err and "negative available hbm storage" in err
+
+
+def test_bad_arguments_are_usage_errors():
+    assert run_main(["--config", DEMO, "--sharding-types", "table_wise,diagonal"])[0] == 2
+    rc, _, err = run_main(["--config", DEMO, "--compare", "world_sise=4"])
+    assert rc == 2 and "unknown field 'world_sise'" in err
+    rc, _, err = run_main(["--config", DEMO, "--world-size", "4", "--local-world-size", "8"])
+    assert rc == 2 and "local world size" in err
+    rc, _, err = run_main(["--config", DEMO, "--set", "model.dcn.num_layers=-1"])
+    assert rc == 2 and err.startswith("config error:")
+
+
+def test_sharding_types_constrain_the_plan(tmp_path):
+    rc, out, err = run_main(["--config", DEMO, "--world-size", "4", "--sharding-types", "table_wise,column_wise",
+                             "--out", str(tmp_path / "p.json")])
+    assert rc == 0, err
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert {t["sharding_type"] for t in plan["tables"].values()} <= {"table_wise", "column_wise"}
+    assert plan["sharding_types"] == ["table_wise", "column_wise"]
+
+
+def test_compare_prints_both_plans_side_by_side():
+    rc, out, err = run_main(["--config", PROD, "--world-size", "16", "--local-world-size", "8",
+                             "--compare", "world_size=8,local_world_size=8"])
+    assert rc == 0, err
+    assert "Plan for " in out and "(A)" in out and "(B)" in out
+    assert "2 host(s) x 8 cuda = 16 ranks" in out and "1 host(s) x 8 cuda = 8 ranks" in out
+    side = out[out.index("Side by side"):]
+    for name in config_tables(PROD):
+        assert re.search(rf"^\s+\*?\s*{name}\s", side, re.M), name
+    # Ranks 8-15 exist only in A.
+    assert re.search(r"^\s+15\s+\S+\s+-\s+-\s+\S+\s+-\s+-$", side, re.M), side
+
+
+def test_compare_config_and_parse_compare():
+    from pinads_rec.plan import PlanSpec, parse_compare
+
+    spec = parse_compare("world_size=4, sharding_types=table_wise,row_wise hbm_gb=40", PlanSpec(world_size=8))
+    assert (spec.world_size, spec.sharding_types, spec.hbm_gb) == (4, ["table_wise", "row_wise"], 40.0)
+    rc, out, err = run_main(["--config", DEMO, "--world-size", "2", "--compare-config", PROD])
+    assert rc == 0, err
+    assert f"B = {PROD}" in out and "seq_query_token" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# The TorchX component
+# ---------------------------------------------------------------------------------------------
+
+
+def test_component_runs_the_plan_module():
+    from torchx.runner import get_runner
+
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        with get_runner() as runner:
+            info = runner.dryrun_component(
+                "components/plan.py:plan",
+                ["--config", "configs/prod_8gpu.yaml", "--world_size", "16", "--local_world_size", "8",
+                 "--hbm_gb", "80", "--set", "train.lr=0.1,train.sharding_types=[row_wise,table_wise]",
+                 "--compare", "world_size=8"], "local_cwd", cfg={})
+    finally:
+        os.chdir(cwd)
+    (role,) = info._app.roles
+    args = role.args
+    assert role.entrypoint == "python" and args[:2] == ["-m", "pinads_rec.plan"]
+    assert role.env["PYTHONPATH"] == "." and role.resource.gpu == 0
+    flags = dict(zip(args[2::2], args[3::2]))
+    assert flags["--world-size"] == "16" and flags["--local-world-size"] == "8" and flags["--compare"] == "world_size=8"
+    assert args.count("--set") == 2 and "train.sharding_types=[row_wise,table_wise]" in args
+    from pinads_rec.plan import parse_args
+
+    parse_args(args[2:])  # everything the component passes is a valid pinads_rec.plan flag
+
+
+# ---------------------------------------------------------------------------------------------
+# Round trip: plan JSON -> train.plan_file on 2 gloo ranks
+# ---------------------------------------------------------------------------------------------
+
+
+def _build_with_plan_file(rank, world, result_dir, data_dir, plan_file):
+    import torch
+
+    from pinads_rec import parallel, train
+    from pinads_rec.data.loader import ParquetBatches
+
+    env = parallel.init_distributed()
+    cfg = load_tiny(data_dir, [f"train.plan_file={plan_file}"])
+    dmp = train.build(cfg, env)
+    actual = {name: [ps.sharding_type, ps.compute_kernel, list(ps.ranks or [])]
+              for module, params in dmp.plan.plan.items() for name, ps in params.items()}
+    batch = next(iter(ParquetBatches(cfg, cfg.data.eval_dir, rank, world, shuffle=False)))
+    with torch.no_grad():
+        loss = float(dmp(batch)[0])
+    if rank == 0:
+        with open(os.path.join(result_dir, "actual.json"), "w") as f:
+            json.dump({"tables": actual, "loss": loss}, f)
+
+
+@pytest.mark.slow
+def test_plan_json_round_trip_into_2_rank_training(tiny_data, tmp_path):
+    _, data_dir = tiny_data
+    plan_file = tmp_path / "plan.json"
+    # This plan (pooling factors from the sequence lengths, batch 512) differs from what the 2-rank
+    # run's own planner picks for tiny batches (item and query_token go table_wise there), so
+    # matching types show the plan file at work.
+    rc, out, err = run_main(["--config", DEMO, "--world-size", "2", "--compute-device", "cpu",
+                             "--out", str(plan_file)])
+    assert rc == 0, err
+    planned = json.loads(plan_file.read_text())["tables"]
+    assert len({t["sharding_type"] for t in planned.values()}) >= 2, planned  # some variety to check
+    result_dir = run_ranks(_build_with_plan_file, 2, str(tmp_path), str(data_dir), str(plan_file), timeout_s=240)
+    with open(os.path.join(result_dir, "actual.json")) as f:
+        result = json.load(f)
+    actual = result["tables"]
+    assert sorted(actual) == sorted(planned)
+    for name, t in planned.items():
+        assert actual[name][:2] == [t["sharding_type"], t["compute_kernel"]], name
+    assert result["loss"] == result["loss"] and result["loss"] > 0  # the sharded model runs
