@@ -310,6 +310,11 @@ def make_loader(cfg: ExperimentConfig, directory: str, rank: int = 0, world_size
     return torch.utils.data.DataLoader(
         dataset, batch_size=None, num_workers=workers, pin_memory=pin_memory,
         persistent_workers=False, prefetch_factor=4 if workers else None,
-        # Workers share the host's cores with the trainer: one torch thread each.
-        worker_init_fn=lambda _: torch.set_num_threads(1) if workers else None,
+        worker_init_fn=_one_thread if workers else None,
     )
+
+
+def _one_thread(worker_id: int) -> None:
+    """Loader workers share the host's cores with the trainer: one torch thread each. (A module-level
+    function, so workers also start under spawn/forkserver.)"""
+    torch.set_num_threads(1)
