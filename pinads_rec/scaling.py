@@ -729,29 +729,6 @@ def _quiet_planner():
             lg.setLevel(level)
 
 
-def _ordered_enumerator(topology, batch_size: int, constraints):
-    """TorchRec's enumerator, except that the sharding types and kernels a constraint allows keep
-    their listed order: TorchRec intersects them as sets, whose order follows the string-hash seed,
-    and the planner keeps the first of equally rated proposals, so the plan would change from one
-    process to the next (pinads_rec.plan does the same)."""
-    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-
-    def position(order):
-        index = {v: i for i, v in enumerate(order)}
-        return lambda v: (index.get(v, len(index)), v)
-
-    class OrderedEnumerator(EmbeddingEnumerator):
-        def _filter_sharding_types(self, name, allowed_sharding_types, *args, **kwargs):
-            out = super()._filter_sharding_types(name, allowed_sharding_types, *args, **kwargs)
-            return sorted(out, key=position(allowed_sharding_types))
-
-        def _filter_compute_kernels(self, name, allowed_compute_kernels, *args, **kwargs):
-            out = super()._filter_compute_kernels(name, allowed_compute_kernels, *args, **kwargs)
-            return sorted(out, key=position(allowed_compute_kernels))
-
-    return OrderedEnumerator(topology=topology, batch_size=batch_size, constraints=constraints)
-
-
 def project(cfg: config.ExperimentConfig, gpus: Iterable[int], pooling: Optional[Dict[str, float]] = None,
             table_rows: Optional[int] = None) -> List[dict]:
     """Per GPU count: TorchRec's planner estimate of one step's critical path at the per-rank batch."""
@@ -777,7 +754,7 @@ def project(cfg: config.ExperimentConfig, gpus: Iterable[int], pooling: Optional
         with _quiet_planner():
             topology = Topology(world_size=n, compute_device="cuda", hbm_cap=HBM_CAP, local_world_size=min(8, n))
             planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch, constraints=constraints,
-                                               enumerator=_ordered_enumerator(topology, batch, constraints),
+                                               enumerator=parallel.ordered_enumerator(topology, batch, constraints),
                                                stats=stats)
             planner.plan(RankerTrainTask(model), parallel.sharders())
         per_rank = [dict(total=0.0, fwd_compute=0.0, fwd_comms=0.0, bwd_compute=0.0, bwd_comms=0.0,
