@@ -22,7 +22,10 @@ def test_config_differences_name_dotted_keys():
 def test_same_model_other_training_settings_is_compatible(tmp_path):
     cfg = load_tiny(tmp_path)
     _write_state(tmp_path / "ckpt", cfg)
-    checkpoint.check_compatible(tmp_path / "ckpt", load_tiny(tmp_path, ["train.lr=0.5", "data.batch_size=64"]))
+    other = load_tiny(tmp_path, ["train.lr=0.5", "data.batch_size=64"])
+    assert checkpoint.check_compatible(tmp_path / "ckpt", other) is None  # no IncompatibleCheckpoint
+    assert checkpoint.config_differences(config.to_dict(cfg), config.to_dict(other)) == [
+        "data.batch_size", "train.lr"]
 
 
 @pytest.mark.parametrize("override,key", [

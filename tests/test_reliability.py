@@ -105,10 +105,16 @@ def _crash_while_saving(rank, world, result_dir, data_dir, run_dir):
     checkpoint.save(Path(run_dir), checkpoint.TrainState(step=6), dmp, optimizer, schedule, cfg)
     assert checkpoint.latest(Path(run_dir)).name == "step-6"
     assert not (Path(run_dir) / "checkpoints/step-6.tmp").exists()
+    with open(os.path.join(result_dir, "crash.json"), "w") as f:
+        json.dump({"latest_after_crash": latest.name, "resumed_step": state.step}, f)
 
 
 def test_crash_while_saving_keeps_the_previous_checkpoint(tiny_data, tmp_path):
-    run_ranks(_crash_while_saving, 1, str(tmp_path), str(tiny_data[1]), str(tmp_path / "run"))
+    result_dir = run_ranks(_crash_while_saving, 1, str(tmp_path), str(tiny_data[1]), str(tmp_path / "run"))
+    with open(os.path.join(result_dir, "crash.json")) as f:
+        outcome = json.load(f)
+    assert outcome == {"latest_after_crash": "step-4", "resumed_step": 4}
+    assert sorted(p.name for p in (tmp_path / "run/checkpoints").iterdir()) == ["step-2", "step-4", "step-6"]
 
 
 # --- a rank killed mid-run -------------------------------------------------------------------
