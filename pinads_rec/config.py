@@ -66,10 +66,14 @@ class DenseFeatureConfig:
     name: str
     column: str
     dim: int = 1
-    # Per-feature normalization before the dense arch.
-    norm: Literal["none", "log", "minmax", "layer_norm"] = "none"
+    # Per-feature normalization before the dense arch: signed log, min-max clip, layer norm, plain
+    # BatchNorm1d, or Resilient Batch Norm (hyper-parameters in model.resilient_bn).
+    norm: Literal["none", "log", "minmax", "layer_norm", "batch_norm", "resilient_bn"] = "none"
     clip_min: float = 0.0
     clip_max: float = 1.0
+    # Same value for every candidate of a request (e.g. the user's activity): the two-tower model
+    # puts it in the user tower.
+    user_side: bool = False
 
 
 @dataclass
@@ -144,6 +148,19 @@ class FeaturesConfig:
         return [s for s in self.sparse if s.table not in self.sequence_tables]
 
     @property
+    def user_sparse(self) -> List[SparseFeatureConfig]:
+        """Pooled user-side features looked up once per request (request-level broadcasting): those
+        marked user_side whose table no candidate-side feature uses."""
+        row_tables = {s.table for s in self.sparse if not s.user_side}
+        return [s for s in self.pooled_sparse if s.user_side and s.table not in row_tables]
+
+    @property
+    def row_sparse(self) -> List[SparseFeatureConfig]:
+        """Pooled features looked up once per row (candidate-side, or sharing a candidate table)."""
+        user = {s.name for s in self.user_sparse}
+        return [s for s in self.pooled_sparse if s.name not in user]
+
+    @property
     def shared_sparse(self) -> List[SparseFeatureConfig]:
         """Candidate features whose table is a sequence table: looked up by the EmbeddingCollection."""
         return [s for s in self.sparse if s.table in self.sequence_tables]
@@ -161,6 +178,12 @@ class FeaturesConfig:
 
 
 @dataclass
+class RowFilterConfig:
+    column: str
+    values: List[int]
+
+
+@dataclass
 class DataConfig:
     train_dir: str = "data/demo/train"
     eval_dir: str = "data/demo/eval"
@@ -172,6 +195,13 @@ class DataConfig:
     nonfinite_dense: Literal["error", "replace"] = "error"
     # Sequences longer than max_length: keep the newest max_length events and count, or error.
     overlong_sequence: Literal["truncate", "error"] = "truncate"
+    # Keep only rows whose `column` holds one of `values` (ad-type segmentation: train and evaluate
+    # a standard-only or shopping-only model on the relevant data only).
+    row_filter: Optional[RowFilterConfig] = None
+    # Request-level broadcasting bound: a batch closes early (padded with rows marked invalid) rather
+    # than hold more unique users (requests) than this; the user-side pooled lookups always run on
+    # this many slots (a fixed shape, as sharded pooled lookups need). 0 = batch_size (no bound).
+    max_unique_users_per_batch: int = 0
 
 
 @dataclass
@@ -244,11 +274,56 @@ class MMoEConfig:
 
 
 @dataclass
+class ResilientBNConfig:
+    """Resilient Batch Norm (sequence-modeling article; pinads_rec/modules/resilient_bn.py)."""
+
+    # A column whose batch variance is below this is left out of the running-statistics update.
+    minimal_variance: float = 1e-4
+    # A column whose batch variance differs from the running variance by more than this factor
+    # (either way) is left out of the update.
+    variance_shift_threshold: float = 10.0
+    momentum: float = 0.1
+    eps: float = 1e-5
+
+
+@dataclass
+class TwoTowerConfig:
+    """The lightweight two-tower ranker (two-tower article): user tower and ad tower, each MMoE-DCN,
+    one dot product per task."""
+
+    # Width of each task's user and ad vectors.
+    embedding_dim: int = 32
+    dcn: DCNConfig = field(default_factory=lambda: DCNConfig(num_layers=1, low_rank=16))
+    mmoe: MMoEConfig = field(default_factory=lambda: MMoEConfig(num_experts=2, expert_dims=[64], tower_dims=[]))
+
+
+@dataclass
+class PrecisionConfig:
+    """Mixed precision: the large layers (Transformer, DCNv2 cross network, MMoE experts) run in
+    this dtype; embeddings, small layers, calibration and the loss stay float32."""
+
+    train: Literal["fp32", "bf16", "fp16"] = "fp32"
+    inference: Literal["fp32", "bf16", "fp16"] = "bf16"
+    # FP16 overflowed (inf/NaN out of a large layer): stop with an error naming the layer, or
+    # redo that layer in BF16 (counted).
+    fp16_overflow: Literal["error", "bf16"] = "error"
+
+
+@dataclass
 class ModelConfig:
-    kind: Literal["ranker"] = "ranker"
+    kind: Literal["ranker", "two_tower"] = "ranker"
     sequence: SequenceEncoderConfig = field(default_factory=SequenceEncoderConfig)
     dcn: DCNConfig = field(default_factory=DCNConfig)
     mmoe: MMoEConfig = field(default_factory=MMoEConfig)
+    # Calibration on top of the logits: one affine map per (surface, task), one per task shared by
+    # all surfaces ("global"), or none.
+    calibration: Literal["surface", "global", "none"] = "surface"
+    # Request-level broadcasting: user-side work (user features, sequence encoders) runs once per
+    # unique request and is broadcast to its candidates; off, it runs once per row (same outputs).
+    broadcast: bool = True
+    resilient_bn: ResilientBNConfig = field(default_factory=ResilientBNConfig)
+    two_tower: TwoTowerConfig = field(default_factory=TwoTowerConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
 
 
 @dataclass
@@ -275,6 +350,9 @@ class TrainConfig:
     # A plan saved by `python -m pinads_rec.plan --out`: each table keeps its sharding type and
     # compute kernel (the planner still places shards for the actual world size).
     plan_file: Optional[str] = None
+    # A non-finite loss or gradient: stop naming the step, task and batch source, or skip the
+    # batch (no update) and count it in the metrics log.
+    nonfinite: Literal["stop", "skip"] = "stop"
 
 
 @dataclass
@@ -430,6 +508,14 @@ def _validate(cfg: ExperimentConfig) -> None:
     positive("data.batch_size", d.batch_size)
     positive("data.shuffle_buffer_rows", d.shuffle_buffer_rows, allow_zero=True)
     positive("data.num_workers", d.num_workers, allow_zero=True)
+    positive("data.max_unique_users_per_batch", d.max_unique_users_per_batch, allow_zero=True)
+    if d.row_filter is not None:
+        known = {c.column for c in f.sparse} | {getattr(f.columns, k) for k in ("surface", "user_id", "item_id")}
+        if d.row_filter.column not in known:
+            raise ConfigError(f"data.row_filter.column: {d.row_filter.column!r} is not an int64 column of the "
+                              f"contract (sparse feature columns or surface/user_id/item_id)")
+        if not d.row_filter.values:
+            raise ConfigError("data.row_filter.values: list at least one value to keep")
     for name in ("train_requests", "eval_requests", "num_users", "num_items", "num_advertisers",
                  "num_topics", "sequence_length", "event_embedding_dim", "num_files", "row_group_size"):
         positive(f"synth.{name}", getattr(s, name))
@@ -446,6 +532,18 @@ def _validate(cfg: ExperimentConfig) -> None:
     positive("model.dcn.num_layers", m.dcn.num_layers, allow_zero=True)
     positive("model.dcn.low_rank", m.dcn.low_rank, allow_zero=True)
     positive("model.mmoe.num_experts", m.mmoe.num_experts)
+    rbn = m.resilient_bn
+    positive("model.resilient_bn.minimal_variance", rbn.minimal_variance, allow_zero=True)
+    positive("model.resilient_bn.eps", rbn.eps)
+    if rbn.variance_shift_threshold <= 1.0:
+        raise ConfigError(f"model.resilient_bn.variance_shift_threshold: must be > 1 (a ratio), "
+                          f"got {rbn.variance_shift_threshold}")
+    if not 0.0 < rbn.momentum <= 1.0:
+        raise ConfigError(f"model.resilient_bn.momentum: must be in (0, 1], got {rbn.momentum}")
+    positive("model.two_tower.embedding_dim", m.two_tower.embedding_dim)
+    positive("model.two_tower.mmoe.num_experts", m.two_tower.mmoe.num_experts)
+    if not m.two_tower.mmoe.expert_dims:
+        raise ConfigError("model.two_tower.mmoe.expert_dims: at least one expert layer is required")
     for name in ("expert_dims", "tower_dims"):
         for i, v in enumerate(getattr(m.mmoe, name)):
             positive(f"model.mmoe.{name}[{i}]", v)

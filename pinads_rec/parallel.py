@@ -92,7 +92,8 @@ def constraints(cfg: ExperimentConfig, compute_device: str) -> Dict[str, Paramet
     wanted = set(cfg.train.sharding_types)
     saved = load_plan(cfg.train.plan_file)["tables"] if cfg.train.plan_file else {}
     out = {}
-    for tables, allowed in ((embedding_bag_configs(cfg.features), bag), (embedding_configs(cfg.features), seq)):
+    bags = embedding_bag_configs(cfg.features) + embedding_bag_configs(cfg.features, user_side=True)
+    for tables, allowed in ((bags, bag), (embedding_configs(cfg.features), seq)):
         for t in tables:
             if t.name in saved:
                 choice = saved[t.name]

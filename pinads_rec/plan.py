@@ -207,9 +207,10 @@ def build_model(cfg, compute_device: str):
     import torch
 
     from pinads_rec import parallel
-    from pinads_rec.models.ranker import RankerTrainTask, UnifiedRanker
+    from pinads_rec.models import build_model
+    from pinads_rec.models.train_task import TrainTask
 
-    model = RankerTrainTask(UnifiedRanker(cfg.features, cfg.model, device=torch.device("meta")))
+    model = TrainTask(build_model(cfg.features, cfg.model, device=torch.device("meta")))
     parallel.attach_embedding_optimizer(model, cfg.train, torch.device(compute_device))
     return model
 
@@ -217,12 +218,15 @@ def build_model(cfg, compute_device: str):
 def dense_bytes(model) -> int:
     """HeuristicalStorageReservation's dense estimate (6 x parameter bytes: weights, AdamW state,
     DDP buckets; plus buffers) over everything but the embedding collections."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    tables = {f"{n}." for n, m in model.named_modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))}
     params, buffers = 0, 0
     for name, p in model.named_parameters():
-        if ".ebc." not in f".{name}" and ".ec." not in f".{name}":
+        if not any(name.startswith(t) for t in tables):
             params += p.numel() * p.element_size()
     for name, b in model.named_buffers():
-        if ".ebc." not in f".{name}" and ".ec." not in f".{name}":
+        if not any(name.startswith(t) for t in tables):
             buffers += b.numel() * b.element_size()
     return 6 * params + buffers
 
@@ -242,6 +246,9 @@ def table_constraints(cfg, spec: PlanSpec, batch_size: int) -> Dict[str, object]
     for t in embedding_bag_configs(f):
         n = len(t.feature_names)
         out[t.name] = dataclasses.replace(out[t.name], pooling_factors=[1.0] * n, batch_sizes=[batch_size] * n)
+    for t in embedding_bag_configs(f, user_side=True):  # looked up once per request
+        n = len(t.feature_names)
+        out[t.name] = dataclasses.replace(out[t.name], pooling_factors=[1.0] * n, batch_sizes=[per_request] * n)
     for t in embedding_configs(f):
         factors = []
         for key in t.feature_names:

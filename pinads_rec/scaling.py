@@ -735,20 +735,23 @@ def project(cfg: config.ExperimentConfig, gpus: Iterable[int], pooling: Optional
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
     from pinads_rec import parallel
-    from pinads_rec.models.ranker import (RankerTrainTask, UnifiedRanker, embedding_bag_configs,
-                                          embedding_configs)
+    from pinads_rec.models import build_model
+    from pinads_rec.models.ranker import embedding_bag_configs, embedding_configs
+    from pinads_rec.models.train_task import TrainTask
 
     batch = cfg.data.batch_size
     constraints = parallel.constraints(cfg, "cuda")
     if pooling:
-        for table in embedding_bag_configs(cfg.features) + embedding_configs(cfg.features):
+        tables = (embedding_bag_configs(cfg.features) + embedding_bag_configs(cfg.features, user_side=True)
+                  + embedding_configs(cfg.features))
+        for table in tables:
             measured = [pooling.get(name, (1.0, 1.0)) for name in table.feature_names]
             constraints[table.name] = dataclasses.replace(
                 constraints[table.name], pooling_factors=[max(f, 1e-3) for f, _ in measured],
                 batch_sizes=[max(1, round(batch * r)) for _, r in measured])
     out = []
     for n in gpus:
-        model = UnifiedRanker(cfg.features, cfg.model, device=torch.device("meta"))
+        model = build_model(cfg.features, cfg.model, device=torch.device("meta"))
         parallel.attach_embedding_optimizer(model, cfg.train, torch.device("cuda"))
         stats = _BestPlan()
         with _quiet_planner():
@@ -756,7 +759,7 @@ def project(cfg: config.ExperimentConfig, gpus: Iterable[int], pooling: Optional
             planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch, constraints=constraints,
                                                enumerator=parallel.ordered_enumerator(topology, batch, constraints),
                                                stats=stats)
-            planner.plan(RankerTrainTask(model), parallel.sharders())
+            planner.plan(TrainTask(model), parallel.sharders())
         per_rank = [dict(total=0.0, fwd_compute=0.0, fwd_comms=0.0, bwd_compute=0.0, bwd_comms=0.0,
                          input_dist=0.0, hbm=0.0) for _ in range(n)]
         kinds: Dict[str, List[str]] = {}

@@ -35,7 +35,9 @@ from pinads_rec.data.batch import Batch  # noqa: E402
 from pinads_rec.data.contract import ContractError  # noqa: E402
 from pinads_rec.data.loader import make_loader  # noqa: E402
 from pinads_rec.evaluate import MetricAccumulator, format_table  # noqa: E402
-from pinads_rec.models.ranker import RankerTrainTask, UnifiedRanker  # noqa: E402
+from pinads_rec.models import build_model  # noqa: E402
+from pinads_rec.models.train_task import NonFiniteError, NonFiniteGuard, TrainTask, guard_gradients  # noqa: E402
+from pinads_rec.modules.precision import PrecisionOverflow, fallback_count, set_precision  # noqa: E402
 
 log = logging.getLogger("pinads_rec.train")
 DEFAULT_CONFIG = "configs/demo.yaml"
@@ -68,12 +70,19 @@ def pipelined_module_names(dmp, pipeline) -> List[str]:
     return [name for name, m in dmp.named_modules() if id(m) in chosen]
 
 
-def build(cfg: config.ExperimentConfig, env: parallel.Distributed, plan=None):
+def build(cfg: config.ExperimentConfig, env: parallel.Distributed, plan=None,
+          group: Optional[dist.ProcessGroup] = None):
+    """The sharded train task; ``group`` (gloo) lets the non-finite guard's ranks agree."""
     torch.manual_seed(cfg.train.seed)
     # Embedding tables are created on the meta device: DMP allocates each rank's shards only.
-    model = UnifiedRanker(cfg.features, cfg.model, device=torch.device("meta"))
-    dmp = parallel.shard(RankerTrainTask(model), cfg, env, plan)
-    return dmp
+    model = build_model(cfg.features, cfg.model, device=torch.device("meta"))
+    set_precision(model, cfg.model.precision.train, fp16_overflow=cfg.model.precision.fp16_overflow)
+    guard = NonFiniteGuard([t.name for t in cfg.features.tasks], cfg.train.nonfinite, group)
+    return parallel.shard(TrainTask(model, guard), cfg, env, plan)
+
+
+def guard_of(dmp) -> NonFiniteGuard:
+    return next(m for m in dmp.modules() if isinstance(m, NonFiniteGuard))
 
 
 def evaluate(dmp, cfg: config.ExperimentConfig, env: parallel.Distributed, group) -> List[dict]:
@@ -117,13 +126,15 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
             # on another world size (TorchRec cannot reshard optimizer state across sharding types).
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(
                 cfg.train, plan_file=str(latest / checkpoint.PLAN_FILE)))
-    dmp = build(cfg, env)
+    dmp = build(cfg, env, group=data_group)
+    guard = guard_of(dmp)
     loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True,
                          pin_memory=env.device.type == "cuda")
     dataset = loader.dataset
     steps_per_epoch = max(dataset.num_rows // (cfg.data.batch_size * env.world_size), 1)
     total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
     optimizer, schedule = parallel.make_optimizer(dmp, cfg.train, total_steps)
+    guard_gradients(schedule.optimizer._optimizer, cfg.train.nonfinite, guard)  # the dense AdamW
 
     state = checkpoint.TrainState(world_size=env.world_size)
     if latest is not None:
@@ -144,7 +155,7 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
     bar = tqdm(total=total_steps, initial=state.step, disable=not env.is_main, unit="step",
                mininterval=1.0 if sys.stderr.isatty() else 15.0, dynamic_ncols=True)
     global_batch = cfg.data.batch_size * env.world_size
-    started, examples, window_loss, window_n = time.perf_counter(), 0, 0.0, 0
+    started, examples, window_loss, window_n, logit_abs_max = time.perf_counter(), 0, 0.0, 0, 0.0
     pipelined = None
 
     done = bool(cfg.train.max_steps) and state.step >= cfg.train.max_steps
@@ -158,9 +169,11 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
         it = EndTogether(batches, data_group)
         while True:
             try:
-                loss, _, labels = pipeline.progress(it)
+                loss, logits, labels = pipeline.progress(it)
             except StopIteration:
                 break
+            except NonFiniteError as e:
+                raise NonFiniteError(f"step {state.step + 1}, epoch {epoch}: {e}") from None
             if pipelined is None:
                 pipelined = pipelined_module_names(dmp, pipeline)
                 if env.is_main:
@@ -171,16 +184,19 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
             examples += labels.shape[0] * env.world_size
             window_loss += float(loss)
             window_n += 1
+            logit_abs_max = max(logit_abs_max, float(logits.abs().max()))
             bar.update(1)
             if state.step % cfg.train.log_every == 0:
                 rate = examples / (time.perf_counter() - started)
                 record = {"step": state.step, "epoch": epoch, "loss": window_loss / window_n,
-                          "lr": schedule.get_last_lr()[0], "examples_per_s": rate}
+                          "logit_abs_max": logit_abs_max, "nonfinite_skipped": guard.skipped,
+                          "fp16_fallbacks": fallback_count(dmp), "lr": schedule.get_last_lr()[0],
+                          "examples_per_s": rate}
                 bar.set_postfix(loss=f"{record['loss']:.4f}", ex_s=f"{rate:,.0f}")
                 if env.is_main:
                     with metrics_log.open("a") as f:
                         f.write(json.dumps(record) + "\n")
-                window_loss, window_n = 0.0, 0
+                window_loss, window_n, logit_abs_max = 0.0, 0, 0.0
             if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
                 checkpoint.save(run_dir, state, dmp, optimizer, schedule, cfg)
             if cfg.train.max_steps and state.step >= cfg.train.max_steps:
@@ -196,7 +212,8 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
     checkpoint.save(run_dir, state, dmp, optimizer, schedule, cfg)
     rows = evaluate(dmp, cfg, env, data_group)
     summary = {"step": state.step, "train_examples_per_s": throughput, "train_seconds": elapsed,
-               "pipelined_modules": pipelined or [],
+               "pipelined_modules": pipelined or [], "nonfinite_skipped": guard.skipped,
+               "fp16_fallbacks": fallback_count(dmp),
                "world_size": env.world_size, "global_batch": global_batch, "eval": rows}
     if env.is_main:
         print(f"\ntrained {state.step} steps on {env.world_size} rank(s): {throughput:,.0f} examples/s")
@@ -234,10 +251,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     env = parallel.init_distributed()
     try:
         train(cfg, env)
-    except (ContractError, checkpoint.IncompatibleCheckpoint) as e:
+    except (ContractError, checkpoint.IncompatibleCheckpoint, NonFiniteError, PrecisionOverflow) as e:
         # A DataLoader worker's error arrives wrapped with its traceback; the user needs the last line.
         message = str(e).strip().splitlines()[-1]
-        kind = "data error" if isinstance(e, ContractError) else "checkpoint error"
+        kind = {ContractError: "data error", checkpoint.IncompatibleCheckpoint: "checkpoint error"}.get(
+            type(e), "numerics error")
         print(f"[rank {env.rank}] {kind}: {message}", file=sys.stderr, flush=True)
         # Exit at once: the launcher then stops the other ranks instead of leaving them in a collective.
         os._exit(2)

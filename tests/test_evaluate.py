@@ -17,6 +17,7 @@ from pinads_rec.evaluate import (
     MetricAccumulator,
     auc,
     calibration,
+    expected_calibration_error,
     format_table,
     log_loss,
     normalized_entropy,
@@ -204,6 +205,8 @@ def test_accumulator_groups_by_surface():
     # oracle == model here
     for r in rows:
         assert _same(r["oracle_auc"], r["auc"]) and _same(r["oracle_ne"], r["ne"])
+        assert r["calibration_vs_truth"] == pytest.approx(1.0)
+        assert r["ece"] >= 0.0
 
     a = _row(rows, "all", "click")
     assert (a["examples"], a["positives"]) == (14, 7)
@@ -314,3 +317,14 @@ def test_distributed_gather_matches_single_process(tmp_path):
         got = json.loads(Path(tmp_path, f"rank{rank}.json").read_text())
         _rows_equal(got["rows"], ref_rows)
         _rows_equal(got["rows2"], ref_rows2)
+
+
+def test_expected_calibration_error_hand_example():
+    # two equal-count bins: {0.1, 0.1} with labels {0, 1} -> |0.2 - 1| = 0.8; {0.9, 0.9} with {1, 1} -> 0.2
+    probs = torch.tensor([0.1, 0.9, 0.1, 0.9])
+    labels = torch.tensor([0.0, 1.0, 1.0, 1.0])
+    assert expected_calibration_error(probs, labels, bins=2) == pytest.approx((0.8 + 0.2) / 4)
+    # perfectly calibrated bins give 0, whatever the ranking quality
+    assert expected_calibration_error(torch.full((10,), 0.3), torch.tensor([1.0] * 3 + [0.0] * 7), bins=1) \
+        == pytest.approx(0.0, abs=1e-7)
+    assert math.isnan(expected_calibration_error(torch.empty(0), torch.empty(0)))

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from conftest import load_tiny
 from pinads_rec.data.loader import ParquetBatches, make_loader
 
 
@@ -56,7 +57,7 @@ def test_round_trip_equals_parquet(tiny_data):
         np.testing.assert_allclose(batch.dense[:n, at:at + 32].numpy(), emb, rtol=0, atol=0)
         # pooled sparse features, including the multi-hot query tokens
         jt = batch.sparse.to_dict()
-        for s in f.pooled_sparse:
+        for s in f.row_sparse:
             got = [x.tolist() for x in jt[s.name].to_dense()[:n]]
             want = part.column(s.column).to_pylist()
             want = [w if isinstance(w, list) else [w] for w in want]
@@ -70,8 +71,17 @@ def test_round_trip_equals_parquet(tiny_data):
         # sequences: one per request, equal to the request's first row; deltas = request - event time
         req = part.column(f.columns.request_id).to_numpy()
         first = np.flatnonzero(np.r_[True, req[1:] != req[:-1]])
-        padded = n < batch.batch_size  # padding repeats a row: it forms one extra request slot
-        assert batch.sequences.stride() == len(first) + padded
+        # padding repeats the last row: it joins the last request, no extra slot
+        assert batch.sequences.stride() == len(first)
+        assert batch.user_sparse.stride() == ds.user_slots >= len(first)  # fixed slots, the rest empty
+        users = batch.user_sparse.to_dict()
+        for s in f.user_sparse:  # user-side features: once per request, from its first row
+            got = [x.tolist() for x in users[s.name].to_dense()]
+            assert not any(got[len(first):])
+            got = got[:len(first)]
+            want = [part.column(s.column)[int(i)].as_py() for i in first]
+            want = [w if isinstance(w, list) else [w] for w in want]
+            assert got == [[v % f.table(s.table).num_embeddings for v in w] for w in want], s.name
         assert batch.request_index[:n].tolist() == (np.cumsum(np.r_[True, req[1:] != req[:-1]]) - 1).tolist()
         seq = batch.sequences.to_dict()
         for g in f.sequence_groups:
@@ -123,3 +133,52 @@ def test_eval_pads_last_batch_and_marks_it(tiny_data):
     assert all(b.batch_size == cfg.data.batch_size for b in batches)
     assert sum(int(b.valid.sum()) for b in batches) == ds.num_rows
     assert not batches[-1].valid.all() or ds.num_rows % cfg.data.batch_size == 0
+
+
+def test_without_broadcasting_every_row_is_its_own_request(tiny_data):
+    cfg, data = tiny_data
+    on = next(iter(ParquetBatches(cfg, f"{data}/eval", shuffle=False)))
+    cfg_off = load_tiny(data, ["model.broadcast=false"])
+    off = next(iter(ParquetBatches(cfg_off, f"{data}/eval", shuffle=False)))
+    assert on.num_requests < on.batch_size
+    assert off.num_requests == off.batch_size == on.batch_size
+    assert off.request_index.tolist() == list(range(off.batch_size))
+    # the per-row copies are the request's own user-side values
+    for key in ("pins.item", "queries.token"):
+        per_row = [x.tolist() for x in off.sequences[key].to_dense()]
+        per_request = [x.tolist() for x in on.sequences[key].to_dense()]
+        assert per_row == [per_request[i] for i in on.request_index.tolist()], key
+
+
+def test_unique_user_bound_closes_batches_early(tiny_data):
+    cfg, data = tiny_data
+    bounded = load_tiny(data, ["data.max_unique_users_per_batch=4"])
+    table = _all_rows(f"{data}/train")
+    seen = collections.Counter()
+    ds = ParquetBatches(bounded, f"{data}/train", shuffle=True, drop_last=False)
+    batches = list(ds)
+    for b in batches:
+        assert b.num_requests <= 4 and b.batch_size == bounded.data.batch_size
+        assert int(b.request_index.max()) < b.num_requests
+        seen.update(_fingerprints(b))
+    assert any(not b.valid.all() for b in batches[:-1]), "the bound closed batches before batch_size rows"
+    assert seen == collections.Counter(_file_fingerprints(bounded, table)), "no row lost or repeated"
+
+
+def test_row_filter_keeps_only_the_segment(tiny_data):
+    cfg, data = tiny_data
+    table = _all_rows(f"{data}/train")
+    for ad_type in (0, 1):
+        seg = load_tiny(data, [f"data.row_filter={{column: ad_type, values: [{ad_type}]}}"])
+        rows = 0
+        for b in ParquetBatches(seg, f"{data}/train", shuffle=False):
+            types = b.sparse["ad_type"].values()[b.valid]
+            assert (types == ad_type).all()
+            rows += int(b.valid.sum())
+        assert rows == int((table.column("ad_type").to_numpy() == ad_type).sum()) > 0
+
+
+def test_batches_name_their_row_groups(tiny_data):
+    cfg, data = tiny_data
+    batch = next(iter(ParquetBatches(cfg, f"{data}/train", shuffle=True)))
+    assert "part-0000" in batch.source and "row group" in batch.source

@@ -42,25 +42,34 @@ def _checks(rank, world, result_dir, data_dir, run_root):
 
     from pinads_rec import parallel, train
     from pinads_rec.data.loader import ParquetBatches
-    from pinads_rec.models.ranker import RankerTrainTask, UnifiedRanker
+    from pinads_rec.models.ranker import UnifiedRanker
+    from pinads_rec.models.train_task import TrainTask
 
     env = parallel.init_distributed()
     out = {}
 
-    # 1. Sharded logits equal the unsharded model's with the same weights, under several plans.
-    for plan in ("default", "table_wise", "row_wise", "column_wise"):
-        extra = [] if plan == "default" else [f"train.sharding_types=[{plan}]"]
+    # 1. Sharded logits equal the unsharded model's with the same weights, under several plans, and
+    #    without request-level broadcasting (the sharded model fed per-row user data).
+    for plan in ("default", "table_wise", "row_wise", "column_wise", "broadcast_off"):
+        extra = {"default": [], "broadcast_off": ["model.broadcast=false"]}.get(plan, [f"train.sharding_types=[{plan}]"])
         cfg = load_tiny(data_dir, extra)
         torch.manual_seed(0)
-        full = RankerTrainTask(UnifiedRanker(cfg.features, cfg.model))
+        full = TrainTask(UnifiedRanker(cfg.features, cfg.model))
         dmp = train.build(cfg, env)
         copy_full_weights(dmp, full.state_dict())
         batch = next(iter(ParquetBatches(cfg, cfg.data.eval_dir, rank, world, shuffle=False)))
+        if plan == "broadcast_off":  # the reference sees the same rows deduplicated into requests
+            assert batch.num_requests == batch.batch_size
+            reference_cfg = load_tiny(data_dir)
+            reference_batch = next(iter(ParquetBatches(reference_cfg, cfg.data.eval_dir, rank, world, shuffle=False)))
+            assert reference_batch.num_requests < batch.num_requests
+        else:
+            reference_batch = batch
         dmp.eval()
         full.eval()
         with torch.no_grad():
             sharded = dmp(batch)[1][1]
-            reference = full(batch)[1][1]
+            reference = full(reference_batch)[1][1]
         out[f"logit_diff_{plan}"] = float((sharded - reference).abs().max())
 
     # 2. Training: pipelined modules, falling loss.
@@ -93,7 +102,7 @@ def two_rank_run(tiny_data, tmp_path_factory):
         return json.load(f), run_root
 
 
-@pytest.mark.parametrize("plan", ["default", "table_wise", "row_wise", "column_wise"])
+@pytest.mark.parametrize("plan", ["default", "table_wise", "row_wise", "column_wise", "broadcast_off"])
 def test_sharded_logits_equal_unsharded(two_rank_run, plan):
     checks, _ = two_rank_run
     assert checks[f"logit_diff_{plan}"] < 1e-5
@@ -101,7 +110,7 @@ def test_sharded_logits_equal_unsharded(two_rank_run, plan):
 
 def test_pipeline_overlaps_both_sharded_collections(two_rank_run):
     checks, _ = two_rank_run
-    assert sorted(name.rsplit(".", 2)[-2:][1] for name in checks["pipelined"]) == ["ebc", "ec"]
+    assert sorted(name.rsplit(".", 1)[-1] for name in checks["pipelined"]) == ["ebc", "ec", "user_ebc"]
 
 
 def test_training_lowers_the_loss(two_rank_run):

@@ -1,8 +1,11 @@
 """The training batch: what the loader yields and the model consumes.
 
-Rows are ad impressions (B of them). Sequence features are per *unique request* (U <= B of them):
-all candidates of a request share the user's history, so it is carried once and broadcast to the
-rows by ``request_index`` (request-level broadcasting, unified-surfaces article).
+Rows are ad impressions (B of them). User-side features -- the sequences and the pooled user
+features -- are per *unique request* (U <= B of them): all candidates of a request share the user's
+history, so it is carried and computed once and broadcast to the rows by ``request_index``
+(request-level broadcasting, unified-surfaces article). With ``model.broadcast: false`` the loader
+makes every row its own request slot (U = B, ``request_index = arange(B)``): same model, same
+outputs, the user-side work repeated per candidate.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ from torchrec.streamable import Pipelineable
 @dataclass
 class Batch(Pipelineable):
     dense: torch.Tensor  # [B, D_dense] float32, raw (normalized inside the model)
-    sparse: KeyedJaggedTensor  # pooled categorical features, stride B
+    sparse: KeyedJaggedTensor  # pooled candidate-side categorical features, stride B
+    # pooled user-side categorical features, once per request: stride S >= U (the loader's fixed
+    # number of user slots, data.max_unique_users_per_batch; slots past U are empty)
+    user_sparse: KeyedJaggedTensor
     sequences: KeyedJaggedTensor  # "<group>.<feature>" id sequences, stride U, newest first
     sequence_time_deltas: Dict[str, torch.Tensor]  # group -> [events] float32 seconds before the request
     sequence_embeddings: Dict[str, torch.Tensor]  # group -> [events, E] pretrained per-event embedding
@@ -27,6 +33,7 @@ class Batch(Pipelineable):
     labels: torch.Tensor  # [B, T] float32
     valid: torch.Tensor  # [B] bool: False for rows that only pad the last batch to full size
     true_probs: Optional[torch.Tensor] = None  # [B, T] float32 when the data carries them (synthetic)
+    source: str = ""  # the row groups the rows came from (named in errors about this batch)
 
     @property
     def batch_size(self) -> int:
@@ -42,10 +49,10 @@ class Batch(Pipelineable):
             v = getattr(self, f.name)
             if isinstance(v, dict):
                 out[f.name] = {k: fn(t) for k, t in v.items()}
-            elif v is not None:
+            elif isinstance(v, (torch.Tensor, KeyedJaggedTensor)):
                 out[f.name] = fn(v)
             else:
-                out[f.name] = None
+                out[f.name] = v
         return Batch(**out)
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
@@ -55,7 +62,7 @@ class Batch(Pipelineable):
         for f in fields(self):
             v = getattr(self, f.name)
             for t in v.values() if isinstance(v, dict) else [v]:
-                if t is not None:
+                if isinstance(t, (torch.Tensor, KeyedJaggedTensor)):
                     t.record_stream(stream)
 
     def pin_memory(self) -> "Batch":

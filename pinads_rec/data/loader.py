@@ -10,6 +10,11 @@
   ranks. A slot's last, partial batch is dropped in training (``drop_last``: fewer than batch_size
   rows per worker and epoch) or, in evaluation, padded by repeating a row marked ``valid = False``.
   A request cut by a batch boundary appears in both batches with its own sequence copy.
+- ``data.max_unique_users_per_batch`` bounds the requests (unique users) in a batch: a batch that
+  reaches it closes early and is padded to ``batch_size`` by repeating its last row marked
+  ``valid = False`` (the loss and the metrics skip those rows), so user-side shapes stay bounded.
+- ``data.row_filter`` keeps only the rows whose column holds one of the listed values (ad-type
+  segmentation), before shuffling; requests left without rows disappear.
 - Tensors are built from Arrow buffers (``torch.from_numpy``) or ``torch.empty`` then filled: no
   zero-filled staging allocations (a cost the two-tower article calls out).
 """
@@ -98,6 +103,8 @@ class ParquetBatches(torch.utils.data.IterableDataset):
         self.epoch = 0
         self.columns = [c.name for c in contract_columns(cfg.features)]
         self.checker = RowGroupChecker(cfg.features, cfg.data)
+        # Requests (unique users) a batch may hold: the user-side lookups' fixed batch size.
+        self.user_slots = min(cfg.data.max_unique_users_per_batch or self.batch_size, self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -121,23 +128,30 @@ class ParquetBatches(torch.utils.data.IterableDataset):
             raise
         except (pa.ArrowException, OSError) as e:
             raise ContractError(f"{group}: cannot be read ({e})") from None
-        return self.checker(table, str(group))
+        table = self.checker(table, str(group))
+        keep = self.cfg.data.row_filter
+        if keep is not None:
+            table = table.filter(pc.is_in(table.column(keep.column), pa.array(keep.values, table.schema.field(keep.column).type)))
+        return table
 
     def __iter__(self) -> Iterator[Batch]:
         info = torch.utils.data.get_worker_info()
         rng = np.random.default_rng([self.cfg.train.seed, self.epoch, self.rank, info.id if info else 0])
-        for table in self._shuffled_tables(rng):
+        for (table, source), last in self._shuffled_tables(rng):
             valid = table.num_rows
             if valid < self.batch_size:
-                if self.drop_last:
+                if last and self.drop_last:
                     return
-                table = pa.concat_tables([table, table.take(pa.array(np.zeros(self.batch_size - valid, np.int64)))])
-            yield self.to_batch(table, valid)
+                # Repeat the last row: it belongs to the last request, so no request slot is added.
+                table = pa.concat_tables([table, table.take(pa.array(np.full(self.batch_size - valid, valid - 1)))])
+            yield self.to_batch(table, valid, source)
 
-    def _shuffled_tables(self, rng: np.random.Generator) -> Iterator[pa.Table]:
-        """Yields Arrow tables of batch_size rows made of whole (or boundary-cut) requests."""
+    def _shuffled_tables(self, rng: np.random.Generator) -> Iterator[tuple]:
+        """Yields (Arrow table, is_last) made of whole (or boundary-cut) requests: batch_size rows, or
+        fewer when the unique-user bound closed it early or it is the slot's last."""
+        max_requests = self.user_slots if self.cfg.model.broadcast else self.batch_size
         buffer_rows = max(self.cfg.data.shuffle_buffer_rows, self.batch_size) if self.shuffle else 0
-        pool: List[tuple] = []  # (table, start, length) per request
+        pool: List[tuple] = []  # (table, start, length, row group) per request
         pool_rows = 0
         pending: List[tuple] = []  # requests already drawn, not yet emitted
         pending_rows = 0
@@ -147,33 +161,36 @@ class ParquetBatches(torch.utils.data.IterableDataset):
             nonlocal pool, pool_rows, pending, pending_rows
             if self.shuffle:
                 pool = [pool[i] for i in rng.permutation(len(pool))]
-            sizes = np.cumsum([n for _, _, n in pool])
+            sizes = np.cumsum([req[2] for req in pool])
             k = int(np.searchsorted(sizes, pool_rows - until_rows)) + 1 if pool_rows > until_rows else 0
             drawn, pool = pool[:k], _compact(pool[k:])
             pool_rows -= int(sizes[k - 1]) if k else 0
             for req in drawn:
                 pending.append(req)
                 pending_rows += req[2]
-                while pending_rows >= self.batch_size:
-                    out, pending, pending_rows = _cut(pending, self.batch_size)
-                    yield out
+                while pending_rows >= self.batch_size or len(pending) >= max_requests:
+                    out, pending, pending_rows = _cut(pending, self.batch_size, max_requests)
+                    yield out, False
 
         for group in self.my_row_groups():
             table = self.read(group)
-            pool += [(table, s, n) for s, n in _requests(table, self.features.columns.request_id, group)]
+            if not table.num_rows:  # everything filtered out
+                continue
+            pool += [(table, s, n, group) for s, n in _requests(table, self.features.columns.request_id, group)]
             pool_rows += table.num_rows
             if pool_rows > buffer_rows:
                 yield from drain(buffer_rows // 2)
         yield from drain(0)
         if pending_rows:
-            yield _cut(pending, pending_rows)[0]
+            yield _cut(pending, pending_rows, max_requests)[0], True
 
     # --- Arrow -> tensors ---------------------------------------------------------------------
 
-    def to_batch(self, table: pa.Table, num_valid: Optional[int] = None) -> Batch:
+    def to_batch(self, table: pa.Table, num_valid: Optional[int] = None, source: str = "") -> Batch:
         f = self.features
         req = table.column(f.columns.request_id).to_numpy()
-        is_first = np.concatenate([[True], req[1:] != req[:-1]])
+        # Without broadcasting every row is its own request slot: user-side work is done per row.
+        is_first = np.concatenate([[True], req[1:] != req[:-1]]) if self.cfg.model.broadcast else np.ones(len(req), bool)
         starts = np.flatnonzero(is_first)
         request_index = torch.from_numpy(np.cumsum(is_first) - 1)
         first_rows = table.take(pa.array(starts))
@@ -187,7 +204,11 @@ class ParquetBatches(torch.utils.data.IterableDataset):
             dense_np[:, at:at + d.dim] = values.reshape(B, d.dim)
             at += d.dim
 
-        sparse = _kjt([s.name for s in f.pooled_sparse], [table.column(s.column) for s in f.pooled_sparse], B)
+        sparse = _kjt([s.name for s in f.row_sparse], [table.column(s.column) for s in f.row_sparse], B)
+        # A fixed number of user slots (the unused ones empty): pooled embedding lookups exchange
+        # equal-sized blocks between ranks, so their batch size must not vary.
+        user_sparse = _kjt([s.name for s in f.user_sparse], [first_rows.column(s.column) for s in f.user_sparse],
+                           self.user_slots if self.cfg.model.broadcast else B)
         seq_cols = [first_rows.column(sf.column) for g in f.sequence_groups for sf in g.features]
         # Candidate ids sharing a sequence table: per request, the ids of its rows (in row order).
         seq_cols += [pa.ListArray.from_arrays(pa.array(np.append(starts, B).astype(np.int32)),
@@ -214,9 +235,9 @@ class ParquetBatches(torch.utils.data.IterableDataset):
         valid = torch.ones(B, dtype=torch.bool)
         if num_valid is not None:
             valid[num_valid:] = False
-        return Batch(dense=dense, sparse=sparse, sequences=sequences, sequence_time_deltas=deltas,
+        return Batch(dense=dense, sparse=sparse, user_sparse=user_sparse, sequences=sequences, sequence_time_deltas=deltas,
                      sequence_embeddings=embeddings, request_index=request_index, surface=surface,
-                     labels=labels, valid=valid, true_probs=true_probs)
+                     labels=labels, valid=valid, true_probs=true_probs, source=source)
 
 
 def _requests(table: pa.Table, request_column: str, where: RowGroup) -> List[tuple]:
@@ -234,32 +255,34 @@ def _compact(pool: List[tuple]) -> List[tuple]:
     """Copies the requests still waiting into fresh tables, so a row group is freed as soon as it
     is drained instead of living until its last request is drawn (keeps memory at the buffer size)."""
     by_table: Dict[int, list] = {}
-    for table, start, n in pool:
-        by_table.setdefault(id(table), [table, []])[1].append((start, n))
+    for table, start, n, group in pool:
+        by_table.setdefault(id(table), [table, []])[1].append((start, n, group))
     out = []
     for table, reqs in by_table.values():
-        if sum(n for _, n in reqs) == table.num_rows:  # untouched: nothing to free
-            out += [(table, start, n) for start, n in reqs]
+        if sum(n for _, n, _ in reqs) == table.num_rows:  # untouched: nothing to free
+            out += [(table, start, n, group) for start, n, group in reqs]
             continue
-        kept = table.take(pa.array(np.concatenate([np.arange(s, s + n) for s, n in reqs])))
+        kept = table.take(pa.array(np.concatenate([np.arange(s, s + n) for s, n, _ in reqs])))
         at = 0
-        for _, n in reqs:
-            out.append((kept, at, n))
+        for _, n, group in reqs:
+            out.append((kept, at, n, group))
             at += n
     return out
 
 
-def _cut(pending: List[tuple], rows: int):
-    """Takes ``rows`` rows off the front of the drawn requests; returns (table, rest, rest_rows)."""
-    pieces, taken, rest = [], 0, []
-    for i, (table, start, n) in enumerate(pending):
-        if taken == rows:
+def _cut(pending: List[tuple], rows: int, max_requests: int):
+    """Takes up to ``rows`` rows of at most ``max_requests`` requests off the front of the drawn
+    requests; returns ((table, source), rest, rest_rows), source naming the row groups it came from."""
+    pieces, taken, rest, groups = [], 0, [], {}
+    for i, (table, start, n, group) in enumerate(pending):
+        if taken == rows or i == max_requests:
             rest = pending[i:]
             break
         k = min(n, rows - taken)
         pieces.append((table, start, k))
+        groups[group] = None
         if k < n:  # a request cut at the batch boundary: the rest opens the next batch
-            rest = [(table, start + k, n - k)] + pending[i + 1:]
+            rest = [(table, start + k, n - k, group)] + pending[i + 1:]
         taken += k
         if k < n:
             break
@@ -268,10 +291,11 @@ def _cut(pending: List[tuple], rows: int):
     for table, start, k in pieces:
         by_table.setdefault(id(table), [table, []])[1].append(np.arange(start, start + k))
     out = pa.concat_tables([t.take(pa.array(np.concatenate(idx))) for t, idx in by_table.values()])
-    return out, rest, sum(n for _, _, n in rest)
+    return (out, "; ".join(map(str, groups))), rest, sum(req[2] for req in rest)
 
 
 def _kjt(keys: List[str], columns: List[pa.ChunkedArray], stride: int) -> KeyedJaggedTensor:
+    """One KJT of the columns; slots past a column's length are empty (padding to a fixed stride)."""
     values, lengths = [], []
     for col in columns:
         col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
@@ -281,6 +305,7 @@ def _kjt(keys: List[str], columns: List[pa.ChunkedArray], stride: int) -> KeyedJ
         else:
             values.append(col.flatten().to_numpy(zero_copy_only=False))
             lengths.append(pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int32))
+        lengths.append(np.zeros(stride - len(col), np.int32))
     if not keys:  # e.g. a model without sequence groups
         return KeyedJaggedTensor(keys=[], values=torch.empty(0, dtype=torch.int64),
                                  lengths=torch.empty(0, dtype=torch.int32), stride=stride)

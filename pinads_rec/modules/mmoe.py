@@ -12,12 +12,25 @@ import torch
 from torch import nn
 from torchrec.modules.mlp import MLP
 
+from pinads_rec.modules.precision import LargeLayer
+
+
+class Experts(nn.Module):
+    """The shared experts: the MMoE's large part (run in BF16 when configured). Out: [B, E, H]."""
+
+    def __init__(self, in_features: int, num_experts: int, dims: List[int]):
+        super().__init__()
+        self.experts = nn.ModuleList(MLP(in_features, dims) for _ in range(num_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([e(x) for e in self.experts], dim=1)
+
 
 class MMoE(nn.Module):
     def __init__(self, in_features: int, num_tasks: int, num_surfaces: int, num_experts: int,
                  expert_dims: List[int], tower_dims: List[int]):
         super().__init__()
-        self.experts = nn.ModuleList(MLP(in_features, expert_dims) for _ in range(num_experts))
+        self.experts = LargeLayer(Experts(in_features, num_experts, expert_dims))
         self.gates = nn.Linear(in_features, num_tasks * num_experts)
         self.towers = nn.ModuleList(
             nn.Sequential(MLP(expert_dims[-1], tower_dims), nn.Linear(tower_dims[-1], num_surfaces))
@@ -26,7 +39,7 @@ class MMoE(nn.Module):
         self.num_tasks, self.num_experts = num_tasks, num_experts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        experts = torch.stack([e(x) for e in self.experts], dim=1)  # [B, E, H]
+        experts = self.experts(x)  # [B, E, H]
         gates = self.gates(x).view(-1, self.num_tasks, self.num_experts).softmax(dim=-1)  # [B, T, E]
         mixed = torch.bmm(gates, experts)  # [B, T, H]
         return torch.stack([tower(mixed[:, t]) for t, tower in enumerate(self.towers)], dim=1)

@@ -1,0 +1,275 @@
+"""Ablations: train variants of one model on the same data and seed, write the comparison.
+
+    python -m pinads_rec.ablate --config configs/ablations/calibration.yaml [--quick] [--ranks 2]
+
+An ablation file names a base experiment config, overrides for every variant, and the variants
+(each a list of ``--set`` overrides), what to report and where:
+
+    title: Surface-specific calibration
+    description: one markdown paragraph: what is compared and why
+    base: configs/demo.yaml
+    overrides: [train.max_steps=1500]          # every variant
+    quick: [synth.train_requests=4000, ...]    # added by --quick: a CI-sized run
+    metrics: [auc, ne, calibration, ece]       # columns of the per-surface table
+    chart: {metric: calibration, task: click}  # the PNG: this metric per surface, per variant
+    out: docs/calibration.md
+    variants:
+      - {name: surface calibration, overrides: [model.calibration=surface]}
+      - {name: no calibration, overrides: [model.calibration=none]}
+      # evaluate another variant's trained model under other settings (no training):
+      - {name: unified on shopping ads, eval_of: unified, overrides: ["data.row_filter={column: ad_type, values: [1]}"]}
+
+Every variant is a real training run of ``pinads_rec/train.py`` under torchrun (gloo on CPU), in
+its own run directory under ``runs/ablations/<title>/``, on data generated once for the base config
+(``python -m pinads_rec.data.synth``, skipped when present). A run whose directory already holds a
+finished run of the same config is reused, so an interrupted ablation resumes where it stopped.
+The report has, per variant, training examples/s and parameter counts, then every metric per
+surface x task (with the oracle from the generator's true probabilities), and a PNG chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import yaml
+
+from pinads_rec import config
+
+REPO = Path(__file__).resolve().parent.parent
+METRIC_NAMES = {"auc": "AUC", "ne": "NE", "log_loss": "log loss", "calibration": "calibration",
+                "calibration_vs_truth": "calibration vs truth", "ece": "ECE"}
+
+
+@dataclasses.dataclass
+class Variant:
+    name: str
+    overrides: List[str] = dataclasses.field(default_factory=list)
+    eval_of: Optional[str] = None
+
+
+@dataclasses.dataclass
+class Ablation:
+    title: str
+    base: str
+    variants: List[Variant]
+    description: str = ""
+    overrides: List[str] = dataclasses.field(default_factory=list)
+    quick: List[str] = dataclasses.field(default_factory=list)
+    metrics: List[str] = dataclasses.field(default_factory=lambda: ["auc", "ne", "calibration"])
+    chart: Dict[str, str] = dataclasses.field(default_factory=lambda: {"metric": "auc", "task": "click"})
+    out: str = "docs/ablations.md"
+
+
+def load_ablation(path: str) -> Ablation:
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise config.ConfigError(f"ablation file {path} does not exist") from None
+    try:
+        raw["variants"] = [Variant(**v) for v in raw.get("variants") or []]
+        ab = Ablation(**raw)
+    except TypeError as e:  # unknown or missing keys
+        raise config.ConfigError(f"{path}: {e}") from None
+    names = [v.name for v in ab.variants]
+    if not names or len(set(names)) != len(names):
+        raise config.ConfigError(f"{path}: variants need distinct names, got {names}")
+    for v in ab.variants:
+        if v.eval_of is not None and v.eval_of not in names[: names.index(v.name)]:
+            raise config.ConfigError(f"{path}: variant {v.name!r}: eval_of {v.eval_of!r} is not an earlier variant")
+    for m in ab.metrics + [ab.chart.get("metric")]:
+        if m not in METRIC_NAMES:
+            raise config.ConfigError(f"{path}: metric {m!r} is not one of {sorted(METRIC_NAMES)}")
+    return ab
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def _summary(run_dir: Path) -> Optional[dict]:
+    """The finished run's summary line (the last metrics.jsonl line with eval rows), if any."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return None
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    done = [line for line in lines if "eval" in line]
+    return done[-1] if done else None
+
+
+def _param_counts(cfg: config.ExperimentConfig) -> Dict[str, int]:
+    import torch
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    from pinads_rec.models import build_model
+
+    model = build_model(cfg.features, cfg.model, device=torch.device("meta"))
+    tables = {n for n, m in model.named_modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))}
+    emb = sum(p.numel() for n, p in model.named_parameters() if any(n.startswith(t + ".") for t in tables))
+    return {"dense": sum(p.numel() for p in model.parameters()) - emb, "embedding": emb}
+
+
+def run_variant(ab: Ablation, v: Variant, overrides: List[str], run_dir: Path, ranks: int,
+                finished: Dict[str, dict]) -> dict:
+    cfg = config.load(ab.base, overrides + [f"train.run_dir={run_dir}"])
+    wanted = json.loads(json.dumps(config.to_dict(cfg)))
+    done = _summary(run_dir)
+    if done is not None and (run_dir / "config.json").exists() and json.loads((run_dir / "config.json").read_text()) == wanted:
+        print(f"[{v.name}] reusing the finished run in {run_dir}", flush=True)
+        return done
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    extra = []
+    if v.eval_of is not None:  # evaluate the source's final model: resume it at its last step
+        source = finished[v.eval_of]
+        src_dir = Path(source["run_dir"]) / "checkpoints"
+        latest = max(src_dir.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+        shutil.copytree(latest, run_dir / "checkpoints" / latest.name)
+        extra = [f"train.max_steps={source['step']}"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+           str(REPO / "pinads_rec" / "train.py"), "--config", ab.base]
+    for o in overrides + extra + [f"train.run_dir={run_dir}"]:
+        cmd += ["--set", o]
+    print(f"[{v.name}] {'evaluating ' + v.eval_of if v.eval_of else 'training'} -> {run_dir}", flush=True)
+    started = time.time()
+    with open(run_dir / "train.log", "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
+    summary = _summary(run_dir)
+    if rc != 0 or summary is None:
+        tail = (run_dir / "train.log").read_text().splitlines()[-15:]
+        raise RuntimeError(f"variant {v.name!r} failed (exit {rc}); end of {run_dir}/train.log:\n" + "\n".join(tail))
+    print(f"[{v.name}] done in {time.time() - started:.0f} s", flush=True)
+    return summary
+
+
+def _fmt(x, spec=".4f") -> str:
+    return "-" if x is None or x != x else format(x, spec)
+
+
+def write_report(ab: Ablation, results: Dict[str, dict], params: Dict[str, Dict[str, int]], out: Path,
+                 command: str, base_cfg: config.ExperimentConfig) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    surfaces = base_cfg.features.surfaces + ["all"]
+    tasks = [t.name for t in base_cfg.features.tasks]
+    metric, task = ab.chart.get("metric", "auc"), ab.chart.get("task", tasks[0])
+    chart_dir = out.parent / out.stem
+    chart_dir.mkdir(parents=True, exist_ok=True)
+    chart = chart_dir / f"{slug(metric)}_{slug(task)}.png"
+
+    def value(name, surface, t, key):
+        row = next((r for r in results[name]["eval"] if r["surface"] == surface and r["task"] == t), None)
+        return None if row is None else row.get(key)
+
+    s = base_cfg.synth
+    lines = [f"# {ab.title}", "", ab.description.strip(), "",
+             f"Generated by `{command}` on {time.strftime('%Y-%m-%d')}: every variant trained by "
+             f"`pinads_rec/train.py` on the same synthetic data (seed {s.seed}, {s.train_requests:,} train / "
+             f"{s.eval_requests:,} eval requests, ~{s.candidates_per_request:g} candidates each) and seed "
+             f"{base_cfg.train.seed}; metrics on the held-out (later) eval split. `oracle` = the same metric "
+             f"from the generator's true probabilities.", "",
+             f"## {METRIC_NAMES[metric]} of {task} per surface", "",
+             "| variant | " + " | ".join(surfaces) + " | train examples/s | dense params | embedding params |",
+             "|---|" + "---:|" * (len(surfaces) + 3)]
+    for name, r in results.items():
+        cells = [_fmt(value(name, sf, task, metric)) for sf in surfaces]
+        p = params.get(name, {})
+        rate = r.get("train_examples_per_s") if r.get("step") and r.get("train_seconds", 0) > 1 else None
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_fmt(rate, ',.0f')} | "
+                     f"{p.get('dense', 0):,} | {p.get('embedding', 0):,} |")
+    if metric in ("auc", "ne"):
+        oracle = [_fmt(value(next(iter(results)), sf, task, f"oracle_{metric}")) for sf in surfaces]
+        lines.append("| *oracle* | " + " | ".join(oracle) + " | | | |")
+    lines += ["", f"![{METRIC_NAMES[metric]} of {task}]({chart.relative_to(out.parent)})", "",
+              "## Every surface and task", "",
+              "| variant | surface | task | " + " | ".join(METRIC_NAMES[m] for m in ab.metrics) + " | oracle AUC |",
+              "|---|---|---|" + "---:|" * (len(ab.metrics) + 1)]
+    for name in results:
+        for sf in surfaces:
+            for t in tasks:
+                cells = [_fmt(value(name, sf, t, m), ".5f" if m == "ece" else ".4f") for m in ab.metrics]
+                lines.append(f"| {name} | {sf} | {t} | " + " | ".join(cells) + f" | {_fmt(value(name, sf, t, 'oracle_auc'))} |")
+    lines += ["", "Variants (overrides on top of the base config "
+              f"`{ab.base}` and `{' '.join(ab.overrides) or 'nothing'}`):", ""]
+    for v in ab.variants:
+        how = f"the trained model of *{v.eval_of}*, evaluated with " if v.eval_of else ""
+        lines.append(f"- **{v.name}**: {how}`{' '.join(v.overrides) or '(base)'}`")
+    out.write_text("\n".join(lines) + "\n")
+
+    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(surfaces), 4.2))
+    width = 0.8 / max(len(results), 1)
+    for i, name in enumerate(results):
+        ys = [value(name, sf, task, metric) for sf in surfaces]
+        ax.bar([j + i * width for j in range(len(surfaces))], [y if y is not None else 0 for y in ys], width, label=name)
+    if metric.startswith("calibration"):
+        ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([j + width * (len(results) - 1) / 2 for j in range(len(surfaces))], surfaces)
+    ax.set_ylabel(f"{METRIC_NAMES[metric]} ({task})")
+    ax.set_title(ab.title)
+    finite = [v for name in results for sf in surfaces if (v := value(name, sf, task, metric)) is not None]
+    if finite and metric in ("auc", "calibration", "calibration_vs_truth", "ne"):
+        lo, hi = min(finite), max(finite)
+        ax.set_ylim(lo - 0.1 * (hi - lo + 1e-3) - 0.01, hi + 0.1 * (hi - lo + 1e-3) + 0.01)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(chart, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, help="ablation YAML (configs/ablations/*.yaml)")
+    p.add_argument("--quick", action="store_true", help="CI-sized data and steps (the file's `quick` overrides)")
+    p.add_argument("--ranks", type=int, default=2, help="gloo processes per training run (default 2)")
+    p.add_argument("--out", default=None, help="report path (default: the file's `out`; --quick: under runs/)")
+    p.add_argument("--runs", default="runs/ablations", help="where the variants' run directories go")
+    args = p.parse_args(argv)
+    try:
+        ab = load_ablation(args.config)
+        common = ab.overrides + (ab.quick if args.quick else [])
+        base_cfg = config.load(ab.base, common)
+        for v in ab.variants:
+            config.load(ab.base, common + v.overrides)  # every variant's config is valid before any run
+    except config.ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    tag = slug(ab.title) + ("-quick" if args.quick else "")
+    out = Path(args.out or (f"runs/ablations/{tag}.md" if args.quick else ab.out))
+    data = Path(base_cfg.data.train_dir).parent
+    summary = data / "summary.json"
+    wanted = json.loads(json.dumps(dataclasses.asdict(base_cfg.synth)))
+    if not summary.exists() or json.loads(summary.read_text()).get("synth") != wanted:
+        print(f"generating the data into {data}", flush=True)
+        shutil.rmtree(data, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "pinads_rec.data.synth", "--config", ab.base, "--out", str(data)]
+                       + [a for o in common for a in ("--set", o)], check=True, cwd=REPO)
+    results, params = {}, {}
+    for v in ab.variants:
+        overrides = common + v.overrides
+        run_dir = Path(args.runs) / tag / slug(v.name)
+        summary = run_variant(ab, v, overrides, run_dir, args.ranks, results)
+        results[v.name] = dict(summary, run_dir=str(run_dir))
+        if v.eval_of is None:
+            params[v.name] = _param_counts(config.load(ab.base, overrides))
+        else:
+            params[v.name] = params[v.eval_of]
+    command = f"python -m pinads_rec.ablate --config {args.config}" + (" --quick" if args.quick else "")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_report(ab, results, params, out, command, base_cfg)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

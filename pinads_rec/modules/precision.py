@@ -1,0 +1,76 @@
+"""Mixed precision for the large layers (sequence-modeling article, "Serving Efficiency"; two-tower
+article, BF16 in training).
+
+The large layers -- the Transformer stacks, the DCNv2 cross network, the MMoE experts -- are wrapped
+in ``LargeLayer``; everything else (embeddings, small projections, gates, towers, calibration, the
+loss) stays float32. A ``LargeLayer`` takes and returns float32, so the choice is local:
+
+- training: ``set_precision(model, "bf16")`` runs the wrapped layers under ``torch.autocast`` over
+  float32 master weights (the optimizer never sees a 16-bit weight);
+- inference: ``set_precision(model, "bf16", cast_weights=True)`` converts the wrapped layers'
+  weights once, so no per-call weight cast is paid.
+
+FP16 has a narrow range: the DCNv2 cross layer overflows on inputs of a few hundred. Every FP16
+output is checked; an inf/NaN either raises ``PrecisionOverflow`` naming the layer or, with
+``fp16_overflow: bf16``, the layer is re-run in BF16 and the fallback counted -- never a silent
+inf/NaN score. (BF16 has float32's range: it degrades precision, not availability.)
+"""
+
+from typing import Dict, Tuple
+
+import torch
+from torch import nn
+
+DTYPES: Dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class PrecisionOverflow(RuntimeError):
+    """A 16-bit layer produced inf/NaN."""
+
+
+class LargeLayer(nn.Module):
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+        self.dtype = torch.float32
+        self.fp16_overflow = "error"
+        self.fallbacks = 0  # FP16 outputs redone in BF16
+        self.layer_name = type(module).__name__  # replaced by its path in the model by set_precision
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        if self.dtype == torch.float32:
+            return self.module(*args)
+        out = self._run(self.dtype, args)
+        if self.dtype == torch.float16 and not bool(torch.isfinite(out).all()):
+            if self.fp16_overflow == "error":
+                raise PrecisionOverflow(
+                    f"{self.layer_name}: FP16 overflow (inf/NaN output, max |input| "
+                    f"{max(float(a.abs().max()) for a in args if a.is_floating_point()):.3g}); use precision bf16, "
+                    f"or set model.precision.fp16_overflow: bf16 to redo such layers in BF16")
+            self.fallbacks += 1
+            out = self._run(torch.bfloat16, args)
+        return out
+
+    def _run(self, dtype: torch.dtype, args: Tuple[torch.Tensor, ...]) -> torch.Tensor:
+        weight_dtype = next(self.module.parameters()).dtype
+        if weight_dtype == dtype:  # inference: weights already cast
+            return self.module(*(a.to(dtype) if a.is_floating_point() else a for a in args)).float()
+        if weight_dtype != torch.float32:  # cast for another dtype (the FP16 -> BF16 fallback)
+            args = tuple(a.to(weight_dtype) if a.is_floating_point() else a for a in args)
+        with torch.autocast(device_type=args[0].device.type, dtype=dtype):
+            return self.module(*args).float()
+
+
+def set_precision(model: nn.Module, precision: str, cast_weights: bool = False, fp16_overflow: str = "error") -> None:
+    """Run every LargeLayer of ``model`` in ``precision`` (fp32 | bf16 | fp16); ``cast_weights`` for
+    inference converts their weights (back to float32 for fp32)."""
+    dtype = DTYPES[precision]
+    for name, m in model.named_modules():
+        if isinstance(m, LargeLayer):
+            m.dtype, m.fp16_overflow, m.layer_name = dtype, fp16_overflow, name
+            if cast_weights:
+                m.module.to(dtype)
+
+
+def fallback_count(model: nn.Module) -> int:
+    return sum(m.fallbacks for m in model.modules() if isinstance(m, LargeLayer))

@@ -1,0 +1,134 @@
+"""Numerics around the model: surface calibration, mixed precision of the large layers, the FP16
+overflow check, the non-finite guard, and the masked multi-task loss."""
+
+import pytest
+import torch
+from torch import nn
+from torchrec.modules.crossnet import LowRankCrossNet
+
+from conftest import load_tiny
+from pinads_rec.data.loader import ParquetBatches
+from pinads_rec.models import build_model
+from pinads_rec.models.objective import multitask_bce
+from pinads_rec.models.train_task import NonFiniteError, NonFiniteGuard, TrainTask, guard_gradients
+from pinads_rec.modules.calibration import Calibration
+from pinads_rec.modules.precision import LargeLayer, PrecisionOverflow, fallback_count, set_precision
+
+
+def _batch(cfg):
+    return next(iter(ParquetBatches(cfg, cfg.data.eval_dir, shuffle=False)))
+
+
+def test_calibration_maps_each_surface_and_task_separately():
+    cal = Calibration(num_surfaces=3, num_tasks=2, mode="surface")
+    with torch.no_grad():
+        cal.scale.copy_(torch.tensor([[1.0, 2.0], [0.5, 1.0], [1.0, 1.0]]))
+        cal.bias.copy_(torch.tensor([[0.0, 0.0], [-1.0, 0.0], [0.0, 3.0]]))
+    logits = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
+    out = cal.eval()(logits, torch.tensor([0, 1, 2]))
+    assert out.tolist() == [[1.0, 2.0], [-0.5, 1.0], [1.0, 4.0]]
+    shared = Calibration(3, 2, mode="global").eval()
+    assert shared.scale.shape == (1, 2)
+    assert Calibration(3, 2, mode="none")(logits, torch.tensor([0, 1, 2])) is logits
+
+
+def test_calibration_learns_without_moving_the_backbone():
+    cal = Calibration(2, 1).train()
+    raw = torch.randn(8, 1, requires_grad=True)
+    out = cal(raw, torch.tensor([0, 1] * 4))
+    out.sum().backward()
+    assert raw.grad is None, "the calibration loss must not reach the backbone"
+    assert cal.scale.grad is not None and cal.bias.grad.abs().sum() > 0
+
+
+def test_masked_loss_ignores_invalid_rows():
+    logits, labels = torch.randn(6, 2), torch.randint(0, 2, (6, 2)).float()
+    valid = torch.tensor([True, True, True, False, False, False])
+    weights = torch.tensor([1.0, 0.5])
+    garbage = torch.cat([logits[:3], torch.full((3, 2), 50.0)])
+    assert torch.allclose(multitask_bce(garbage, labels, valid, weights),
+                          multitask_bce(logits[:3], labels[:3], valid[:3], weights))
+
+
+def test_bf16_large_layers_stay_close_to_fp32(tiny_data):
+    _, data = tiny_data
+    cfg = load_tiny(data)
+    torch.manual_seed(0)
+    model = build_model(cfg.features, cfg.model).eval()
+    batch = _batch(cfg)
+    with torch.no_grad():
+        fp32 = torch.sigmoid(model(batch))
+        set_precision(model, "bf16")  # training style: autocast over float32 weights
+        autocast = torch.sigmoid(model(batch))
+        set_precision(model, "bf16", cast_weights=True)  # inference: weights cast once
+        cast = torch.sigmoid(model(batch))
+    large = [m for m in model.modules() if isinstance(m, LargeLayer)]
+    assert len(large) == 1 + 1 + len(cfg.features.sequence_groups)  # cross, experts, one Transformer per group
+    assert all(next(m.module.parameters()).dtype == torch.bfloat16 for m in large)
+    assert model.calibration.scale.dtype == torch.float32, "small layers stay float32"
+    assert cast.dtype == torch.float32
+    assert (autocast - fp32).abs().max() < 0.01 and (cast - fp32).abs().max() < 0.01
+
+
+def test_fp16_overflow_fails_loudly_or_falls_back():
+    torch.manual_seed(0)
+    cross = LargeLayer(LowRankCrossNet(64, num_layers=3, low_rank=16))
+    x = torch.full((4, 64), 300.0)  # a cross layer squares its input: far past FP16's 65504
+    with torch.no_grad():
+        assert torch.isfinite(cross(x)).all()  # fp32
+        holder = nn.Sequential(cross)
+        set_precision(holder, "fp16")
+        with pytest.raises(PrecisionOverflow, match="0: FP16 overflow"):
+            cross(x)
+        set_precision(holder, "fp16", fp16_overflow="bf16")
+        out = cross(x)
+    assert torch.isfinite(out).all() and fallback_count(holder) == 1
+
+
+def _nan_task(cfg, policy):
+    torch.manual_seed(0)
+    model = build_model(cfg.features, cfg.model)
+    with torch.no_grad():
+        model.mmoe.towers[1][-1].bias.fill_(float("nan"))  # the good_click head emits NaN
+    return TrainTask(model, NonFiniteGuard([t.name for t in cfg.features.tasks], policy)), model
+
+
+def test_nonfinite_guard_stops_naming_task_and_source(tiny_data):
+    _, data = tiny_data
+    cfg = load_tiny(data)
+    task, _ = _nan_task(cfg, "stop")
+    batch = _batch(cfg)
+    with pytest.raises(NonFiniteError, match=r"good_click.*part-00000.parquet, row group 0"):
+        task(batch)
+
+
+def test_nonfinite_guard_skips_without_updating(tiny_data):
+    _, data = tiny_data
+    cfg = load_tiny(data)
+    task, model = _nan_task(cfg, "skip")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    loss, _ = task(_batch(cfg))
+    loss.backward()
+    optimizer.step()
+    assert float(loss.detach()) == 0.0 and task.guard.skipped == 1
+    assert all(p.grad is None for p in model.parameters())
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) or torch.isnan(before[k]).any() for k in before)
+
+
+def test_nonfinite_gradient_is_caught_before_the_step():
+    layer = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    counter = NonFiniteGuard(["click"], "skip")
+    guard_gradients(optimizer, "skip", counter)
+    before = layer.weight.detach().clone()
+    layer.weight.grad = torch.tensor([[float("inf"), 0.0]])
+    layer.bias.grad = torch.zeros(1)
+    optimizer.step()
+    assert torch.equal(layer.weight, before) and counter.skipped == 1
+    stop = torch.optim.SGD(layer.parameters(), lr=0.1)
+    guard_gradients(stop, "stop", counter)
+    layer.weight.grad = torch.tensor([[float("nan"), 0.0]])
+    with pytest.raises(NonFiniteError, match="non-finite gradient"):
+        stop.step()
