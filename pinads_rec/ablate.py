@@ -20,9 +20,10 @@ An ablation file names a base experiment config, overrides for every variant, an
       - {name: unified on shopping ads, eval_of: unified, overrides: ["data.row_filter={column: ad_type, values: [1]}"]}
 
 Every variant is a real training run of ``pinads_rec/train.py`` under torchrun (gloo on CPU), in
-its own run directory under ``runs/ablations/<title>/``, on data generated once for the base config
-(``python -m pinads_rec.data.synth``, skipped when present). A run whose directory already holds a
-finished run of the same config is reused, so an interrupted ablation resumes where it stopped.
+a run directory named by a hash of its full config (``runs/ablations/<hash>``), on data generated
+once for the base config (``python -m pinads_rec.data.synth``, skipped when present). A finished
+run of the same config is reused -- by an interrupted ablation resuming, or by another ablation that
+needs the same model (the unified model of the segmentation table is the calibration table's).
 The report has, per variant, training examples/s and parameter counts, then every metric per
 surface x task (with the oracle from the generator's true probabilities), and a PNG chart.
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -118,12 +120,24 @@ def _param_counts(cfg: config.ExperimentConfig) -> Dict[str, int]:
     return {"dense": sum(p.numel() for p in model.parameters()) - emb, "embedding": emb}
 
 
+def run_dir_for(ab: Ablation, overrides: List[str], runs: Path, ranks: int, source: Optional[str]) -> Path:
+    """runs/<hash of the variant's whole config, its rank count and the run it evaluates>."""
+    cfg = config.to_dict(config.load(ab.base, overrides + ["train.run_dir=unset"]))
+    key = json.dumps([cfg, ranks, source], sort_keys=True, default=str)
+    return runs / hashlib.sha1(key.encode()).hexdigest()[:12]
+
+
 def run_variant(ab: Ablation, v: Variant, overrides: List[str], run_dir: Path, ranks: int,
                 finished: Dict[str, dict]) -> dict:
     cfg = config.load(ab.base, overrides + [f"train.run_dir={run_dir}"])
-    wanted = json.loads(json.dumps(config.to_dict(cfg)))
+
+    def comparable(c: dict) -> dict:  # a resumed run records the checkpoint's plan as its plan_file
+        return dict(c, train={k: v for k, v in c["train"].items() if k not in ("plan_file", "max_steps")})
+
+    wanted = comparable(json.loads(json.dumps(config.to_dict(cfg))))
     done = _summary(run_dir)
-    if done is not None and (run_dir / "config.json").exists() and json.loads((run_dir / "config.json").read_text()) == wanted:
+    saved = run_dir / "config.json"
+    if done is not None and saved.exists() and comparable(json.loads(saved.read_text())) == wanted:
         print(f"[{v.name}] reusing the finished run in {run_dir}", flush=True)
         return done
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -257,7 +271,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     results, params = {}, {}
     for v in ab.variants:
         overrides = common + v.overrides
-        run_dir = Path(args.runs) / tag / slug(v.name)
+        source = results[v.eval_of]["run_dir"] if v.eval_of else None
+        run_dir = run_dir_for(ab, overrides, Path(args.runs), args.ranks, source)
         summary = run_variant(ab, v, overrides, run_dir, args.ranks, results)
         results[v.name] = dict(summary, run_dir=str(run_dir))
         if v.eval_of is None:

@@ -96,11 +96,14 @@ def config_differences(saved: dict, current: dict, prefix: str = "") -> list:
 
 
 def check_compatible(path: Path, cfg: config.ExperimentConfig) -> None:
-    """The parts of the config that shape the weights must match: features and model."""
+    """The parts of the config that shape the weights must match: features and model (except
+    model.calibration: the calibration maps are refit at the end of every run, so a trained model
+    may be recalibrated another way)."""
     saved = json.loads((Path(path) / STATE_FILE).read_text())["config"]
     current = config.to_dict(cfg)
     diffs = [d for section in ("features", "model")
-             for d in config_differences(saved.get(section), current[section], section)]
+             for d in config_differences(saved.get(section), current[section], section)
+             if d != "model.calibration"]
     if diffs:
         shown = ", ".join(diffs[:8]) + (f" and {len(diffs) - 8} more" if len(diffs) > 8 else "")
         raise IncompatibleCheckpoint(

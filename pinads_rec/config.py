@@ -202,6 +202,10 @@ class DataConfig:
     # than hold more unique users (requests) than this; the user-side pooled lookups always run on
     # this many slots (a fixed shape, as sharded pooled lookups need). 0 = batch_size (no bound).
     max_unique_users_per_batch: int = 0
+    # Fraction of the training row groups -- the last ones in file order, so name the files in time
+    # order -- kept out of training to fit the calibration layers on at the end (at least one row
+    # group per rank). 0 only with model.calibration: none.
+    calibration_holdout: float = 0.05
 
 
 @dataclass
@@ -316,7 +320,7 @@ class ModelConfig:
     dcn: DCNConfig = field(default_factory=DCNConfig)
     mmoe: MMoEConfig = field(default_factory=MMoEConfig)
     # Calibration on top of the logits: one affine map per (surface, task), one per task shared by
-    # all surfaces ("global"), or none.
+    # all surfaces ("global"), or none; fit after training on data.calibration_holdout.
     calibration: Literal["surface", "global", "none"] = "surface"
     # Request-level broadcasting: user-side work (user features, sequence encoders) runs once per
     # unique request and is broadcast to its candidates; off, it runs once per row (same outputs).
@@ -509,6 +513,11 @@ def _validate(cfg: ExperimentConfig) -> None:
     positive("data.shuffle_buffer_rows", d.shuffle_buffer_rows, allow_zero=True)
     positive("data.num_workers", d.num_workers, allow_zero=True)
     positive("data.max_unique_users_per_batch", d.max_unique_users_per_batch, allow_zero=True)
+    if not 0.0 <= d.calibration_holdout < 1.0:
+        raise ConfigError(f"data.calibration_holdout: must be in [0, 1), got {d.calibration_holdout}")
+    if d.calibration_holdout == 0.0 and cfg.model.calibration != "none":
+        raise ConfigError(f"data.calibration_holdout: model.calibration {cfg.model.calibration!r} is fit on "
+                          f"held-out rows; set a fraction > 0 (e.g. 0.05) or model.calibration: none")
     if d.row_filter is not None:
         known = {c.column for c in f.sparse} | {getattr(f.columns, k) for k in ("surface", "user_id", "item_id")}
         if d.row_filter.column not in known:

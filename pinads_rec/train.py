@@ -6,7 +6,8 @@
 Planner + DistributedModelParallel shard the embedding collections, ``TrainPipelineSparseDist``
 overlaps the next batch's copy and input all-to-all with the current step, an eval pass reports
 AUC / NE / log loss / calibration per surface x per task (with the oracle when the data has it), and
-``torch.distributed.checkpoint`` saves and resumes the run.
+``torch.distributed.checkpoint`` saves and resumes the run. At the end the calibration layers are fit
+on held-out training rows (data.calibration_holdout) with the backbone frozen.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -33,10 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pinads_rec import checkpoint, config, parallel  # noqa: E402
 from pinads_rec.data.batch import Batch  # noqa: E402
 from pinads_rec.data.contract import ContractError  # noqa: E402
-from pinads_rec.data.loader import make_loader  # noqa: E402
+from pinads_rec.data.loader import ParquetBatches, make_loader  # noqa: E402
 from pinads_rec.evaluate import MetricAccumulator, format_table  # noqa: E402
 from pinads_rec.models import build_model  # noqa: E402
 from pinads_rec.models.train_task import NonFiniteError, NonFiniteGuard, TrainTask, guard_gradients  # noqa: E402
+from pinads_rec.modules.calibration import Calibration  # noqa: E402
 from pinads_rec.modules.precision import PrecisionOverflow, fallback_count, set_precision  # noqa: E402
 
 log = logging.getLogger("pinads_rec.train")
@@ -85,34 +87,70 @@ def guard_of(dmp) -> NonFiniteGuard:
     return next(m for m in dmp.modules() if isinstance(m, NonFiniteGuard))
 
 
+def scoring_pass(dmp, env: parallel.Distributed, group, loader, what: str,
+                 spare: Optional[Batch] = None) -> Iterator[Tuple[Batch, torch.Tensor]]:
+    """Yields (batch, logits [B, T] on CPU) over one no-grad pass of ``loader``. Ranks that run out
+    early replay their last batch (or ``spare``, when they had none) with every row marked invalid,
+    so every rank takes part in every sharded forward; use ``batch.valid``."""
+    batches, last = iter(loader), spare
+    dmp.eval()
+    try:
+        with torch.no_grad():
+            while True:
+                batch = next(batches, None)
+                flag = torch.tensor([0 if batch is None else 1])
+                if group is not None:
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+                if not flag.item():
+                    break
+                if batch is None:
+                    if last is None:
+                        raise ContractError(f"rank {env.rank} got no {what} rows: fewer row groups than the "
+                                            f"{env.world_size} ranks")
+                    batch = dataclasses.replace(last, valid=torch.zeros_like(last.valid))
+                last = batch
+                _, (_, logits, _) = dmp(batch.to(env.device))
+                yield batch, logits.float().cpu()
+    finally:
+        dmp.train()
+
+
 def evaluate(dmp, cfg: config.ExperimentConfig, env: parallel.Distributed, group) -> List[dict]:
-    """One pass over the held-out files; ranks that run out early replay a batch marked invalid
-    so every rank takes part in every sharded forward."""
+    """AUC / NE / calibration per surface x task over the eval files, gathered over the ranks."""
     tasks = [t.name for t in cfg.features.tasks]
     has_oracle = all(t.true_probability_column for t in cfg.features.tasks)
     acc = MetricAccumulator(tasks, cfg.features.surfaces, has_oracle)
     loader = make_loader(cfg, cfg.data.eval_dir, env.rank, env.world_size, shuffle=False)
-    batches, last = iter(loader), None
-    dmp.eval()
-    with torch.no_grad():
-        while True:
-            batch = next(batches, None)
-            flag = torch.tensor([0 if batch is None else 1])
-            if group is not None:
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-            if not flag.item():
-                break
-            valid = batch is not None
-            batch = batch if valid else last
-            if batch is None:
-                raise ContractError(f"rank {env.rank} got no eval rows: {cfg.data.eval_dir} has fewer row "
-                                    f"groups than the {env.world_size} ranks")
-            last = batch
-            _, (_, logits, labels) = dmp(batch.to(env.device))
-            acc.update(torch.sigmoid(logits.float()).cpu(), labels.cpu(), batch.surface,
-                       batch.true_probs, valid=batch.valid & valid)
-    dmp.train()
+    for batch, logits in scoring_pass(dmp, env, group, loader, f"eval ({cfg.data.eval_dir})"):
+        acc.update(torch.sigmoid(logits), batch.labels, batch.surface, batch.true_probs, valid=batch.valid)
     return acc.compute()
+
+
+def calibrate(dmp, cfg: config.ExperimentConfig, env: parallel.Distributed, group) -> None:
+    """Fits the calibration layers on the backbone's logits over the held-out training rows
+    (data.calibration_holdout), gathered from every rank so all ranks fit the same maps."""
+    layer = next(m for m in dmp.modules() if isinstance(m, Calibration))
+    if layer.mode == "none":
+        return
+    layer.reset()  # identity: the pass below sees the raw logits
+    loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=False, part="holdout")
+    # The holdout may have fewer row groups than there are ranks: those without one replay a
+    # (masked) training batch in the collective forwards.
+    spare = next(iter(ParquetBatches(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=False,
+                                     drop_last=False, part="train")))
+    parts = [torch.cat([logits, batch.labels, batch.surface.unsqueeze(1).float()], dim=1)[batch.valid]
+             for batch, logits in scoring_pass(dmp, env, group, loader, "calibration holdout", spare)]
+    rows = torch.cat(parts)
+    if group is not None:
+        gathered = [None] * env.world_size
+        dist.all_gather_object(gathered, rows, group=group)
+        rows = torch.cat(gathered)
+    T = len(cfg.features.tasks)
+    layer.fit(rows[:, :T], rows[:, T:2 * T], rows[:, 2 * T].long())
+    if env.is_main:
+        log.info("calibration (%s) fit on %d held-out rows: scale %s, bias %s", layer.mode, rows.shape[0],
+                 [[round(v, 3) for v in r] for r in layer.scale.tolist()],
+                 [[round(v, 3) for v in r] for r in layer.bias.tolist()])
 
 
 def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
@@ -129,7 +167,7 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
     dmp = build(cfg, env, group=data_group)
     guard = guard_of(dmp)
     loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True,
-                         pin_memory=env.device.type == "cuda")
+                         pin_memory=env.device.type == "cuda", part="train")
     dataset = loader.dataset
     steps_per_epoch = max(dataset.num_rows // (cfg.data.batch_size * env.world_size), 1)
     total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
@@ -209,6 +247,7 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
     throughput = examples / elapsed if elapsed > 0 else 0.0
 
     pipeline.detach()
+    calibrate(dmp, cfg, env, data_group)
     checkpoint.save(run_dir, state, dmp, optimizer, schedule, cfg)
     rows = evaluate(dmp, cfg, env, data_group)
     summary = {"step": state.step, "train_examples_per_s": throughput, "train_seconds": elapsed,

@@ -15,7 +15,9 @@ from pinads_rec.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "configs" / "demo.yaml"
-ALL_CONFIGS = sorted((REPO / "configs").rglob("*.yaml")) + sorted((REPO / "configs").rglob("*.yml"))
+# Experiment configs; configs/ablations/ holds ablation files (each names experiment configs).
+ALL_CONFIGS = [p for p in sorted((REPO / "configs").rglob("*.y*ml")) if "ablations" not in p.parts]
+ABLATIONS = sorted((REPO / "configs" / "ablations").glob("*.yaml"))
 
 
 def demo_raw() -> dict:
@@ -365,6 +367,17 @@ def test_every_shipped_config_loads(path):
     cfg = config.load(path)
     assert isinstance(cfg, config.ExperimentConfig)
     assert dataclasses.is_dataclass(cfg) and cfg.features.tasks
+
+
+@pytest.mark.parametrize("path", ABLATIONS, ids=[p.name for p in ABLATIONS])
+def test_every_shipped_ablation_loads_with_valid_variants(path):
+    from pinads_rec.ablate import load_ablation
+
+    ab = load_ablation(str(path))
+    for quick in (False, True):
+        common = ab.overrides + (ab.quick if quick else [])
+        for v in ab.variants:
+            assert config.load(REPO / ab.base, common + v.overrides).features.tasks, v.name
 
 
 def test_configs_dir_is_not_empty():

@@ -182,3 +182,14 @@ def test_batches_name_their_row_groups(tiny_data):
     cfg, data = tiny_data
     batch = next(iter(ParquetBatches(cfg, f"{data}/train", shuffle=True)))
     assert "part-0000" in batch.source and "row group" in batch.source
+
+
+def test_calibration_holdout_is_the_last_row_groups_whatever_the_world_size(tiny_data):
+    cfg, data = tiny_data
+    held = load_tiny(data, ["data.calibration_holdout=0.25"])
+    every = ParquetBatches(held, f"{data}/train", shuffle=False).row_groups
+    for world in (1, 2):
+        train = ParquetBatches(held, f"{data}/train", world_size=world, part="train").row_groups
+        holdout = ParquetBatches(held, f"{data}/train", world_size=world, part="holdout").row_groups
+        assert train + holdout == every and holdout == every[-round(0.25 * len(every)):]
+    assert ParquetBatches(cfg, f"{data}/train", part="holdout").row_groups == every[-1:]  # at least one

@@ -66,7 +66,9 @@ def test_resume_on_another_world_size_restores_model_and_optimizer(tiny_data, tm
     assert any("momentum" in k for k in optimizer_keys), "fused embedding optimizer state is checkpointed"
     assert any(k.startswith("optimizer.state.dense.") for k in optimizer_keys)
     for key, value in saved.items():
-        if isinstance(value, torch.Tensor):
+        if ".calibration." in key:  # refit at the end of every run: same rows, summed in another order
+            assert torch.allclose(value, resaved[key], atol=1e-4), key
+        elif isinstance(value, torch.Tensor):
             assert torch.equal(value, resaved[key]), key
         else:
             assert value == resaved[key], key

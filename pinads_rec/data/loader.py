@@ -79,6 +79,20 @@ def list_row_groups(files: Sequence[str], cfg: ExperimentConfig) -> List[RowGrou
     return groups
 
 
+def select_part(groups: List[RowGroup], part: str, holdout: float, world_size: int, where: str) -> List[RowGroup]:
+    """``all`` the row groups, the ``train`` ones, or the calibration ``holdout``: the last
+    max(round(holdout x count), 1) in file order (the latest data when files are in time order).
+    The split does not depend on the world size, so a run resumed on another one trains on the same rows."""
+    if part == "all" or holdout == 0.0:
+        return groups
+    n = max(round(holdout * len(groups)), 1)
+    if n >= len(groups):
+        raise ContractError(f"{where}: {len(groups)} row group(s) cannot spare {n} for the calibration holdout "
+                            f"(data.calibration_holdout {holdout}) and still train; lower it or write smaller "
+                            f"row groups")
+    return groups[-n:] if part == "holdout" else groups[:-n]
+
+
 def assign_row_groups(groups: List[RowGroup], slot: int, num_slots: int, seed: int, epoch: int,
                       shuffle: bool) -> List[RowGroup]:
     """This slot's row groups for the epoch; slots partition the list exactly."""
@@ -92,14 +106,16 @@ class ParquetBatches(torch.utils.data.IterableDataset):
     """Iterates the batches of one rank; inside a DataLoader each worker takes its share."""
 
     def __init__(self, cfg: ExperimentConfig, directory: str, rank: int = 0, world_size: int = 1,
-                 shuffle: bool = True, batch_size: Optional[int] = None, drop_last: Optional[bool] = None):
+                 shuffle: bool = True, batch_size: Optional[int] = None, drop_last: Optional[bool] = None,
+                 part: str = "all"):
         super().__init__()
         self.drop_last = shuffle if drop_last is None else drop_last
         self.cfg = cfg
         self.features = cfg.features
         self.batch_size = batch_size or cfg.data.batch_size
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
-        self.row_groups = list_row_groups(list_files(directory), cfg)
+        self.row_groups = select_part(list_row_groups(list_files(directory), cfg), part,
+                                      cfg.data.calibration_holdout, world_size, directory)
         self.epoch = 0
         self.columns = [c.name for c in contract_columns(cfg.features)]
         self.checker = RowGroupChecker(cfg.features, cfg.data)
@@ -327,9 +343,9 @@ def _stack(table: pa.Table, names: List[str]) -> torch.Tensor:
 
 def make_loader(cfg: ExperimentConfig, directory: str, rank: int = 0, world_size: int = 1,
                 shuffle: bool = True, num_workers: Optional[int] = None, epoch: int = 0,
-                pin_memory: bool = False) -> torch.utils.data.DataLoader:
+                pin_memory: bool = False, part: str = "all") -> torch.utils.data.DataLoader:
     """A DataLoader over this rank's batches; workers read disjoint row groups in parallel."""
-    dataset = ParquetBatches(cfg, directory, rank, world_size, shuffle)
+    dataset = ParquetBatches(cfg, directory, rank, world_size, shuffle, part=part)
     dataset.set_epoch(epoch)
     workers = cfg.data.num_workers if num_workers is None else num_workers
     return torch.utils.data.DataLoader(

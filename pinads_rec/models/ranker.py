@@ -131,5 +131,4 @@ class UnifiedRanker(nn.Module):
         return raw, self.calibration(raw, batch.surface)
 
     def loss(self, raw: torch.Tensor, calibrated: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return engagement_loss(raw, calibrated, batch.labels, batch.valid, self.task_weights,
-                               calibrate=self.calibration.mode != "none")
+        return engagement_loss(raw, batch.labels, batch.valid, self.task_weights)
