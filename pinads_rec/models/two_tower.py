@@ -1,0 +1,364 @@
+"""The lightweight two-tower engagement ranker (two-tower GPU-serving article), for early-stage ranking.
+
+Data path, top to bottom:
+
+1. sparse arch: the same TorchRec collections as the unified ranker (``ebc`` per row, ``user_ebc``
+   once per request, ``ec`` for the sequence events once per request and the candidates' ids in
+   row order), so ``pinads_rec.parallel`` plans and shards it unchanged;
+2. **user tower**, once per request [U, ...]: user-side pooled features (``user_side: true``; those
+   looked up per row are read at the request's first row), user-side dense features
+   (``DenseFeatureConfig.user_side``, read at the first row), a surface embedding (the surface is a
+   property of the request), and every sequence group pooled per request by the ranker's
+   ``SequenceArch`` (a ``SequenceEncoder`` per group) without its candidate-dependent pooling
+   ("target" would let the candidate into the user vector). With
+   ``model.sequence.num_layers: 0`` and ``poolings: [mean]`` (configs/two_tower.yaml) that is the
+   light pooling: the masked mean of (event attributes + time-delta embedding), layer-normed;
+   ``num_layers > 0`` puts a Transformer in the user tower, still once per request;
+3. **ad tower**, per row [B, ...]: the candidate-side pooled features (incl. the candidate ids
+   looked up in the sequence tables, ``candidate.<name>`` keys) and candidate-side dense features;
+4. each tower: normalized inputs -> DCNv2 (torchrec ``LowRankCrossNet``) -> MMoE giving one
+   ``model.two_tower.embedding_dim`` vector per task: user [U, T, E], ad [B, T, E];
+5. score: per task, the dot product of the row's request's user vector (request-level
+   broadcasting by ``request_index``) and the row's ad vector, plus a per-(surface, task) bias ->
+   raw [B, T]; surface-specific calibration -> calibrated [B, T].
+
+Because the ad vector depends on the ad's features only, it can be precomputed:
+``export_ad_embeddings`` writes one row per item to Parquet, and ``score_with_ad_table`` scores a
+request from that table plus one user-tower pass -- N dot products instead of N dense-arch passes.
+The ad tower must see item features only: mark request/user features (user activity, the query,
+the related pin's topic...) ``user_side: true`` or the exported vector of an item depends on the
+request it happened to be seen in.
+
+Like ranker.py the module is plain (no DistributedModelParallel) and its ``scores`` is FX-traceable
+at the top level: every data-dependent step lives in a direct child without sharded tables, which
+``TrainPipelineSparseDist``'s tracer treats as a leaf (a ModuleDict's children would be traced
+into, hence one ``SequenceArch`` for all groups).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Tuple, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch import nn
+from torchrec.modules.crossnet import CrossNet, LowRankCrossNet
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+from pinads_rec.config import CANDIDATE_PREFIX, DCNConfig, FeaturesConfig, MMoEConfig, ModelConfig
+from pinads_rec.data.batch import Batch
+from pinads_rec.models.objective import engagement_loss
+from pinads_rec.models.ranker import embedding_bag_configs, embedding_configs
+from pinads_rec.modules.calibration import Calibration
+from pinads_rec.modules.dense_norm import DenseNormalization
+from pinads_rec.modules.mmoe import MMoE
+from pinads_rec.modules.precision import LargeLayer
+from pinads_rec.modules.sequence import SequenceArch
+
+SURFACE_EMBEDDING_DIM = 8
+
+
+class FirstRowOfRequest(nn.Module):
+    """request_index [B] -> [U] the first row of each request slot (user-side values carried per row
+    are read there). A submodule because it needs U as a Python int: a leaf for FX tracing."""
+
+    def forward(self, request_index: torch.Tensor) -> torch.Tensor:
+        B = request_index.shape[0]
+        U = int(request_index.max()) + 1 if B else 0
+        rows = torch.arange(B, device=request_index.device)
+        return torch.full((U,), B, dtype=torch.int64, device=request_index.device).scatter_reduce(
+            0, request_index, rows, reduce="amin")
+
+
+class Tower(nn.Module):
+    """One tower: DCNv2 cross network then MMoE with one E-wide output per task.
+    In: [N, D]. Out: [N, T, E]."""
+
+    def __init__(self, width: int, num_tasks: int, embedding_dim: int, dcn: DCNConfig, mmoe: MMoEConfig):
+        super().__init__()
+        self.cross = LargeLayer(LowRankCrossNet(width, dcn.num_layers, dcn.low_rank) if dcn.low_rank
+                                else CrossNet(width, dcn.num_layers))
+        # The MMoE's per-task tower outputs ("one logit per surface" in the ranker) are here the
+        # task's embedding_dim-wide vector.
+        self.mmoe = MMoE(width, num_tasks, embedding_dim, mmoe.num_experts, mmoe.expert_dims, mmoe.tower_dims)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mmoe(self.cross(x))
+
+
+class TwoTowerRanker(nn.Module):
+    def __init__(self, features: FeaturesConfig, model: ModelConfig, device: torch.device = None):
+        super().__init__()
+        self.features = features
+        tt = model.two_tower
+        num_tasks, num_surfaces = len(features.tasks), len(features.surfaces)
+        self.embedding_dim = tt.embedding_dim
+
+        # Sparse arch: the ranker's tables, module names and keys (same plans, same sharders).
+        self.ebc = EmbeddingBagCollection(tables=embedding_bag_configs(features), device=device)
+        user_tables = embedding_bag_configs(features, user_side=True)
+        self.user_ebc = EmbeddingBagCollection(tables=user_tables, device=device) if user_tables else None
+        seq_tables = embedding_configs(features)
+        seq_dims = {t.embedding_dim for t in seq_tables}
+        if len(seq_dims) > 1:
+            raise ValueError(f"sequence tables must share one embedding_dim (an EmbeddingCollection "
+                             f"requirement); got {sorted(seq_dims)} for {[t.name for t in seq_tables]}")
+        self.ec = EmbeddingCollection(tables=seq_tables, device=device) if seq_tables else None
+        seq_dim = seq_dims.pop() if seq_dims else 0
+
+        # Which tower each feature feeds, fixed at build time (no data-dependent branches).
+        dims = {s.name: features.table(s.table).embedding_dim for s in features.sparse}
+        self.user_bag_keys = [s.name for s in features.user_sparse]  # [U] from user_ebc
+        self.user_row_keys = [s.name for s in features.row_sparse if s.user_side]  # [B] from ebc: first row
+        self.user_shared_keys = [s.name for s in features.shared_sparse if s.user_side]  # [B] from ec: first row
+        self.ad_bag_keys = [s.name for s in features.row_sparse if not s.user_side]
+        self.ad_shared_keys = [s.name for s in features.shared_sparse if not s.user_side]
+        at, user_cols, ad_cols = 0, [], []
+        for d in features.dense:
+            (user_cols if d.user_side else ad_cols).extend(range(at, at + d.dim))
+            at += d.dim
+        self.register_buffer("user_dense_cols", torch.tensor(user_cols, dtype=torch.int64), persistent=False)
+        self.register_buffer("ad_dense_cols", torch.tensor(ad_cols, dtype=torch.int64), persistent=False)
+        self.user_dense_norm = DenseNormalization([d for d in features.dense if d.user_side], model.resilient_bn)
+        self.ad_dense_norm = DenseNormalization([d for d in features.dense if not d.user_side], model.resilient_bn)
+
+        # Sequence pooling for the user tower: the candidate must not enter the user vector, so the
+        # per-row "target" pooling is dropped (mean pooling if nothing else is left).
+        # One module for all groups: a direct child without sharded tables is one leaf for the
+        # pipeline's tracer (the children of a ModuleDict would be traced into).
+        poolings = [p for p in model.sequence.poolings if p != "target"] or ["mean"]
+        user_seq = dataclasses.replace(model.sequence, poolings=poolings)
+        self.sequence_arch = (SequenceArch(features, user_seq, seq_dim, query_dim=0)
+                              if self.ec is not None and features.sequence_groups else None)
+        self.surface_embedding = nn.Embedding(num_surfaces, SURFACE_EMBEDDING_DIM)
+        self.first_row = FirstRowOfRequest()
+
+        user_width = (len(user_cols) + SURFACE_EMBEDDING_DIM
+                      + sum(dims[k] for k in self.user_bag_keys + self.user_row_keys + self.user_shared_keys)
+                      + (self.sequence_arch.output_dim if self.sequence_arch is not None else 0))
+        ad_width = len(ad_cols) + sum(dims[k] for k in self.ad_bag_keys + self.ad_shared_keys)
+        if ad_width == 0:
+            raise ValueError("two_tower: the ad tower has no input; declare candidate-side features "
+                             "(sparse or dense features without user_side: true)")
+        self.user_width, self.ad_width = user_width, ad_width
+        self.user_tower = Tower(user_width, num_tasks, tt.embedding_dim, tt.dcn, tt.mmoe)
+        self.ad_tower = Tower(ad_width, num_tasks, tt.embedding_dim, tt.dcn, tt.mmoe)
+        self.bias = nn.Parameter(torch.zeros(num_surfaces, num_tasks))  # per (surface, task)
+        self.calibration = Calibration(num_surfaces, num_tasks, model.calibration)
+        self.register_buffer("task_weights", torch.tensor([t.weight for t in features.tasks]), persistent=False)
+
+    # --- the training / evaluation interface (same as UnifiedRanker) ---------------------------
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Calibrated logits [B, T]."""
+        return self.scores(batch)[1]
+
+    def scores(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(raw, calibrated) logits [B, T]. Each sharded collection is called once (pipelining)."""
+        looked_up = self._lookup(batch, user=True, ad=True)
+        users = self._user_tower(batch, looked_up)
+        ads = self._ad_tower(batch, looked_up)
+        raw = self.combine(users, ads, batch.request_index, batch.surface)
+        return raw, self.calibration(raw, batch.surface)
+
+    def loss(self, raw: torch.Tensor, calibrated: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return engagement_loss(raw, batch.labels, batch.valid, self.task_weights)
+
+    # --- the towers on their own (export, serving) ---------------------------------------------
+
+    def user_embeddings(self, batch: Batch) -> torch.Tensor:
+        """[U, T, E]: one vector per task for each request of the batch."""
+        return self._user_tower(batch, self._lookup(batch, user=True, ad=False))
+
+    def ad_embeddings(self, batch: Batch) -> torch.Tensor:
+        """[B, T, E]: one vector per task for each row's candidate (surface-independent)."""
+        return self._ad_tower(batch, self._lookup(batch, user=False, ad=True))
+
+    def combine(self, users: torch.Tensor, ads: torch.Tensor, request_index: torch.Tensor,
+                surface: torch.Tensor) -> torch.Tensor:
+        """users [U, T, E], ads [B, T, E] -> raw logits [B, T]: per task, the row's request's user
+        vector . the row's ad vector + bias[surface, task]."""
+        return (users.index_select(0, request_index) * ads).sum(dim=-1) + self.bias.index_select(0, surface)
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _lookup(self, batch: Batch, user: bool, ad: bool) -> Dict[str, object]:
+        out: Dict[str, object] = {}
+        if (ad and self.ad_bag_keys) or (user and self.user_row_keys):
+            out["bags"] = self.ebc(batch.sparse).to_dict()
+        if user and self.user_ebc is not None:
+            out["users"] = self.user_ebc(batch.user_sparse).to_dict()
+        if self.ec is not None and (user or (ad and self.ad_shared_keys)):
+            out["events"] = self.ec(batch.sequences)
+        return out
+
+    def _user_tower(self, batch: Batch, looked_up: Dict[str, object]) -> torch.Tensor:
+        first = self.first_row(batch.request_index)  # [U]
+        # = arange(U): the user_sparse KJT may carry more (empty, padding) slots than requests.
+        slots = batch.request_index.index_select(0, first)
+        parts = [self.user_dense_norm(batch.dense.index_select(0, first).index_select(1, self.user_dense_cols)),
+                 self.surface_embedding(batch.surface.index_select(0, first))]
+        # By name, in config order: a sharded collection returns its keys grouped by sharding.
+        parts += [looked_up["users"][k].index_select(0, slots) for k in self.user_bag_keys]
+        parts += [looked_up["bags"][k].index_select(0, first) for k in self.user_row_keys]
+        if self.ec is not None:
+            events = looked_up["events"]
+            parts += [events[CANDIDATE_PREFIX + k].values().index_select(0, first) for k in self.user_shared_keys]
+        if self.sequence_arch is not None:  # per request: "broadcast" to the slots themselves
+            parts.append(self.sequence_arch(looked_up["events"], batch.sequence_time_deltas,
+                                            batch.sequence_embeddings, slots, None))
+        return self.user_tower(torch.cat(parts, dim=1))
+
+    def _ad_tower(self, batch: Batch, looked_up: Dict[str, object]) -> torch.Tensor:
+        parts = [self.ad_dense_norm(batch.dense.index_select(1, self.ad_dense_cols))]
+        parts += [looked_up["bags"][k] for k in self.ad_bag_keys]
+        if self.ad_shared_keys:  # candidate ids looked up in a sequence table: [B, D] in row order
+            events = looked_up["events"]
+            parts += [events[CANDIDATE_PREFIX + k].values() for k in self.ad_shared_keys]
+        return self.ad_tower(torch.cat(parts, dim=1))
+
+
+# --------------------------------------------------------------------------------------------
+# Precomputed ad embeddings: export, load, serve.
+# --------------------------------------------------------------------------------------------
+
+
+def _unwrap(model: nn.Module) -> TwoTowerRanker:
+    """The TwoTowerRanker inside a train task (``.model``) or a DMP wrapper (``.module``)."""
+    seen = model
+    for _ in range(4):
+        if isinstance(seen, TwoTowerRanker):
+            return seen
+        inner = getattr(seen, "model", None)
+        seen = inner if isinstance(inner, nn.Module) else getattr(seen, "module", None)
+    raise TypeError(f"expected a TwoTowerRanker (or a wrapper of one), got {type(model).__name__}")
+
+
+def item_ids(model: TwoTowerRanker, batch: Batch) -> torch.Tensor:
+    """[B] int64: each row's candidate id as its embedding table sees it (after ``hash: true``), read
+    from the sparse feature whose column is ``features.columns.item_id``."""
+    f = model.features
+    feature = next((s for s in f.sparse if s.column == f.columns.item_id), None)
+    if feature is None:
+        raise ValueError(f"two_tower export needs a sparse feature reading the item column "
+                         f"{f.columns.item_id!r} (features.sparse[*].column)")
+    if feature.name in {s.name for s in f.shared_sparse}:
+        ids = batch.sequences[CANDIDATE_PREFIX + feature.name].values()
+    else:
+        ids = batch.sparse[feature.name].values()
+    if ids.shape[0] != batch.batch_size:
+        raise ValueError(f"feature {feature.name!r}: expected one item id per row, got {ids.shape[0]} ids "
+                         f"for {batch.batch_size} rows")
+    return ids
+
+
+def export_ad_embeddings(model: nn.Module, batches: Iterable[Batch], path: Union[str, Path]) -> int:
+    """Writes the ad tower's vectors of every distinct item seen in ``batches`` to a Parquet file.
+
+    ``model``: a TwoTowerRanker (or a train task / unsharded wrapper of one) with its trained weights;
+    ``batches``: e.g. ``ParquetBatches(cfg, directory, shuffle=False)``; ``path``: the file to write.
+    Columns: ``item_id`` (int64, sorted, unique) and one ``fixed_size_list<float32, E>`` column per
+    task, named after the task; the schema metadata ``pinads_rec`` holds {"tasks", "embedding_dim"}.
+    An item seen in several rows keeps its first row's vector (the ad tower reads item features only,
+    so every row gives the same one). Runs in eval mode (batch norms use running statistics), then
+    restores the model's mode. Returns the number of items written. Meant for an unsharded model in
+    one process (e.g. loaded from a checkpoint); on a DMP-sharded one every rank must pass the same
+    number of batches and write its own path.
+    """
+    tt = _unwrap(model)
+    was_training = tt.training
+    tt.eval()
+    ids_seen: Dict[int, int] = {}
+    chunks_ids: List[np.ndarray] = []
+    chunks_vec: List[np.ndarray] = []
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                ids = item_ids(tt, batch).cpu().numpy()
+                keep_rows = batch.valid.cpu().numpy().copy()
+                # First occurrence per item, within the batch and across batches.
+                _, first = np.unique(ids, return_index=True)
+                is_first = np.zeros(len(ids), bool)
+                is_first[first] = True
+                keep_rows &= is_first & np.array([int(i) not in ids_seen for i in ids], bool)
+                # Every batch goes through the ad tower, even one without new items: on a sharded
+                # model every rank must make the same collective calls.
+                vectors = tt.ad_embeddings(batch).float().cpu().numpy()[keep_rows]  # [n, T, E]
+                for i in ids[keep_rows]:
+                    ids_seen[int(i)] = len(ids_seen)
+                chunks_ids.append(ids[keep_rows].astype(np.int64))
+                chunks_vec.append(vectors)
+    finally:
+        tt.train(was_training)
+    T, E = len(tt.features.tasks), tt.embedding_dim
+    all_ids = np.concatenate(chunks_ids) if chunks_ids else np.zeros(0, np.int64)
+    all_vec = np.concatenate(chunks_vec) if chunks_vec else np.zeros((0, T, E), np.float32)
+    order = np.argsort(all_ids, kind="stable")
+    all_ids, all_vec = all_ids[order], np.ascontiguousarray(all_vec[order], dtype=np.float32)
+    columns = {"item_id": pa.array(all_ids, pa.int64())}
+    for t, task in enumerate(tt.features.tasks):
+        flat = pa.array(np.ascontiguousarray(all_vec[:, t, :]).reshape(-1), pa.float32())
+        columns[task.name] = pa.FixedSizeListArray.from_arrays(flat, E)
+    meta = {"tasks": [t.name for t in tt.features.tasks], "embedding_dim": E}
+    table = pa.table(columns).replace_schema_metadata({"pinads_rec": json.dumps(meta)})
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, str(path))
+    return len(all_ids)
+
+
+@dataclass
+class AdTable:
+    """Precomputed ad vectors in memory: ``ids`` [N] int64 sorted, ``vectors`` [N, T, E] float32."""
+
+    ids: torch.Tensor
+    vectors: torch.Tensor
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """[B] item ids -> [B, T, E]; an id missing from the table is a KeyError naming it."""
+        pos = torch.searchsorted(self.ids, ids).clamp(max=max(len(self.ids) - 1, 0))
+        found = self.ids.index_select(0, pos) == ids if len(self.ids) else torch.zeros_like(ids, dtype=torch.bool)
+        if not bool(found.all()):
+            missing = ids[~found].unique()[:5].tolist()
+            raise KeyError(f"{int((~found).sum())} row(s) have items missing from the ad table, e.g. {missing}: "
+                           f"export the embeddings of every item you score")
+        return self.vectors.index_select(0, pos)
+
+
+def load_ad_table(source: Union[str, Path, pa.Table], tasks: Optional[List[str]] = None) -> AdTable:
+    """Reads a table written by ``export_ad_embeddings`` (path or pyarrow Table); checks the tasks."""
+    table = source if isinstance(source, pa.Table) else pq.read_table(str(source))
+    meta = json.loads((table.schema.metadata or {}).get(b"pinads_rec", b"{}"))
+    names = meta.get("tasks") or [n for n in table.column_names if n != "item_id"]
+    if tasks is not None and list(tasks) != list(names):
+        raise ValueError(f"ad table has tasks {names}, the model {list(tasks)}")
+    ids = torch.from_numpy(table.column("item_id").to_numpy().astype(np.int64))
+    per_task = []
+    for name in names:
+        col = table.column(name).combine_chunks()
+        E = col.type.list_size
+        per_task.append(col.flatten().to_numpy(zero_copy_only=False).reshape(-1, E))
+    vectors = torch.from_numpy(np.stack(per_task, axis=1).astype(np.float32))  # [N, T, E]
+    if len(ids) > 1 and not bool((ids[1:] > ids[:-1]).all()):
+        order = torch.argsort(ids)
+        ids, vectors = ids[order], vectors[order]
+    return AdTable(ids, vectors)
+
+
+def score_with_ad_table(model: nn.Module, batch: Batch,
+                        table: Union[AdTable, str, Path, pa.Table]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(raw, calibrated) logits [B, T] from precomputed ad vectors: one user-tower pass per request,
+    then per row a table lookup and T dot products. Equals ``model.scores(batch)`` in eval mode (up
+    to float rounding). Pass an ``AdTable`` (``load_ad_table``) to avoid re-reading the file."""
+    tt = _unwrap(model)
+    if not isinstance(table, AdTable):
+        table = load_ad_table(table, [t.name for t in tt.features.tasks])
+    users = tt.user_embeddings(batch)  # [U, T, E]
+    ads = table.lookup(item_ids(tt, batch)).to(users.device)  # [B, T, E]
+    raw = tt.combine(users, ads, batch.request_index, batch.surface)
+    return raw, tt.calibration(raw, batch.surface)
