@@ -128,16 +128,16 @@ def test_plain_batchnorm_blows_up_where_resilient_does_not():
     """The failure the module exists for: running variance collapses on a zero-filled stretch, then
     healthy values come back (eval / serving) and are divided by ~sqrt(eps)."""
     bn, rbn = nn.BatchNorm1d(1), ResilientBatchNorm1d(1)
-    healthy = lambda s: _batch(columns=1, seed=s, shift=5.0)  # noqa: E731
-    for i in range(30):
+    healthy = lambda s: _batch(n=64, columns=1, seed=s, shift=5.0)  # noqa: E731
+    for i in range(10):
         bn(healthy(i))
         rbn(healthy(i))
-    for _ in range(100):  # the feature is absent: default 0 for every row
-        bn(torch.zeros(256, 1))
-        rbn(torch.zeros(256, 1))
+    for _ in range(60):  # the feature is absent: default 0 for every row (running var -> 0.9^60)
+        bn(torch.zeros(64, 1))
+        rbn(torch.zeros(64, 1))
     bn.eval(), rbn.eval()
     probe = healthy(99)
-    assert bn(probe).abs().max().item() > 1000
+    assert bn(probe).abs().max().item() > 100
     assert rbn(probe).abs().max().item() < 10
 
 
@@ -145,7 +145,8 @@ def test_fx_traceable():
     rbn = _warm(ResilientBatchNorm1d(3))
     traced = torch.fx.symbolic_trace(rbn)
     # The buffers are graph inputs (get_attr), not constants frozen at trace time.
-    assert {"running_mean", "running_var", "initialized"} <= {n.target for n in traced.graph.nodes if n.op == "get_attr"}
+    graph_inputs = {n.target for n in traced.graph.nodes if n.op == "get_attr"}
+    assert {"running_mean", "running_var", "initialized"} <= graph_inputs
     reference = ResilientBatchNorm1d(3)
     reference.load_state_dict(rbn.state_dict())
     x = _batch(seed=50)

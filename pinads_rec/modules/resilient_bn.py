@@ -16,8 +16,9 @@ In training, per column c:
 
 3. every other column takes BatchNorm's momentum update:
    ``rm_c <- (1 - momentum) rm_c + momentum m_c``, ``rv_c <- (1 - momentum) rv_c + momentum v_c``;
-4. the input is normalized with the **running** statistics, in training as in eval:
-   ``y = (x - rm) / sqrt(rv + eps)``, then scaled and shifted (``weight``, ``bias``).
+4. the input is normalized with the **running** statistics (in training: as updated by this batch,
+   the article's order of steps), in training as in eval: ``y = (x - rm) / sqrt(rv + eps)``, then
+   scaled and shifted (``weight``, ``bias``).
 
 First batches: a column's running statistics are uninitialized (``initialized[c]`` False) until
 the first batch whose variance passes the minimal-variance check; that batch's mean and variance
