@@ -12,8 +12,8 @@ loss) stays float32. A ``LargeLayer`` takes and returns float32, so the choice i
 
 FP16 has a narrow range: the DCNv2 cross layer overflows on inputs of a few hundred. Every FP16
 output is checked; an inf/NaN either raises ``PrecisionOverflow`` naming the layer or, with
-``fp16_overflow: bf16``, the layer is re-run in BF16 and the fallback counted -- never a silent
-inf/NaN score. (BF16 has float32's range: it degrades precision, not availability.)
+``fp16_overflow: bf16``, the layer is re-run in BF16, counted, and stays in BF16 from then on --
+never a silent inf/NaN score. (BF16 has float32's range: it degrades precision, not availability.)
 """
 
 from typing import Dict, Tuple
@@ -47,17 +47,18 @@ class LargeLayer(nn.Module):
                     f"{self.layer_name}: FP16 overflow (inf/NaN output, max |input| "
                     f"{max(float(a.abs().max()) for a in args if a.is_floating_point()):.3g}); use precision bf16, "
                     f"or set model.precision.fp16_overflow: bf16 to redo such layers in BF16")
+            # This layer runs in BF16 from now on (its weights too, when they were cast to FP16).
             self.fallbacks += 1
+            self.dtype = torch.bfloat16
+            if next(self.module.parameters()).dtype == torch.float16:
+                self.module.to(torch.bfloat16)
             out = self._run(torch.bfloat16, args)
         return out
 
     def _run(self, dtype: torch.dtype, args: Tuple[torch.Tensor, ...]) -> torch.Tensor:
-        weight_dtype = next(self.module.parameters()).dtype
-        if weight_dtype == dtype:  # inference: weights already cast
+        if next(self.module.parameters()).dtype == dtype:  # inference: weights already cast
             return self.module(*(a.to(dtype) if a.is_floating_point() else a for a in args)).float()
-        if weight_dtype != torch.float32:  # cast for another dtype (the FP16 -> BF16 fallback)
-            args = tuple(a.to(weight_dtype) if a.is_floating_point() else a for a in args)
-        with torch.autocast(device_type=args[0].device.type, dtype=dtype):
+        with torch.autocast(device_type=args[0].device.type, dtype=dtype):  # float32 master weights
             return self.module(*args).float()
 
 
