@@ -53,6 +53,8 @@ class LargeLayer(nn.Module):
             if next(self.module.parameters()).dtype == torch.float16:
                 self.module.to(torch.bfloat16)
             out = self._run(torch.bfloat16, args)
+            if not bool(torch.isfinite(out).all()):  # not a range problem: a non-finite input
+                raise PrecisionOverflow(f"{self.layer_name}: non-finite output in BF16 too (non-finite input?)")
         return out
 
     def _run(self, dtype: torch.dtype, args: Tuple[torch.Tensor, ...]) -> torch.Tensor:

@@ -21,12 +21,19 @@ from torch import nn
 def _attend(q: torch.Tensor, keys: torch.Tensor, events: torch.Tensor, mask: torch.Tensor,
             request_index: torch.Tensor) -> torch.Tensor:
     """q [B, d] per candidate; keys, events [U, L, d]; mask [U, L]. Returns [B, d]."""
-    rows = torch.bincount(request_index, minlength=events.shape[0])
+    U = events.shape[0]
+    rows = torch.bincount(request_index, minlength=U)
     offsets = torch.cat([rows.new_zeros(1), rows.cumsum(0)])
-    q = torch.ops.fbgemm.jagged_to_padded_dense(q, [offsets], [int(rows.max())], 0.0)  # [U, C, d]
+    # .item(), not int(): torch.export keeps the width symbolic instead of failing on it.
+    C = rows.max().item()
+    q = torch.ops.fbgemm.jagged_to_padded_dense(q, [offsets], [C], 0.0)  # [U, C, d]
     scores = torch.bmm(q, keys.transpose(1, 2)).masked_fill(~mask.unsqueeze(1), float("-inf"))  # [U, C, L]
     weights = torch.cat([scores, torch.zeros_like(scores[..., :1])], dim=-1).softmax(dim=-1)[..., :-1]
-    return torch.ops.fbgemm.dense_to_jagged(torch.bmm(weights, events), [offsets])[0]
+    out = torch.bmm(weights, events)  # [U, C, d]
+    # Back to rows by a gather (row b sits at slot (request, position in its request)); fbgemm's
+    # dense_to_jagged returns a tensor list the torch.export .pt2 serializer cannot round-trip.
+    slot = request_index * C + torch.arange(request_index.shape[0], device=q.device) - offsets.index_select(0, request_index)
+    return out.reshape(U * C, -1).index_select(0, slot)
 
 
 # The padding width depends on the batch: keep this call opaque to FX tracing (train pipeline).
@@ -42,4 +49,7 @@ class TargetAttention(nn.Module):
 
     def forward(self, query: torch.Tensor, events: torch.Tensor, mask: torch.Tensor,
                 request_index: torch.Tensor) -> torch.Tensor:
-        return _attend(self.query(query) * self.scale, self.key(events), events, mask, request_index)
+        # A batched matmul, not self.key(events): nn.Linear checks the contiguity of this [U, L, d]
+        # slice of the encoder output, which torch.export turns into a U != 1 guard (no single requests).
+        keys = torch.baddbmm(self.key.bias.view(1, 1, -1), events, self.key.weight.t().expand(events.shape[0], -1, -1))
+        return _attend(self.query(query) * self.scale, keys, events, mask, request_index)

@@ -1,0 +1,248 @@
+"""Serving (pinads_rec/serve.py): a checkpoint written by a real 2-rank training run loads into the
+unsharded model and reproduces the trainer's eval; broadcasting on/off, one request vs the batch,
+an exported program reloaded in a fresh process, BF16 vs FP32, and FP16 overflow detection.
+
+One 2-rank training launch per module (row-wise sharded tables, so every table is split across the
+ranks' shards and the load really reassembles them)."""
+
+import copy
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from conftest import REPO, load_tiny
+from multiprocess import run_ranks
+
+pytestmark = pytest.mark.slow
+
+
+def _train(rank, world, result_dir, data_dir, run_dir):
+    from pinads_rec import parallel, train
+
+    cfg = load_tiny(data_dir, [f"train.run_dir={run_dir}", "train.max_steps=8", "train.lr=0.003",
+                               "train.warmup_steps=2", "train.sharding_types=[row_wise]"])
+    summary = train.train(cfg, parallel.init_distributed())
+    if rank == 0:
+        with open(os.path.join(result_dir, "eval.json"), "w") as f:
+            json.dump(summary["eval"], f, default=float)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_data, tmp_path_factory):
+    """(run_dir, the trainer's eval rows, tiny data dir)."""
+    _, data_dir = tiny_data
+    tmp = tmp_path_factory.mktemp("serve_run")
+    run_dir = str(tmp / "run")
+    result_dir = run_ranks(_train, 2, str(tmp), str(data_dir), run_dir, timeout_s=300)
+    with open(os.path.join(result_dir, "eval.json")) as f:
+        return run_dir, json.load(f), str(data_dir)
+
+
+@pytest.fixture(scope="module")
+def fp32(trained):
+    from pinads_rec.serve import Predictor
+
+    return Predictor.from_run(trained[0], precision="fp32")
+
+
+@pytest.fixture(scope="module")
+def fp32_eval(trained, fp32):
+    """One FP32 pass over the eval files (broadcasting on): (probs, labels, surface, batch sizes)."""
+    probs, labels, surface, sizes = [], [], [], []
+    for batch in _batches(fp32.cfg, os.path.join(trained[2], "eval")):
+        probs.append(fp32.score_batch(batch)[batch.valid])
+        labels.append(batch.labels[batch.valid])
+        surface.append(batch.surface[batch.valid])
+        sizes.append((batch.batch_size, batch.num_requests))
+    return torch.cat(probs), torch.cat(labels), torch.cat(surface), sizes
+
+
+def _metrics(cfg, probs, labels, surface):
+    from pinads_rec.evaluate import MetricAccumulator
+
+    acc = MetricAccumulator([t.name for t in cfg.features.tasks], cfg.features.surfaces, has_oracle=False)
+    acc.update(probs, labels, surface)
+    return acc.compute()
+
+
+def _batches(cfg, directory, broadcast=True, batch_size=None):
+    from pinads_rec.data.loader import ParquetBatches
+
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, broadcast=broadcast))
+    return ParquetBatches(cfg, directory, shuffle=False, batch_size=batch_size, drop_last=False)
+
+
+def _score_all(predictor, directory, broadcast=True):
+    """Probabilities of every valid row, in loader order, plus the batches' (rows, users) sizes."""
+    probs, sizes = [], []
+    for batch in _batches(predictor.cfg, directory, broadcast):
+        probs.append(predictor.score_batch(batch)[batch.valid])
+        sizes.append((batch.batch_size, batch.num_requests))
+    return torch.cat(probs), sizes
+
+
+def _request_rows(data_dir, count):
+    """Raw rows (as in the file, before the contract's repairs) of the first ``count`` requests of
+    the first eval file, one Arrow table each, the first one cut to a single candidate."""
+    table = pq.read_table(sorted((p for p in os.scandir(os.path.join(data_dir, "eval"))), key=lambda p: p.name)[0].path)
+    req = table.column("request_id").to_numpy()
+    starts = np.flatnonzero(np.concatenate([[True], req[1:] != req[:-1]]))
+    ends = np.append(starts[1:], len(req))
+    out = [table.slice(s, e - s) for s, e in zip(starts[:count], ends[:count])]
+    out[0] = out[0].slice(0, 1)
+    return out
+
+
+def test_checkpoint_loads_unsharded_and_reproduces_the_trainers_eval(trained, fp32, fp32_eval):
+    from pinads_rec.models.ranker import UnifiedRanker
+
+    run_dir, trainer_rows, data_dir = trained
+    model = fp32.model
+    assert isinstance(model, UnifiedRanker) and not model.training
+    # Full-shape plain tensors, and trained (the row-wise shards were reassembled, not left at init).
+    table = model.ec.embeddings["item"].weight
+    assert type(table) is torch.nn.Parameter and table.shape[0] == fp32.cfg.features.table("item").num_embeddings
+    fresh = UnifiedRanker(fp32.cfg.features, fp32.cfg.model)
+    assert not torch.equal(fresh.cross.module.W_kernels[0], model.cross.module.W_kernels[0])
+    ours = _metrics(fp32.cfg, *fp32_eval[:3])
+    assert len(ours) == len(trainer_rows) == 12
+    for mine, theirs in zip(ours, trainer_rows):
+        assert (mine["surface"], mine["task"], mine["examples"]) == (theirs["surface"], theirs["task"], theirs["examples"])
+        assert mine["auc"] == pytest.approx(theirs["auc"], abs=1e-4, nan_ok=True), mine
+        assert mine["log_loss"] == pytest.approx(theirs["log_loss"], rel=1e-5), mine
+        assert mine["calibration"] == pytest.approx(theirs["calibration"], rel=1e-5, nan_ok=True), mine
+
+
+def test_broadcasting_on_and_off_give_the_same_scores(trained, fp32, fp32_eval):
+    on, on_sizes = fp32_eval[0], fp32_eval[3]
+    off, off_sizes = _score_all(fp32, os.path.join(trained[2], "eval"), broadcast=False)
+    assert all(users < rows for rows, users in on_sizes[:-1]), "broadcasting: fewer users than rows"
+    assert all(users == rows for rows, users in off_sizes), "no broadcasting: one user slot per row"
+    assert on.shape == off.shape and on.shape[0] > 1000
+    assert float((on - off).abs().max()) < 1e-5
+
+
+def test_score_request_equals_batch_scoring_and_the_cli_output(trained, fp32, tmp_path):
+    from pinads_rec import serve
+
+    run_dir, _, data_dir = trained
+    out = tmp_path / "predictions.parquet"
+    assert serve.main(["score", "--run", run_dir, "--data", os.path.join(data_dir, "eval"), "--out", str(out),
+                       "--precision", "fp32"]) == 0
+    written = pq.read_table(out)
+    total = sum(pq.ParquetFile(p.path).metadata.num_rows for p in os.scandir(os.path.join(data_dir, "eval")))
+    assert written.num_rows == total, "every row once, padding rows not written"
+    assert written.column_names == ["request_id", "item_id", "surface", "p_click", "p_good_click", "p_save"]
+    assert set(written.column("surface").to_pylist()) <= set(fp32.cfg.features.surfaces)
+    by_key = {(r, i): row for r, i, row in zip(written.column("request_id").to_pylist(), written.column("item_id").to_pylist(),
+                                              np.stack([written.column(f"p_{t}").to_numpy() for t in fp32.tasks], 1))}
+    for request in _request_rows(data_dir, 4):
+        labels = [t.label_column for t in fp32.cfg.features.tasks] + [t.true_probability_column for t in fp32.cfg.features.tasks]
+        served = request.drop_columns(labels)  # a live request has no labels
+        probs = fp32.score_request(served)
+        assert probs.shape == (request.num_rows, 3)
+        batch = fp32.request_batch(served)
+        assert batch.num_requests == 1, "U = 1: the user-side work runs once for the request"
+        expected = np.stack([by_key[(r, i)] for r, i in zip(request.column("request_id").to_pylist(),
+                                                            request.column("item_id").to_pylist())])
+        assert np.abs(probs.numpy() - expected).max() < 1e-5
+    with pytest.raises(ValueError, match="one request"):
+        fp32.score_request(pa.concat_tables(_request_rows(data_dir, 2)))
+
+
+def test_export_reloads_in_a_fresh_process_with_the_same_scores(trained, tmp_path):
+    from pinads_rec import serve
+
+    run_dir, _, data_dir = trained
+    path = serve.export_run(run_dir, tmp_path / "model.pt2", os.path.join(data_dir, "eval"), precision="bf16")
+    eager = serve.Predictor.from_run(run_dir, precision="bf16")
+    requests = _request_rows(data_dir, 3)
+    for i, r in enumerate(requests):
+        pq.write_table(r, tmp_path / f"request-{i}.parquet")
+    batch = next(iter(_batches(eager.cfg, os.path.join(data_dir, "eval"), batch_size=200)))
+    torch.save(batch, tmp_path / "batch.pt")
+    script = f"""
+import json, sys, torch, pyarrow.parquet as pq
+sys.path.insert(0, {REPO!r})
+from pinads_rec.serve import load_exported
+scorer = load_exported({str(path)!r})
+out = {{"batch": scorer.score_batch(torch.load({str(tmp_path / 'batch.pt')!r}, weights_only=False)).tolist(),
+        "requests": [scorer.score_request(pq.read_table({str(tmp_path)!r} + f"/request-{{i}}.parquet")).tolist()
+                     for i in range({len(requests)})]}}
+json.dump(out, open({str(tmp_path / 'out.json')!r}, "w"))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / "out.json") as f:
+        got = json.load(f)
+    expected = eager.score_batch(batch)
+    assert torch.tensor(got["batch"]).shape == expected.shape
+    assert float((torch.tensor(got["batch"]) - expected).abs().max()) < 1e-5
+    assert [len(r) for r in got["requests"]] == [r.num_rows for r in requests] and requests[0].num_rows == 1
+    for rows, r in zip(got["requests"], requests):
+        assert float((torch.tensor(rows) - eager.score_request(r)).abs().max()) < 1e-5
+
+
+def test_bf16_inference_is_close_to_fp32(trained, fp32, fp32_eval):
+    from pinads_rec.serve import Predictor
+
+    bf16 = Predictor.from_run(trained[0], precision="bf16")
+    assert bf16.model.cross.module.W_kernels[0].dtype == torch.bfloat16  # a large layer, cast once
+    assert bf16.model.calibration.scale.dtype == torch.float32  # small layers stay FP32
+    a, labels, surface, _ = fp32_eval
+    b, _ = _score_all(bf16, os.path.join(trained[2], "eval"))
+    assert torch.isfinite(b).all()
+    assert float((a - b).abs().max()) < 0.02 and float((a - b).abs().mean()) < 2e-3
+    ours, theirs = _metrics(fp32.cfg, a, labels, surface), _metrics(bf16.cfg, b, labels, surface)
+    for x, y in zip(ours, theirs):
+        if x["positives"] >= 20:
+            assert abs(x["auc"] - y["auc"]) < 0.01, (x, y)
+
+
+def test_fp16_overflow_is_detected_never_a_silent_nan(trained, fp32):
+    from pinads_rec.modules.precision import PrecisionOverflow, fallback_count
+    from pinads_rec.serve import Predictor, prepare
+
+    batch = next(iter(_batches(fp32.cfg, os.path.join(trained[2], "eval"))))
+    fp16 = Predictor(copy.deepcopy(fp32.model), fp32.cfg)
+    prepare(fp16.model, "fp16", fp16_overflow="error")
+    assert torch.isfinite(fp16.score_batch(batch)).all()  # ordinary input: FP16 is fine
+    # Crafted request: pretrained event embeddings far beyond FP16's range (max 65504).
+    crafted = dataclasses.replace(batch, sequence_embeddings={k: v * 1e6 for k, v in batch.sequence_embeddings.items()})
+    with pytest.raises(PrecisionOverflow, match="transformer: FP16 overflow"):
+        fp16.score_batch(crafted)
+    # The articles' case: the DCNv2 cross layer overflows inside (inputs of a few hundred are in range).
+    cross = fp16.model.cross
+    x = 300.0 * torch.ones(8, cross.module.W_kernels[0].shape[0])
+    with pytest.raises(PrecisionOverflow, match="cross: FP16 overflow"):
+        cross(x)
+    prepare(fp16.model, "fp16", fp16_overflow="bf16")
+    before = fallback_count(fp16.model)
+    y = cross(x)
+    assert fallback_count(fp16.model) == before + 1, "the layer was redone in BF16, and counted"
+    assert torch.isfinite(y).all()
+    bf16 = copy.deepcopy(fp32.model)
+    prepare(bf16, "bf16")
+    reference = bf16.cross(x)
+    assert float((y - reference).norm() / reference.norm()) < 0.05  # what BF16 inference gives
+
+
+def test_fp16_fallback_scores_a_crafted_request(trained, fp32):
+    from pinads_rec.modules.precision import fallback_count
+    from pinads_rec.serve import Predictor, prepare
+
+    batch = next(iter(_batches(fp32.cfg, os.path.join(trained[2], "eval"))))
+    crafted = dataclasses.replace(batch, sequence_embeddings={k: v * 1e6 for k, v in batch.sequence_embeddings.items()})
+    fp16 = Predictor(copy.deepcopy(fp32.model), fp32.cfg)
+    prepare(fp16.model, "fp16", fp16_overflow="bf16")
+    probs = fp16.score_batch(crafted)
+    assert fallback_count(fp16.model) >= 1, "the overflowing Transformer was redone in BF16, and counted"
+    assert torch.isfinite(probs).all()
