@@ -61,22 +61,29 @@ def embedding_configs(features: FeaturesConfig) -> List[EmbeddingConfig]:
     return out
 
 
+def sparse_collections(features: FeaturesConfig, device: torch.device = None):
+    """The sparse arch every model shares, (ebc, user_ebc, ec, sequence width): the pooled row
+    features, the pooled user features (None without any), and the sequence + shared-candidate
+    lookups (None without sequence groups). Models keep them under these names, so plans, sharders
+    and constraints apply to all models alike."""
+    ebc = EmbeddingBagCollection(tables=embedding_bag_configs(features), device=device)
+    user_tables = embedding_bag_configs(features, user_side=True)
+    user_ebc = EmbeddingBagCollection(tables=user_tables, device=device) if user_tables else None
+    seq_tables = embedding_configs(features)
+    seq_dims = {t.embedding_dim for t in seq_tables}
+    if len(seq_dims) > 1:
+        raise ValueError(f"sequence tables must share one embedding_dim (an EmbeddingCollection "
+                         f"requirement); got {sorted(seq_dims)} for {[t.name for t in seq_tables]}")
+    ec = EmbeddingCollection(tables=seq_tables, device=device) if seq_tables else None
+    return ebc, user_ebc, ec, (seq_dims.pop() if seq_dims else 0)
+
+
 class UnifiedRanker(nn.Module):
     def __init__(self, features: FeaturesConfig, model: ModelConfig, device: torch.device = None):
         super().__init__()
         self.features = features
-        bag_tables = embedding_bag_configs(features)
-        seq_tables = embedding_configs(features)
-        self.ebc = EmbeddingBagCollection(tables=bag_tables, device=device)
-        user_tables = embedding_bag_configs(features, user_side=True)
-        self.user_ebc = EmbeddingBagCollection(tables=user_tables, device=device) if user_tables else None
+        self.ebc, self.user_ebc, self.ec, seq_dim = sparse_collections(features, device)
         self.sparse_keys = [s.name for s in features.sparse]
-        seq_dims = {t.embedding_dim for t in seq_tables}
-        if len(seq_dims) > 1:
-            raise ValueError(f"sequence tables must share one embedding_dim (an EmbeddingCollection "
-                             f"requirement); got {sorted(seq_dims)} for {[t.name for t in seq_tables]}")
-        self.ec = EmbeddingCollection(tables=seq_tables, device=device) if seq_tables else None
-        seq_dim = seq_dims.pop() if seq_dims else 0
 
         self.dense_norm = DenseNormalization(features.dense, model.resilient_bn)
 

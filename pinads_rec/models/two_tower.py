@@ -49,12 +49,11 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 from torchrec.modules.crossnet import CrossNet, LowRankCrossNet
-from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from pinads_rec.config import CANDIDATE_PREFIX, DCNConfig, FeaturesConfig, MMoEConfig, ModelConfig
 from pinads_rec.data.batch import Batch
 from pinads_rec.models.objective import engagement_loss
-from pinads_rec.models.ranker import embedding_bag_configs, embedding_configs
+from pinads_rec.models.ranker import sparse_collections
 from pinads_rec.modules.calibration import Calibration
 from pinads_rec.modules.dense_norm import DenseNormalization
 from pinads_rec.modules.mmoe import MMoE
@@ -101,16 +100,7 @@ class TwoTowerRanker(nn.Module):
         self.embedding_dim = tt.embedding_dim
 
         # Sparse arch: the ranker's tables, module names and keys (same plans, same sharders).
-        self.ebc = EmbeddingBagCollection(tables=embedding_bag_configs(features), device=device)
-        user_tables = embedding_bag_configs(features, user_side=True)
-        self.user_ebc = EmbeddingBagCollection(tables=user_tables, device=device) if user_tables else None
-        seq_tables = embedding_configs(features)
-        seq_dims = {t.embedding_dim for t in seq_tables}
-        if len(seq_dims) > 1:
-            raise ValueError(f"sequence tables must share one embedding_dim (an EmbeddingCollection "
-                             f"requirement); got {sorted(seq_dims)} for {[t.name for t in seq_tables]}")
-        self.ec = EmbeddingCollection(tables=seq_tables, device=device) if seq_tables else None
-        seq_dim = seq_dims.pop() if seq_dims else 0
+        self.ebc, self.user_ebc, self.ec, seq_dim = sparse_collections(features, device)
 
         # Which tower each feature feeds, fixed at build time (no data-dependent branches).
         dims = {s.name: features.table(s.table).embedding_dim for s in features.sparse}
