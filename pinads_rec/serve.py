@@ -37,7 +37,6 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
-from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -48,7 +47,6 @@ from torch import nn
 
 from pinads_rec import checkpoint as ckpt_lib
 from pinads_rec import config
-from pinads_rec.data import loader as loader_lib
 from pinads_rec.data.batch import Batch
 from pinads_rec.data.contract import ContractError, check_schema, contract_columns
 from pinads_rec.data.loader import ParquetBatches
@@ -164,10 +162,8 @@ def unbounded_users(cfg: config.ExperimentConfig) -> config.ExperimentConfig:
 
 def request_batcher(cfg: config.ExperimentConfig) -> ParquetBatches:
     """The loader's contract checks and ``to_batch`` for in-memory requests of one user each.
-    ``ParquetBatches`` lists a directory's row groups when built and a served request has none: it is
-    built over an empty file list. Batch size 1 gives one user slot: U = 1 per request."""
-    with mock.patch.object(loader_lib, "list_files", lambda directory: []):
-        return ParquetBatches(cfg, "<requests>", shuffle=False, batch_size=1)
+    Built over no files (``directory=None``). Batch size 1 gives one user slot: U = 1 per request."""
+    return ParquetBatches(cfg, None, shuffle=False, batch_size=1)
 
 
 def _with_label_columns(table: pa.Table, cfg: config.ExperimentConfig) -> pa.Table:

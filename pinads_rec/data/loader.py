@@ -105,7 +105,7 @@ def assign_row_groups(groups: List[RowGroup], slot: int, num_slots: int, seed: i
 class ParquetBatches(torch.utils.data.IterableDataset):
     """Iterates the batches of one rank; inside a DataLoader each worker takes its share."""
 
-    def __init__(self, cfg: ExperimentConfig, directory: str, rank: int = 0, world_size: int = 1,
+    def __init__(self, cfg: ExperimentConfig, directory: Optional[str], rank: int = 0, world_size: int = 1,
                  shuffle: bool = True, batch_size: Optional[int] = None, drop_last: Optional[bool] = None,
                  part: str = "all"):
         super().__init__()
@@ -114,8 +114,10 @@ class ParquetBatches(torch.utils.data.IterableDataset):
         self.features = cfg.features
         self.batch_size = batch_size or cfg.data.batch_size
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
-        self.row_groups = select_part(list_row_groups(list_files(directory), cfg), part,
-                                      cfg.data.calibration_holdout, world_size, directory)
+        # directory None: no files, only the contract checks and to_batch (in-memory requests, serving)
+        files = list_files(directory) if directory is not None else []
+        self.row_groups = select_part(list_row_groups(files, cfg), part, cfg.data.calibration_holdout,
+                                      world_size, directory)
         self.epoch = 0
         self.columns = [c.name for c in contract_columns(cfg.features)]
         self.checker = RowGroupChecker(cfg.features, cfg.data)
