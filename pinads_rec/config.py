@@ -204,8 +204,12 @@ class DataConfig:
     max_unique_users_per_batch: int = 0
     # Fraction of the training row groups -- the last ones in file order, so name the files in time
     # order -- kept out of training to fit the calibration layers on at the end (at least one row
-    # group per rank). 0 only with model.calibration: none.
+    # group per rank). 0 with data.calibration_dir or model.calibration: none.
     calibration_holdout: float = 0.05
+    # Files never trained on to fit the calibration layers on instead (e.g. the latest day's,
+    # written by synth.calibration_requests); set data.calibration_holdout: 0 with it. Its size sets
+    # the calibration's precision: ~1 / sqrt(positives) of the rarest (surface, task).
+    calibration_dir: Optional[str] = None
 
 
 @dataclass
@@ -231,6 +235,9 @@ class SynthConfig:
     seed: int = 0
     train_requests: int = 20000
     eval_requests: int = 4000
+    # Extra requests over the latest 5% of the training span, written to calibration/ (fit the
+    # calibration layers on them with data.calibration_dir). 0: no calibration split.
+    calibration_requests: int = 0
     candidates_per_request: float = 12.0
     num_users: int = 200000
     num_items: int = 50000
@@ -515,9 +522,13 @@ def _validate(cfg: ExperimentConfig) -> None:
     positive("data.max_unique_users_per_batch", d.max_unique_users_per_batch, allow_zero=True)
     if not 0.0 <= d.calibration_holdout < 1.0:
         raise ConfigError(f"data.calibration_holdout: must be in [0, 1), got {d.calibration_holdout}")
-    if d.calibration_holdout == 0.0 and cfg.model.calibration != "none":
+    if d.calibration_dir and d.calibration_holdout > 0.0:
+        raise ConfigError(f"data.calibration_holdout: {d.calibration_holdout} rows held out of training would go "
+                          f"unused: the calibration is fit on data.calibration_dir; set it to 0")
+    if d.calibration_holdout == 0.0 and not d.calibration_dir and cfg.model.calibration != "none":
         raise ConfigError(f"data.calibration_holdout: model.calibration {cfg.model.calibration!r} is fit on "
-                          f"held-out rows; set a fraction > 0 (e.g. 0.05) or model.calibration: none")
+                          f"unseen rows; set a fraction > 0 (e.g. 0.05), or data.calibration_dir, or "
+                          f"model.calibration: none")
     if d.row_filter is not None:
         known = {c.column for c in f.sparse} | {getattr(f.columns, k) for k in ("surface", "user_id", "item_id")}
         if d.row_filter.column not in known:
@@ -525,6 +536,7 @@ def _validate(cfg: ExperimentConfig) -> None:
                               f"contract (sparse feature columns or surface/user_id/item_id)")
         if not d.row_filter.values:
             raise ConfigError("data.row_filter.values: list at least one value to keep")
+    positive("synth.calibration_requests", s.calibration_requests, allow_zero=True)
     for name in ("train_requests", "eval_requests", "num_users", "num_items", "num_advertisers",
                  "num_topics", "sequence_length", "event_embedding_dim", "num_files", "row_group_size"):
         positive(f"synth.{name}", getattr(s, name))

@@ -7,7 +7,8 @@ Planner + DistributedModelParallel shard the embedding collections, ``TrainPipel
 overlaps the next batch's copy and input all-to-all with the current step, an eval pass reports
 AUC / NE / log loss / calibration per surface x per task (with the oracle when the data has it), and
 ``torch.distributed.checkpoint`` saves and resumes the run. At the end the calibration layers are fit
-on held-out training rows (data.calibration_holdout) with the backbone frozen.
+on a calibration split (data.calibration_dir) or held-out training rows (data.calibration_holdout)
+with the backbone frozen.
 """
 
 from __future__ import annotations
@@ -127,19 +128,23 @@ def evaluate(dmp, cfg: config.ExperimentConfig, env: parallel.Distributed, group
 
 
 def calibrate(dmp, cfg: config.ExperimentConfig, env: parallel.Distributed, group) -> None:
-    """Fits the calibration layers on the backbone's logits over the held-out training rows
-    (data.calibration_holdout), gathered from every rank so all ranks fit the same maps."""
+    """Fits the calibration layers on the backbone's logits over the calibration split
+    (data.calibration_dir) or the held-out training rows (data.calibration_holdout), gathered from
+    every rank so all ranks fit the same maps."""
     layer = next(m for m in dmp.modules() if isinstance(m, Calibration))
     if layer.mode == "none":
         return
     layer.reset()  # identity: the pass below sees the raw logits
-    loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=False, part="holdout")
-    # The holdout may have fewer row groups than there are ranks: those without one replay a
+    if cfg.data.calibration_dir:
+        loader = make_loader(cfg, cfg.data.calibration_dir, env.rank, env.world_size, shuffle=False)
+    else:
+        loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=False, part="holdout")
+    # The split may have fewer row groups than there are ranks: those without one replay a
     # (masked) training batch in the collective forwards.
     spare = next(iter(ParquetBatches(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=False,
                                      drop_last=False, part="train")))
     parts = [torch.cat([logits, batch.labels, batch.surface.unsqueeze(1).float()], dim=1)[batch.valid]
-             for batch, logits in scoring_pass(dmp, env, group, loader, "calibration holdout", spare)]
+             for batch, logits in scoring_pass(dmp, env, group, loader, "calibration", spare)]
     rows = torch.cat(parts)
     if group is not None:
         gathered = [None] * env.world_size
@@ -148,7 +153,7 @@ def calibrate(dmp, cfg: config.ExperimentConfig, env: parallel.Distributed, grou
     T = len(cfg.features.tasks)
     layer.fit(rows[:, :T], rows[:, T:2 * T], rows[:, 2 * T].long())
     if env.is_main:
-        log.info("calibration (%s) fit on %d held-out rows: scale %s, bias %s", layer.mode, rows.shape[0],
+        log.info("calibration (%s) fit on %d unseen rows: scale %s, bias %s", layer.mode, rows.shape[0],
                  [[round(v, 3) for v in r] for r in layer.scale.tolist()],
                  [[round(v, 3) for v in r] for r in layer.bias.tolist()])
 
@@ -169,6 +174,9 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
     loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True,
                          pin_memory=env.device.type == "cuda", part="train")
     dataset = loader.dataset
+    for later in (cfg.data.eval_dir, cfg.data.calibration_dir):  # their errors before training, not after it
+        if later:
+            ParquetBatches(cfg, later, env.rank, env.world_size, shuffle=False)
     steps_per_epoch = max(dataset.num_rows // (cfg.data.batch_size * env.world_size), 1)
     total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
     optimizer, schedule = parallel.make_optimizer(dmp, cfg.train, total_steps)

@@ -18,7 +18,7 @@ def test_ablation_trains_variants_and_writes_the_report(tiny_data, tmp_path, cap
         "title": "Tiny calibration",
         "description": "Two variants and an evaluation of the first on one ad type.",
         "base": DEMO,
-        "overrides": tiny_overrides(data) + ["train.max_steps=3", "train.log_every=1", "data.calibration_holdout=0.2"],
+        "overrides": tiny_overrides(data) + ["train.max_steps=3", "train.log_every=1"],
         "metrics": ["auc", "calibration_vs_truth", "ece"],
         "chart": {"metric": "calibration_vs_truth", "task": "click"},
         "out": str(tmp_path / "report.md"),

@@ -145,6 +145,15 @@ def test_bad_size(override, pattern):
     assert_config_error(pattern, overrides=[override])
 
 
+def test_calibration_needs_exactly_one_source_of_unseen_rows():
+    assert_config_error(r"^data\.calibration_holdout: 0\.05 rows held out of training would go unused",
+                        overrides=["data.calibration_holdout=0.05"])
+    assert_config_error(r"^data\.calibration_holdout: model\.calibration 'surface' is fit on unseen rows",
+                        overrides=["data.calibration_dir=null"])
+    assert config.load(DEMO, ["data.calibration_dir=null", "model.calibration=none"]).data.calibration_dir is None
+    assert_config_error(r"^synth\.calibration_requests: must be >= 0", overrides=["synth.calibration_requests=-1"])
+
+
 def test_bad_dense_and_sequence_sizes():
     raw = demo_raw()
     raw["features"]["dense"][0]["dim"] = 0

@@ -186,10 +186,29 @@ def test_batches_name_their_row_groups(tiny_data):
 
 def test_calibration_holdout_is_the_last_row_groups_whatever_the_world_size(tiny_data):
     cfg, data = tiny_data
-    held = load_tiny(data, ["data.calibration_holdout=0.25"])
+    held = load_tiny(data, ["data.calibration_holdout=0.25", "data.calibration_dir=null"])
     every = ParquetBatches(held, f"{data}/train", shuffle=False).row_groups
     for world in (1, 2):
         train = ParquetBatches(held, f"{data}/train", world_size=world, part="train").row_groups
         holdout = ParquetBatches(held, f"{data}/train", world_size=world, part="holdout").row_groups
         assert train + holdout == every and holdout == every[-round(0.25 * len(every)):]
-    assert ParquetBatches(cfg, f"{data}/train", part="holdout").row_groups == every[-1:]  # at least one
+    tiny_fraction = load_tiny(data, ["data.calibration_holdout=0.01", "data.calibration_dir=null"])
+    assert ParquetBatches(tiny_fraction, f"{data}/train", part="holdout").row_groups == every[-1:]  # at least one
+
+
+def test_calibration_split_is_unseen_and_from_the_end_of_training(tiny_data):
+    cfg, data = tiny_data
+    assert cfg.data.calibration_holdout == 0.0  # the demo fits on its calibration split
+    train = ParquetBatches(cfg, f"{data}/train", shuffle=False, part="train")
+    assert train.row_groups == ParquetBatches(cfg, f"{data}/train", shuffle=False).row_groups  # nothing held out
+
+    def column(directory, name):
+        return np.concatenate([pq.read_table(f, columns=[name])[name].to_numpy()
+                               for f in sorted(glob.glob(f"{directory}/*.parquet"))])
+
+    ids = {s: column(f"{data}/{s}", "request_id") for s in ("train", "eval", "calibration")}
+    assert not set(ids["calibration"]) & (set(ids["train"]) | set(ids["eval"]))
+    ts = {s: column(f"{data}/{s}", "timestamp") for s in ("train", "calibration")}
+    span = ts["train"].max() - ts["train"].min()
+    assert ts["calibration"].min() >= ts["train"].max() - 0.06 * span
+    assert ts["calibration"].max() <= ts["train"].max() + 0.01 * span

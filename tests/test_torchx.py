@@ -152,6 +152,7 @@ def test_train_ignores_stray_positional():
 TINY_DATA = [
     "synth.train_requests=400",
     "synth.eval_requests=200",
+    "synth.calibration_requests=100",
     "synth.num_files=2",
     "synth.row_group_size=512",  # several row groups per file: every rank gets eval rows
     "synth.num_users=2000",
@@ -177,6 +178,7 @@ def test_torchx_launch_trains_two_ranks(tmp_path):
     overrides = TINY_DATA + [
         f"data.train_dir={data / 'train'}",
         f"data.eval_dir={data / 'eval'}",
+        f"data.calibration_dir={data / 'calibration'}",
         f"train.run_dir={run_dir}",
         "data.batch_size=128",
         "train.max_steps=4",

@@ -249,12 +249,15 @@ def make_world(s: SynthConfig) -> World:
 
 @dataclass
 class SplitPlan:
-    name: str  # "train" / "eval"
-    index: int  # 0 / 1: selects the RNG streams
+    name: str  # "train" / "eval" / "calibration"
+    index: int  # 0 / 1 / 2: selects the RNG streams
     synth: SynthConfig
     num_requests: int
-    first_request: int  # global index of request 0: request_id and time position
-    total_requests: int  # train + eval (the time axis)
+    first_request: int  # global index of request 0 (request_id)
+    # Request i's time is (time_start + i + u) / time_scale of the span (u uniform in [0, 1)):
+    # train and eval tile the span one request per 1 / (train + eval) of it.
+    time_start: float
+    time_scale: float
     num_candidates: np.ndarray  # [num_requests]
     row_offsets: np.ndarray  # [num_requests + 1]
 
@@ -263,14 +266,27 @@ class SplitPlan:
         return -(-self.num_requests // BLOCK_REQUESTS)
 
 
+# The calibration split (synth.calibration_requests) is extra requests drawn over the latest 5% of
+# the training span: data from the time the model was last trained on, never trained on itself.
+CALIBRATION_WINDOW = 0.05
+
+SPLITS = ("train", "eval", "calibration")
+
+
 def plan_split(s: SynthConfig, split: str) -> SplitPlan:
-    index = {"train": 0, "eval": 1}[split]
-    n = s.train_requests if index == 0 else s.eval_requests
+    index = SPLITS.index(split)
+    n = (s.train_requests, s.eval_requests, s.calibration_requests)[index]
     rng = _stream(s.seed, 1 + index, 0)
     n_cand = 1 + rng.poisson(max(s.candidates_per_request - 1.0, 0.0), n).astype(np.int64)
     offsets = np.concatenate([[0], np.cumsum(n_cand)])
-    return SplitPlan(split, index, s, n, 0 if index == 0 else s.train_requests,
-                     s.train_requests + s.eval_requests, n_cand, offsets)
+    total = s.train_requests + s.eval_requests
+    if split == "calibration":
+        density = n / (CALIBRATION_WINDOW * s.train_requests)  # requests per train request's time
+        first, start, scale = total, (1.0 - CALIBRATION_WINDOW) * s.train_requests * density, total * density
+    else:
+        first = 0 if split == "train" else s.train_requests
+        start, scale = first, total
+    return SplitPlan(split, index, s, n, first, start, scale, n_cand, offsets)
 
 
 @dataclass
@@ -367,8 +383,8 @@ def sample_block(world: World, plan: SplitPlan, block: int) -> Block:
     reqs = np.arange(R)
 
     # ---- per request --------------------------------------------------------------------
-    g = plan.first_request + lo + np.arange(R)
-    frac = (g + rng.random(R)) / plan.total_requests
+    g = plan.time_start + lo + np.arange(R)
+    frac = (g + rng.random(R)) / plan.time_scale
     ts = T0 + np.floor(frac * SPAN_S).astype(np.int64)
     user = rng.integers(0, s.num_users, R)
     surface = rng.choice(len(SURFACES), size=R, p=SURFACE_PROBS)
@@ -619,7 +635,7 @@ def split_files(plan: SplitPlan) -> List[List[Tuple[int, int]]]:
     s = plan.synth
     if plan.index == 0:
         n_files = s.num_files
-    else:  # eval: in proportion to its size, at least 2
+    else:  # eval, calibration: in proportion to its size, at least 2
         n_files = min(max(2, math.ceil(s.num_files * plan.num_requests / s.train_requests)), max(s.num_files, 2))
     n_files = max(1, min(n_files, plan.num_requests))
     bounds = (np.arange(n_files + 1) * plan.num_requests) // n_files
@@ -699,12 +715,13 @@ def _split_summary(plan: SplitPlan, files: List[dict]) -> dict:
     return {"requests": n, "rows": int(plan.row_offsets[-1]), "files": files,
             "bytes": sum(f["bytes"] for f in files), "surfaces": metrics,
             "request_ids": [plan.first_request, plan.first_request + n - 1],
-            "time_range": [int(T0 + plan.first_request * SPAN_S // plan.total_requests),
-                           int(T0 + (plan.first_request + n) * SPAN_S // plan.total_requests)]}
+            "time_range": [int(T0 + plan.time_start * SPAN_S // plan.time_scale),
+                           int(T0 + (plan.time_start + n) * SPAN_S // plan.time_scale)]}
 
 
 def generate(cfg: ExperimentConfig, out_dir: str | Path, num_threads: int = 0) -> dict:
-    """Write ``out_dir/{train,eval}/part-*.parquet`` and ``out_dir/summary.json``; return the summary.
+    """Write ``out_dir/{train,eval}/part-*.parquet`` (and ``calibration/`` when
+    synth.calibration_requests > 0) and ``out_dir/summary.json``; return the summary.
 
     ``num_threads``: files written in parallel (0: one per CPU core). The bytes do not depend on it.
     """
@@ -714,12 +731,13 @@ def generate(cfg: ExperimentConfig, out_dir: str | Path, num_threads: int = 0) -
     world = make_world(s)
     t_world = time.perf_counter() - t_start
     jobs = []
-    plans = {name: plan_split(s, name) for name in ("train", "eval")}
+    plans = {name: plan_split(s, name) for name in SPLITS if name != "calibration" or s.calibration_requests}
+    for name in SPLITS:  # no stale files of an earlier, larger or calibration-split run
+        for old in (out / name).glob("part-*.parquet"):
+            old.unlink()
     for name, plan in plans.items():
         d = out / name
         d.mkdir(parents=True, exist_ok=True)
-        for old in d.glob("part-*.parquet"):
-            old.unlink()
         jobs += [(plan, groups, d / f"part-{f:05d}.parquet") for f, groups in enumerate(split_files(plan))]
     # Files are independent (each regenerates the blocks it overlaps) and Parquet encoding releases
     # the GIL: one thread per core roughly doubles throughput on 2 cores.
@@ -746,7 +764,7 @@ def format_summary(summary: dict) -> str:
     lines = [f"wrote {summary['rows']:,} rows / {summary['requests']:,} requests, "
              f"{summary['bytes'] / 2**20:.1f} MiB to {summary['out_dir']} in {summary['seconds']:.2f} s "
              f"({summary['rows_per_second']:,.0f} rows/s)"]
-    head = (f"{'split':<6} {'surface':<13} {'rows':>9} {'click':>7} {'good':>7} {'save':>7} | "
+    head = (f"{'split':<11} {'surface':<13} {'rows':>9} {'click':>7} {'good':>7} {'save':>7} | "
             f"{'AUC clk':>7} {'good':>6} {'save':>6} | {'NE clk':>6} {'good':>6} {'save':>6}")
     lines += [head, "-" * len(head)]
     for split, v in summary["splits"].items():
@@ -754,7 +772,7 @@ def format_summary(summary: dict) -> str:
             rates = " ".join(f"{e[t]['rate']:7.4f}" for t in TASKS)
             aucs = " ".join(f"{e[t]['oracle_auc']:{7 if i == 0 else 6}.3f}" for i, t in enumerate(TASKS))
             nes = " ".join(f"{e[t]['oracle_ne']:6.3f}" for t in TASKS)
-            lines.append(f"{split:<6} {name:<13} {e['rows']:>9,} {rates} | {aucs} | {nes}")
+            lines.append(f"{split:<11} {name:<13} {e['rows']:>9,} {rates} | {aucs} | {nes}")
     for split, v in summary["splits"].items():
         sizes = ", ".join(f"{Path(f['path']).name} {f['bytes'] / 2**20:.1f} MiB ({f['row_groups']} rg)"
                           for f in v["files"])
