@@ -153,9 +153,9 @@ def _parts(model: nn.Module) -> Dict[str, List[nn.Module]]:
         kind, leaf = type(m).__name__, name.rsplit(".", 1)[-1]
         if name in ("ebc", "user_ebc", "ec"):
             parts["embedding lookups (EBC/EC)"].append(m)
-        elif leaf == "transformer" and kind == "LargeLayer":
+        elif leaf == "stack" and kind == "LargeLayer":
             parts["Transformer (large)"].append(m)
-        elif kind == "SequenceEncoder":
+        elif kind == "GroupEncoder":
             parts["sequence encoders (incl. Transformer)"].append(m)
         elif kind == "TargetAttention":
             parts["target attention"].append(m)
@@ -292,11 +292,12 @@ def transformer_micro(cfg, repeats: int, users: int = 512) -> Dict[str, float]:
     """Forward+backward ms of one sequence group's Transformer stack alone ([users, 1 + L, d])."""
     from torch.nn.attention import SDPBackend
 
-    from pinads_rec.modules.sequence import TransformerStack
+    from pinads_rec.modules.transformer import TransformerStack
 
     g = cfg.features.sequence_groups[0]
     d = cfg.model.sequence.d_model
-    stack = TransformerStack(d, cfg.model.sequence).train()
+    enc = cfg.model.sequence
+    stack = TransformerStack(d, enc.num_layers, enc.num_heads, enc.ffn_dim, enc.dropout).train()
     x = torch.randn(users, g.max_length + 1, d, requires_grad=True)
     lengths = torch.randint(1, g.max_length + 1, (users,))
     mask = torch.cat([torch.ones(users, 1, dtype=torch.bool),

@@ -253,21 +253,70 @@ class SynthConfig:
 
 
 @dataclass
-class SequenceEncoderConfig:
-    """Encoder applied to every sequence group (issue-level variants extend this)."""
+class EarlyInteractionConfig:
+    """Early feature interaction (sequence-modeling article, "More Feature Interaction")."""
 
+    # Cosine similarity between each event and these representations, added as event attributes.
+    cosine: List[Literal["candidate", "user"]] = field(default_factory=list)
+    # These representations fed into the Transformer's self-attention as extra tokens (in the groups
+    # with a Transformer).
+    tokens: List[Literal["candidate", "user"]] = field(default_factory=list)
+
+
+@dataclass
+class SequenceProjectionConfig:
+    """DCNv2 projection of the (wide) Transformer output into a small representation (in the groups
+    with a Transformer)."""
+
+    dim: int = 0  # 0: off
+    num_layers: int = 2
+    low_rank: int = 16
+
+
+@dataclass
+class SequenceEncoderConfig:
+    """How one sequence group becomes features (modules/sequence.py; DESIGN.md section 4)."""
+
+    # Event representation: each attribute (and the pretrained embedding) projected to d_model and
+    # summed ("sum"), or concatenated at their own widths ("concat": the event is as wide as the sum
+    # of its attributes' widths, and so is the Transformer).
+    combine: Literal["sum", "concat"] = "sum"
     d_model: int = 32
+    # Time-delta position embedding: bucket = floor(log2(1 + seconds)), clamped to num_buckets - 1.
+    time_buckets: int = 24
+    # Encoders, any subset: "transformer"; "sum" pooling; "period_sum" pooling (one sum per time
+    # period, concatenated); "din" (DIN target attention, per candidate); "long_short" (the latest
+    # short_length events through a light DIN-like attention: the short-term interest, joined to
+    # what the other encoders make of the whole sequence).
+    encoders: List[Literal["transformer", "sum", "period_sum", "din", "long_short"]] = field(
+        default_factory=lambda: ["transformer"])
+    # Transformer.
     num_layers: int = 1
     num_heads: int = 1
     ffn_dim: int = 64
     dropout: float = 0.0
-    # Time-delta position embedding: bucket = floor(log2(1 + seconds)), clamped to num_buckets - 1.
-    time_buckets: int = 24
-    # How the encoded events become features: "summary" (the prepended summary token), "mean"
-    # (masked mean of the events) -- both once per request -- and "target" (each candidate attends
-    # over its request's events: per row, light).
-    poolings: List[Literal["summary", "mean", "target"]] = field(
+    # What the Transformer's encoded events become: "summary" (a prepended summary token's output),
+    # "mean" (masked mean) -- once per request -- "transact" (TransAct-style: max-pool plus the latest
+    # transact_recent tokens), and "target" (each candidate attends over the encoded events).
+    poolings: List[Literal["summary", "mean", "transact", "target"]] = field(
         default_factory=lambda: ["summary", "mean", "target"])
+    transact_recent: int = 4
+    # Period sum pooling: period boundaries in seconds of time delta (request time - event time);
+    # [a, b, c] makes the periods [0, a), [a, b), [b, c), [c, inf). Future events are left out.
+    period_boundaries_s: List[float] = field(default_factory=lambda: [3600.0, 86400.0, 7 * 86400.0])
+    # DIN: hidden widths of the attention MLP over [q, k, q - k, q * k].
+    din_hidden: List[int] = field(default_factory=lambda: [32])
+    # Long/short interest: the short-term part's window and attention MLP.
+    short_length: int = 8
+    short_hidden: List[int] = field(default_factory=lambda: [16])
+    early_interaction: EarlyInteractionConfig = field(default_factory=EarlyInteractionConfig)
+    projection: SequenceProjectionConfig = field(default_factory=SequenceProjectionConfig)
+
+    @property
+    def per_candidate(self) -> bool:
+        """The encoder sees the candidate (early interaction): it runs per row, not per request."""
+        e = self.early_interaction
+        return "candidate" in e.cosine or "candidate" in e.tokens
 
 
 @dataclass
@@ -323,7 +372,10 @@ class PrecisionConfig:
 @dataclass
 class ModelConfig:
     kind: Literal["ranker", "two_tower"] = "ranker"
+    # Every sequence group's encoder; sequence_groups.<group> changes some keys for one group
+    # (the unset ones are model.sequence's).
     sequence: SequenceEncoderConfig = field(default_factory=SequenceEncoderConfig)
+    sequence_groups: Dict[str, SequenceEncoderConfig] = field(default_factory=dict)
     dcn: DCNConfig = field(default_factory=DCNConfig)
     mmoe: MMoEConfig = field(default_factory=MMoEConfig)
     # Calibration on top of the logits: one affine map per (surface, task), one per task shared by
@@ -336,6 +388,9 @@ class ModelConfig:
     two_tower: TwoTowerConfig = field(default_factory=TwoTowerConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
 
+
+    def sequence_for(self, group: str) -> SequenceEncoderConfig:
+        return self.sequence_groups.get(group, self.sequence)
 
 @dataclass
 class TrainConfig:
@@ -541,15 +596,15 @@ def _validate(cfg: ExperimentConfig) -> None:
                  "num_topics", "sequence_length", "event_embedding_dim", "num_files", "row_group_size"):
         positive(f"synth.{name}", getattr(s, name))
     positive("synth.candidates_per_request", s.candidates_per_request)
-    enc = m.sequence
-    positive("model.sequence.d_model", enc.d_model)
-    positive("model.sequence.num_layers", enc.num_layers, allow_zero=True)
-    positive("model.sequence.num_heads", enc.num_heads)
-    positive("model.sequence.time_buckets", enc.time_buckets)
-    if not enc.poolings or len(set(enc.poolings)) != len(enc.poolings):
-        raise ConfigError(f"model.sequence.poolings: need one or more distinct poolings, got {enc.poolings}")
-    if enc.d_model % enc.num_heads:
-        raise ConfigError(f"model.sequence.num_heads: {enc.num_heads} does not divide d_model {enc.d_model}")
+    group_names = [g.name for g in f.sequence_groups]
+    for name in m.sequence_groups:
+        if name not in group_names:
+            raise ConfigError(f"model.sequence_groups.{name}: no sequence group named {name!r} in "
+                              f"features.sequence_groups ({group_names})")
+    _validate_encoder("model.sequence", m.sequence, f, None, positive)
+    for g in f.sequence_groups:
+        path = f"model.sequence_groups.{g.name}" if g.name in m.sequence_groups else "model.sequence"
+        _validate_encoder(path, m.sequence_for(g.name), f, g, positive)
     positive("model.dcn.num_layers", m.dcn.num_layers, allow_zero=True)
     positive("model.dcn.low_rank", m.dcn.low_rank, allow_zero=True)
     positive("model.mmoe.num_experts", m.mmoe.num_experts)
@@ -582,6 +637,58 @@ def _validate(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"train.sharding_types[{i}]: {st!r} is not one of {sorted(valid_types)}")
 
 
+def _validate_encoder(path: str, enc: SequenceEncoderConfig, features: "FeaturesConfig",
+                      group: Optional[SequenceGroupConfig], positive) -> None:
+    positive(f"{path}.d_model", enc.d_model)
+    positive(f"{path}.num_layers", enc.num_layers, allow_zero=True)
+    positive(f"{path}.num_heads", enc.num_heads)
+    positive(f"{path}.time_buckets", enc.time_buckets)
+    positive(f"{path}.transact_recent", enc.transact_recent)
+    positive(f"{path}.short_length", enc.short_length)
+    for key in ("encoders", "poolings"):
+        values = getattr(enc, key)
+        if len(set(values)) != len(values):
+            raise ConfigError(f"{path}.{key}: listed twice in {values}")
+    if not enc.encoders:
+        raise ConfigError(f"{path}.encoders: list at least one (to drop a group's sequence, remove the group)")
+    if "transformer" in enc.encoders and not enc.poolings:
+        raise ConfigError(f"{path}.poolings: the Transformer needs at least one pooling")
+    if enc.combine == "sum" and enc.d_model % enc.num_heads:
+        raise ConfigError(f"{path}.num_heads: {enc.num_heads} does not divide d_model {enc.d_model}")
+    b = enc.period_boundaries_s
+    if not b or any(not x > 0 for x in b) or any(x >= y for x, y in zip(b, b[1:])):
+        raise ConfigError(f"{path}.period_boundaries_s: need increasing positive seconds, got {b}")
+    for key in ("din_hidden", "short_hidden"):
+        for i, w in enumerate(getattr(enc, key)):
+            positive(f"{path}.{key}[{i}]", w)
+    p = enc.projection
+    positive(f"{path}.projection.dim", p.dim, allow_zero=True)
+    positive(f"{path}.projection.num_layers", p.num_layers, allow_zero=True)
+    positive(f"{path}.projection.low_rank", p.low_rank, allow_zero=True)
+    e = enc.early_interaction
+    for key in ("cosine", "tokens"):
+        if len(set(getattr(e, key))) != len(getattr(e, key)):
+            raise ConfigError(f"{path}.early_interaction.{key}: listed twice in {getattr(e, key)}")
+    if group is not None and enc.combine == "concat" and "transformer" in enc.encoders:
+        width = concat_width(features, group)
+        if width % enc.num_heads:
+            raise ConfigError(f"{path}.num_heads: {enc.num_heads} does not divide the concatenated event width "
+                              f"{width} of sequence group {group.name!r}")
+
+
+def concat_width(features: "FeaturesConfig", group: SequenceGroupConfig) -> int:
+    """Width of a group's event with combine: concat (its attributes' and pretrained widths)."""
+    return (sum(features.table(f.table).embedding_dim for f in group.features)
+            + (group.embedding_dim if group.embedding_column else 0))
+
+
+def _merge(base: Any, over: Any) -> Any:
+    """``over`` on top of ``base``, mapping by mapping (lists and values replace)."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        return {**base, **{k: _merge(base.get(k), v) for k, v in over.items()}}
+    return over
+
+
 def from_dict(raw: Dict[str, Any], overrides: Sequence[str] = ()) -> ExperimentConfig:
     if raw is None:
         raw = {}
@@ -590,6 +697,12 @@ def from_dict(raw: Dict[str, Any], overrides: Sequence[str] = ()) -> ExperimentC
     raw = copy.deepcopy(raw)  # overrides must not write into the caller's dicts
     for assignment in overrides:
         _set_override(raw, assignment)
+    model = raw.get("model")
+    if isinstance(model, dict) and isinstance(model.get("sequence_groups"), dict):
+        # A group's encoder: its own keys over model.sequence's.
+        shared = model.get("sequence") or {}
+        model["sequence_groups"] = {g: _merge(shared, over) if isinstance(over, dict) else over
+                                    for g, over in model["sequence_groups"].items()}
     cfg = _build(ExperimentConfig, raw, "")
     _validate(cfg)
     return cfg

@@ -217,7 +217,7 @@ def test_fp16_overflow_is_detected_never_a_silent_nan(trained, fp32):
     assert torch.isfinite(fp16.score_batch(batch)).all()  # ordinary input: FP16 is fine
     # Crafted request: pretrained event embeddings far beyond FP16's range (max 65504).
     crafted = dataclasses.replace(batch, sequence_embeddings={k: v * 1e6 for k, v in batch.sequence_embeddings.items()})
-    with pytest.raises(PrecisionOverflow, match="transformer: FP16 overflow"):
+    with pytest.raises(PrecisionOverflow, match="transformer.stack: FP16 overflow"):
         fp16.score_batch(crafted)
     # The articles' case: the DCNv2 cross layer overflows inside (inputs of a few hundred are in range).
     cross = fp16.model.cross

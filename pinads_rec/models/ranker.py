@@ -5,9 +5,10 @@ Data path, top to bottom:
 1. sparse arch: an ``EmbeddingBagCollection`` pools the candidate-side categorical features per
    row [B, ...], a second one the user-side features once per *request* [U, ...]; an
    ``EmbeddingCollection`` looks up every sequence event, once per request [U, ...];
-2. sequence arch (``SequenceArch``): one ``SequenceEncoder`` per group, run per request, then
-   broadcast to the request's candidate rows by ``request_index``; optionally each candidate then
-   attends over its request's encoded events (``TargetAttention``, light and per row);
+2. sequence arch (``SequenceArch``, modules/sequence.py): per group its configured encoders
+   (Transformer, sum / period sum pooling, DIN, long/short interest, early interaction), run per
+   request and broadcast to the request's candidate rows by ``request_index``, plus the light
+   per-candidate attentions;
 3. dense arch: normalized dense features ++ pooled embeddings ++ sequence representations ->
    DCNv2 cross network (torchrec ``LowRankCrossNet``) -> MMoE -> per-task towers giving one logit
    per surface -> each row keeps its own surface's logits -> surface-specific calibration.
@@ -93,9 +94,10 @@ class UnifiedRanker(nn.Module):
         self.bag_keys = [s.name for s in features.row_sparse]
         self.user_keys = [s.name for s in features.user_sparse]
         self.candidate_keys = [s.name for s in features.sparse if not s.user_side]
-        self.sequence_arch = (SequenceArch(features, model.sequence, seq_dim,
-                                           sum(dims[k] for k in self.candidate_keys))
-                              if self.ec is not None else None)
+        self.sequence_arch = (SequenceArch(features, {g.name: model.sequence_for(g.name) for g in features.sequence_groups},
+                                           seq_dim, sum(dims[k] for k in self.candidate_keys),
+                                           sum(dims[k] for k in self.user_keys))
+                              if features.sequence_groups else None)
 
         width = (features.dense_dim + sum(dims.values())
                  + (self.sequence_arch.output_dim if self.sequence_arch is not None else 0))
@@ -117,11 +119,14 @@ class UnifiedRanker(nn.Module):
         # By name, in config order: a sharded EBC returns its keys grouped by sharding, not as declared.
         bags = self.ebc(batch.sparse).to_dict()
         pooled = {k: bags[k] for k in self.bag_keys}
+        user = None
         if self.user_ebc is not None:
             # Request-level broadcasting: looked up once per request, indexed out to its rows.
             users = self.user_ebc(batch.user_sparse).to_dict()
             for k in self.user_keys:
                 pooled[k] = users[k].index_select(0, batch.request_index)
+            if self.sequence_arch is not None and self.sequence_arch.uses_user:
+                user = torch.cat([users[k] for k in self.user_keys], dim=1)  # [S, D] per request slot
         if self.ec is not None:
             events = self.ec(batch.sequences)
             for k in self.shared_keys:  # candidate ids looked up in a sequence table: [B, D] in row order
@@ -130,7 +135,7 @@ class UnifiedRanker(nn.Module):
         if self.sequence_arch is not None:
             query = torch.cat([pooled[k] for k in self.candidate_keys], dim=1) if self.sequence_arch.uses_query else None
             parts.append(self.sequence_arch(events, batch.sequence_time_deltas, batch.sequence_embeddings,
-                                            batch.request_index, query))
+                                            batch.request_index, query, user))
         x = self.cross(torch.cat(parts, dim=1))
         logits = self.mmoe(x)  # [B, T, S]
         index = batch.surface.view(-1, 1, 1).expand(-1, logits.shape[1], 1)

@@ -119,11 +119,13 @@ class TwoTowerRanker(nn.Module):
         self.ad_dense_norm = DenseNormalization([d for d in features.dense if not d.user_side], model.resilient_bn)
 
         # Sequence pooling for the user tower: the candidate must not enter the user vector, so the
-        # per-row "target" pooling is dropped (mean pooling if nothing else is left).
+        # candidate-dependent parts are left out (query_dim 0; mean pooling if nothing else is left).
         # One module for all groups: a direct child without sharded tables is one leaf for the
         # pipeline's tracer (the children of a ModuleDict would be traced into).
-        poolings = [p for p in model.sequence.poolings if p != "target"] or ["mean"]
-        user_seq = dataclasses.replace(model.sequence, poolings=poolings)
+        user_seq = {}
+        for g in features.sequence_groups:
+            enc = model.sequence_for(g.name)
+            user_seq[g.name] = dataclasses.replace(enc, poolings=[p for p in enc.poolings if p != "target"] or ["mean"])
         self.sequence_arch = (SequenceArch(features, user_seq, seq_dim, query_dim=0)
                               if self.ec is not None and features.sequence_groups else None)
         self.surface_embedding = nn.Embedding(num_surfaces, SURFACE_EMBEDDING_DIM)

@@ -1,0 +1,56 @@
+"""Event representation of one sequence group (sequence-modeling article, "Feature Connection").
+
+An event's attributes (item, action, taxonomy... embeddings; the optional pretrained per-event
+embedding) are connected by **sum**: each projected to ``d_model`` and summed, so the event width
+is fixed whatever the attributes; or by **concat**: laid side by side, so the event is as wide as
+its attributes together. The jagged events are padded to the group's max length; the
+**time-delta position embedding** (bucketized log of request time - event time: position means
+"how long ago", not "how many events ago") is kept apart, for the encoders that want it.
+
+In: per attribute [N, D_a] (N events over U units), offsets [U + 1], time deltas [N] seconds,
+optional pretrained [N, E]. Out: content [U, L, W], mask [U, L] (True = real event),
+time deltas [U, L] (0 at padding).
+"""
+
+from typing import List, Optional, Tuple
+
+import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
+import torch
+from torch import nn
+
+
+def time_delta_bucket(seconds: torch.Tensor, num_buckets: int) -> torch.Tensor:
+    """floor(log2(1 + seconds)) clamped to [0, num_buckets - 1]; future events fall in bucket 0."""
+    return torch.log2(1.0 + seconds.clamp(min=0.0)).floor().long().clamp(max=num_buckets - 1)
+
+
+class EventRepresentation(nn.Module):
+    def __init__(self, attr_dims: List[int], pretrained_dim: int, max_length: int, combine: str, d_model: int,
+                 time_buckets: int):
+        super().__init__()
+        self.combine, self.max_length, self.time_buckets = combine, max_length, time_buckets
+        in_dim = sum(attr_dims) + pretrained_dim
+        self.pretrained_dim = pretrained_dim
+        # "sum": one Linear over the concatenation is the sum of one projection per attribute.
+        self.project = nn.Linear(in_dim, d_model) if combine == "sum" else None
+        self.width = d_model if combine == "sum" else in_dim
+        self.time_embedding = nn.Embedding(time_buckets, self.width)
+
+    def forward(self, attributes: List[torch.Tensor], offsets: torch.Tensor, time_deltas: torch.Tensor,
+                pretrained: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        parts = list(attributes)
+        if self.pretrained_dim:
+            parts.append(pretrained)
+        event = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+        if self.project is not None:
+            event = self.project(event)
+        L = self.max_length
+        content = torch.ops.fbgemm.jagged_to_padded_dense(event, [offsets], [L], 0.0)  # [U, L, W]
+        deltas = torch.ops.fbgemm.jagged_to_padded_dense(time_deltas.unsqueeze(1), [offsets], [L], 0.0).squeeze(2)
+        lengths = offsets[1:] - offsets[:-1]
+        mask = torch.arange(L, device=offsets.device)[None, :] < lengths[:, None]
+        return content, mask, deltas
+
+    def positions(self, deltas: torch.Tensor) -> torch.Tensor:
+        """Time-delta position embeddings [U, L, W] of padded time deltas [U, L]."""
+        return self.time_embedding(time_delta_bucket(deltas, self.time_buckets))
