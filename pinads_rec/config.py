@@ -312,12 +312,6 @@ class SequenceEncoderConfig:
     early_interaction: EarlyInteractionConfig = field(default_factory=EarlyInteractionConfig)
     projection: SequenceProjectionConfig = field(default_factory=SequenceProjectionConfig)
 
-    @property
-    def per_candidate(self) -> bool:
-        """The encoder sees the candidate (early interaction): it runs per row, not per request."""
-        e = self.early_interaction
-        return "candidate" in e.cosine or "candidate" in e.tokens
-
 
 @dataclass
 class DCNConfig:

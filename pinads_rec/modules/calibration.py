@@ -4,9 +4,11 @@ One affine map of the logit per (surface, task) -- Platt scaling, ``a[s, t] * lo
 on top of the model's logits; ``global`` shares one map per task across surfaces (the switch-off),
 ``none`` is the identity.
 
-How it is trained: at the end of the training job, with the backbone frozen, on a held-out slice
-of the latest training data (``data.calibration_holdout``), by exact maximum likelihood (Newton's
-method per (surface, task)). Not by the training loss, because a backbone that is still moving
+How it is trained: at the end of the training job, with the backbone frozen, on data it never
+trained on -- a calibration split from the end of the training period (``data.calibration_dir``)
+or a held-out slice of the latest training data (``data.calibration_holdout``) -- by exact maximum
+likelihood (Newton's method per (surface, task)). The fit matches the sum of predictions to the sum
+of labels per (surface, task), so its error is label noise: ~1 / sqrt(positives) of each cell. Not by the training loss, because a backbone that is still moving
 leaves a calibration layer trained alongside it behind: measured on the demo data, a layer
 trained with the model (detached logits, its own loss term) still left the final model 5-22% off
 on some surfaces and tasks, since the dense learning rate decays while the embedding tables keep

@@ -7,7 +7,7 @@ meets the user and the candidate before it is pooled, not after.
   self-attention as extra tokens.
 
 A candidate-dependent sequence can no longer be encoded once per request: the sequence arch runs
-such a group per candidate row (``SequenceEncoderConfig.per_candidate``), at that cost.
+such a group per candidate row (``GroupEncoder.per_candidate``), at that cost.
 
 In: events [N, L, W], mask [N, L], representations {name: [N, D_name]} per unit. Out: events
 [N, L, W] with the cosine attributes added, extra tokens [N, X, W] or None.
