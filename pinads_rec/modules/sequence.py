@@ -64,14 +64,18 @@ class GroupEncoder(nn.Module):
                            if self.transformer is not None and cfg.projection.dim else None)
         self.target = (TargetAttention(query_dim, W)
                        if candidate and self.transformer is not None and "target" in cfg.poolings else None)
-        self.sum = "sum" in enc
+        # Sums of up to max_length events are layer-normed before they meet the cross network (which
+        # multiplies its inputs: unnormed 100-event sums drove the logits to 1e4 and training to a
+        # constant model). No bias: an empty period stays zeros.
+        self.sum = nn.LayerNorm(W, bias=False) if "sum" in enc else None
         self.period_sum = PeriodSumPooling(cfg.period_boundaries_s) if "period_sum" in enc else None
+        self.period_norm = nn.LayerNorm(W, bias=False) if "period_sum" in enc else None
         self.din = DINAttention(query_dim, W, cfg.din_hidden) if candidate and "din" in enc else None
         self.short = (ShortTermInterest(query_dim, W, cfg.short_length, cfg.short_hidden)
                       if candidate and "long_short" in enc else None)
         transformer_dim = (self.projection.output_dim if self.projection is not None
                            else self.transformer.output_dim if self.transformer is not None else 0)
-        self.output_dim = (transformer_dim + W * (self.sum + (self.target is not None) + (self.din is not None)
+        self.output_dim = (transformer_dim + W * ((self.sum is not None) + (self.target is not None) + (self.din is not None)
                                                   + (self.short is not None))
                            + (self.period_sum.num_periods * W if self.period_sum is not None else 0))
         if self.output_dim == 0:
@@ -102,10 +106,11 @@ class GroupEncoder(nn.Module):
             per_unit.append(self.projection(pooled) if self.projection is not None else pooled)
             if self.target is not None:
                 per_row.append(self.target(query, encoded, mask, index))
-        if self.sum:
-            per_unit.append(sum_pooling(content, mask))
+        if self.sum is not None:
+            per_unit.append(self.sum(sum_pooling(content, mask)))
         if self.period_sum is not None:
-            per_unit.append(self.period_sum(content, mask, deltas))
+            periods = self.period_sum(content, mask, deltas)
+            per_unit.append(self.period_norm(periods.view(periods.shape[0], -1, content.shape[-1])).flatten(1))
         if self.din is not None:
             per_row.append(self.din(query, x, mask, index))
         if self.short is not None:
