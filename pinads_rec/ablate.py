@@ -20,9 +20,10 @@ An ablation file names a base experiment config, overrides for every variant, an
       - {name: unified on shopping ads, eval_of: unified, overrides: ["data.row_filter={column: ad_type, values: [1]}"]}
 
 Every variant is a real training run of ``pinads_rec/train.py`` under torchrun (gloo on CPU), in
-a run directory named by a hash of its full config (``runs/ablations/<hash>``), on data generated
+a run directory named by a hash of its full config and of the package's source code
+(``runs/ablations/<hash>``), on data generated
 once for the base config (``python -m pinads_rec.data.synth``, skipped when present). A finished
-run of the same config is reused -- by an interrupted ablation resuming, or by another ablation that
+run of the same config and code is reused -- by an interrupted ablation resuming, or by another ablation that
 needs the same model (the unified model of the segmentation table is the calibration table's).
 The report has, per variant, training examples/s and parameter counts, then every metric per
 surface x task (with the oracle from the generator's true probabilities), and a PNG chart.
@@ -120,10 +121,19 @@ def _param_counts(cfg: config.ExperimentConfig) -> Dict[str, int]:
     return {"dense": sum(p.numel() for p in model.parameters()) - emb, "embedding": emb}
 
 
+def source_digest() -> str:
+    """A digest of the package's Python sources: a run trained by other code is not reused."""
+    h = hashlib.sha1()
+    for path in sorted((REPO / "pinads_rec").rglob("*.py")):
+        h.update(str(path.relative_to(REPO)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def run_dir_for(ab: Ablation, overrides: List[str], runs: Path, ranks: int, source: Optional[str]) -> Path:
-    """runs/<hash of the variant's whole config, its rank count and the run it evaluates>."""
+    """runs/<hash of the variant's whole config, its rank count, the run it evaluates and the code>."""
     cfg = config.to_dict(config.load(ab.base, overrides + ["train.run_dir=unset"]))
-    key = json.dumps([cfg, ranks, source], sort_keys=True, default=str)
+    key = json.dumps([cfg, ranks, source, source_digest()], sort_keys=True, default=str)
     return runs / hashlib.sha1(key.encode()).hexdigest()[:12]
 
 

@@ -527,7 +527,7 @@ def _quiet_logs() -> None:
 
 
 def _rank_entry(rank: int, world: int, rdzv_file: str, result_dir: str, cfg: config.ExperimentConfig,
-                warmup: int, steps: int, num_workers: int, timeout_s: float) -> None:
+                warmup: int, steps: int, num_workers: int, timeout_s: float, measure=None) -> None:
     import torch.distributed as dist
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
@@ -543,7 +543,7 @@ def _rank_entry(rank: int, world: int, rdzv_file: str, result_dir: str, cfg: con
     dist.init_process_group("gloo", init_method=f"file://{rdzv_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
     try:
-        result = measure_rank(cfg, warmup, steps, num_workers)
+        result = (measure or measure_rank)(cfg, warmup, steps, num_workers)
         with open(os.path.join(result_dir, f"rank-{rank}.json"), "w") as f:
             json.dump(result, f)
     except BaseException:
@@ -607,10 +607,10 @@ def wait_quiet(max_wait_s: float, threshold: float = 0.25, window_s: float = 2.0
 
 
 def launch(cfg: config.ExperimentConfig, world: int, warmup: int, steps: int, result_dir: Path,
-           num_workers: int = 0, timeout_s: float = 600.0) -> List[dict]:
-    """Runs ``measure_rank`` on ``world`` fresh gloo processes (file rendezvous); returns per-rank
-    results. Past the deadline, or when a rank fails, the survivors are killed and the first error
-    is raised."""
+           num_workers: int = 0, timeout_s: float = 600.0, measure=None) -> List[dict]:
+    """Runs ``measure`` (default ``measure_rank``; a module-level function with its signature) on
+    ``world`` fresh gloo processes (file rendezvous); returns per-rank results. Past the deadline,
+    or when a rank fails, the survivors are killed and the first error is raised."""
     import torch.multiprocessing as mp
 
     result_dir.mkdir(parents=True, exist_ok=True)
@@ -624,7 +624,7 @@ def launch(cfg: config.ExperimentConfig, world: int, warmup: int, steps: int, re
     os.environ["PYTHONHASHSEED"] = saved or "0"
     try:
         ctx = mp.start_processes(_rank_entry, args=(world, rdzv, str(result_dir), cfg, warmup, steps, num_workers,
-                                                     timeout_s), nprocs=world, join=False, start_method="spawn")
+                                                     timeout_s, measure), nprocs=world, join=False, start_method="spawn")
     finally:
         if saved is None:
             del os.environ["PYTHONHASHSEED"]
