@@ -155,6 +155,47 @@ def measure_plain(cfg: config.ExperimentConfig, warmup: int, steps: int, num_wor
 MEASURES = {"pipeline": measure_pipeline, "loop": measure_loop, "plain": measure_plain}
 
 
+def dense_flops_per_example(cfg: config.ExperimentConfig, batches: int = 3) -> float:
+    """Forward + backward FLOPs per valid row of the model's dense part (matmuls, attention:
+    ``torch.utils.flop_counter``), request-level broadcasting on, as trained."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from pinads_rec.data.loader import ParquetBatches
+    from pinads_rec.models import build_model
+    from pinads_rec.models.train_task import TrainTask
+
+    torch.manual_seed(0)
+    task = TrainTask(build_model(cfg.features, cfg.model))
+    flops = rows = 0
+    for i, batch in enumerate(ParquetBatches(cfg, cfg.data.train_dir, shuffle=False)):
+        if i == batches:
+            break
+        counter = FlopCounterMode(display=False)
+        with counter:
+            loss, _ = task(batch)
+            loss.backward()
+        flops += counter.get_total_flops()
+        rows += _valid_rows(batch)
+    return flops / rows
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of one thread on an n x n matmul (the best of ``repeats``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        torch.mm(a, b)
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t)
+        return 2.0 * n ** 3 / best
+    finally:
+        torch.set_num_threads(threads)
+
+
 def run(name: str, cfg: config.ExperimentConfig, mode: str, ranks: int, warmup: int, steps: int, workers: int,
         out: Path) -> dict:
     t0 = time.perf_counter()
@@ -220,12 +261,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return next((r["examples_per_s"] for r in rows if (r["model"], r["mode"], r["ranks"]) == (model, mode, ranks)),
                     None)
 
+    if "full" in cfgs:
+        ranks = max(args.ranks)
+        flops = dense_flops_per_example(cfgs["full"])
+        achieved = flops * rate("full", "pipeline", ranks)
+        peaks = {name: ranks * matmul_peak(dt) for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+        print(f"\nutilization (full model, {ranks} ranks = {ranks} cores): {flops / 1e6:.1f} dense MFLOP per example "
+              f"(forward + backward) -> {achieved / 1e9:.2f} GFLOP/s achieved; matmul peak ({ranks} x one thread, "
+              f"2048^2): fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s ({100 * achieved / peaks['fp32']:.0f}%), "
+              f"bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s ({100 * achieved / peaks['bf16']:.0f}%)")
+        rows.append({"model": "full", "mode": "utilization", "ranks": ranks, "dense_flops_per_example": flops,
+                     "achieved_flops": achieved, "peak_fp32_flops": peaks["fp32"], "peak_bf16_flops": peaks["bf16"]})
+
     print("\nratios (same run):")
     for name in cfgs:
         for ranks in args.ranks:
             p, lo, pl = rate(name, "pipeline", ranks), rate(name, "loop", ranks), rate(name, "plain", ranks)
             print(f"  {name:<12} {ranks} rank(s): pipeline / plain PyTorch {p / pl:5.2f}x, pipeline / loop {p / lo:5.2f}x")
-    columns = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
+    columns = list(dict.fromkeys(k for r in rows for k in r))
     with open(out / "throughput.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()
