@@ -231,11 +231,13 @@ def write_report(ab: Ablation, results: Dict[str, dict], params: Dict[str, Dict[
         lines.append(f"- **{v.name}**: {how}`{' '.join(v.overrides) or '(base)'}`")
     out.write_text("\n".join(lines) + "\n")
 
-    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(surfaces), 4.2))
+    fig, ax = plt.subplots(figsize=(3.6 + 1.6 * len(surfaces), 4.2))
     width = 0.8 / max(len(results), 1)
     for i, name in enumerate(results):
         ys = [value(name, sf, task, metric) for sf in surfaces]
-        ax.bar([j + i * width for j in range(len(surfaces))], [y if y is not None else 0 for y in ys], width, label=name)
+        # tab20: a distinct color for up to 20 variants (the default cycle repeats after 10)
+        ax.bar([j + i * width for j in range(len(surfaces))], [y if y is not None else 0 for y in ys], width, label=name,
+               color=plt.get_cmap("tab20")(i % 20))
     if metric.startswith("calibration"):
         ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([j + width * (len(results) - 1) / 2 for j in range(len(surfaces))], surfaces)
@@ -245,7 +247,7 @@ def write_report(ab: Ablation, results: Dict[str, dict], params: Dict[str, Dict[
     if finite and metric in ("auc", "calibration", "calibration_vs_truth", "ne"):
         lo, hi = min(finite), max(finite)
         ax.set_ylim(lo - 0.1 * (hi - lo + 1e-3) - 0.01, hi + 0.1 * (hi - lo + 1e-3) + 0.01)
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     fig.tight_layout()
     fig.savefig(chart, dpi=110)
     plt.close(fig)
