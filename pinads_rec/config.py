@@ -653,6 +653,8 @@ def _validate_encoder(path: str, enc: SequenceEncoderConfig, features: "Features
     if not b or any(not x > 0 for x in b) or any(x >= y for x, y in zip(b, b[1:])):
         raise ConfigError(f"{path}.period_boundaries_s: need increasing positive seconds, got {b}")
     for key in ("din_hidden", "short_hidden"):
+        if not getattr(enc, key):
+            raise ConfigError(f"{path}.{key}: list at least one hidden width of the attention MLP")
         for i, w in enumerate(getattr(enc, key)):
             positive(f"{path}.{key}[{i}]", w)
     p = enc.projection

@@ -271,3 +271,26 @@ def test_every_ablation_variant_trains_on_two_ranks(tiny_data, tmp_path):
         assert r["steps"] == 3 and r["finite"], (name, r)
         expected = 2 if name == "no sequence" else 3  # ebc, user_ebc (+ ec with sequences)
         assert len(r["pipelined"]) == expected, (name, r["pipelined"])
+
+
+def test_attention_mlps_need_a_hidden_width():
+    with pytest.raises(config.ConfigError, match=r"model\.sequence\.din_hidden: list at least one hidden width"):
+        config.load(os.path.join(REPO, "configs", "demo.yaml"), ["model.sequence.din_hidden=[]"])
+
+
+def test_early_interaction_keeps_only_the_representations_the_model_has():
+    """The two-tower user tower has no candidate query and may have no user features: the early
+    interaction then uses what exists instead of failing inside the forward."""
+    cfg = SequenceEncoderConfig(d_model=8, early_interaction=config.EarlyInteractionConfig(
+        cosine=["candidate", "user"], tokens=["candidate", "user"]))
+    group = SequenceGroupConfig(name="g", timestamp_column="ts", max_length=L,
+                                features=[SequenceFeatureConfig(name="a", column="a", table="t"),
+                                          SequenceFeatureConfig(name="b", column="b", table="t")])
+    enc = GroupEncoder(group, cfg, attr_dim=8, query_dim=0, user_dim=0).eval()
+    assert enc.early is None and not enc.per_candidate and not enc.uses_user
+    events, deltas, _ = _group_inputs([2, 0])
+    out = enc(events, deltas, None, torch.tensor([0, 1]), None, None)
+    assert out.shape == (2, enc.output_dim) and torch.isfinite(out).all()
+    users_only = GroupEncoder(group, cfg, attr_dim=8, query_dim=0, user_dim=3).eval()
+    assert users_only.uses_user and not users_only.per_candidate
+    assert torch.isfinite(users_only(events, deltas, None, torch.tensor([0, 1]), None, torch.randn(2, 3))).all()

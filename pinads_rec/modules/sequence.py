@@ -51,10 +51,14 @@ class GroupEncoder(nn.Module):
         W = self.events.width
         enc = set(cfg.encoders)
         candidate = query_dim > 0  # without a query, the candidate-dependent parts are left out
+        # Early interaction with what the model has: no candidate query (two-tower user tower) or no
+        # user-side features means no such representation to interact with.
+        available = {"candidate": candidate, "user": user_dim > 0}
         early = cfg.early_interaction
-        cosine = [n for n in early.cosine if candidate or n != "candidate"]
-        tokens = [n for n in early.tokens if (candidate or n != "candidate") and "transformer" in enc]
+        cosine = [n for n in early.cosine if available[n]]
+        tokens = [n for n in early.tokens if available[n] and "transformer" in enc]
         self.per_candidate = "candidate" in cosine or "candidate" in tokens
+        self.uses_user = "user" in cosine or "user" in tokens
         self.early = (EarlyInteraction(W, {"candidate": query_dim, "user": user_dim}, cosine, tokens)
                       if cosine or tokens else None)
         self.transformer = (TransformerEncoder(W, cfg.num_layers, cfg.num_heads, cfg.ffn_dim, cfg.dropout,
@@ -129,8 +133,7 @@ class SequenceArch(nn.Module):
         self.groups = nn.ModuleDict({g.name: GroupEncoder(g, encoders[g.name], attr_dim, query_dim, user_dim)
                                      for g in features.sequence_groups})
         self.uses_query = query_dim > 0
-        self.uses_user = any(g.early is not None and "user" in g.early.cosine_of + g.early.tokens_of
-                             for g in self.groups.values())
+        self.uses_user = any(g.uses_user for g in self.groups.values())
         self.output_dim = sum(g.output_dim for g in self.groups.values())
 
     def forward(self, events: Dict[str, JaggedTensor], time_deltas: Dict[str, torch.Tensor],
