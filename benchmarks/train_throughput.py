@@ -1,7 +1,7 @@
 """Training throughput of the reference models, side by side with a plain-PyTorch baseline.
 
     python benchmarks/train_throughput.py [--config configs/demo.yaml] [--data data/ablations/train]
-        [--ranks 1 2] [--steps 60] [--warmup 15] [--switches] [--out runs/train_throughput]
+        [--ranks 1 2] [--steps 60] [--warmup 15] [--switches] [--profile] [--out runs/train_throughput]
 
 Every measurement is a fresh set of gloo processes (one torch thread each, the way ``torchrun``
 runs ``train.py`` here), the ranks started together by a barrier, all in one run so the ratios
@@ -27,9 +27,20 @@ Modes:
   (every row carries and encodes its own padded sequences), ``DistributedDataParallel`` over every
   parameter (dense embedding gradients all-reduced) and ``torch.optim.Adam``, a plain loop.
 
-``--switches`` adds the training-efficiency ablation on the full model at the largest rank count:
-pipeline off, loader workers 0 vs 1, BF16 large layers, batch sizes 1k-16k (the unique-user bound
-scaled with the batch). Output: a table on stdout, ``throughput.csv`` and ``throughput.json`` under
+``--switches`` adds the training-efficiency ablation (``switches()``) on both models at the largest
+rank count, one switch at a time: loader workers 0 vs 1 and prefetch depth, the dense AdamW fused /
+multi-tensor / per-parameter, SDPA's fused (flash) kernel vs the MATH one and BF16 large layers (full
+model), tables replicated with a separate Adagrad step vs sharded with the fused one (no-sequence
+model: the CPU cannot replicate EmbeddingCollection tables), and batches of 1k-16k rows per rank
+(the unique-user bound scaled with the batch). Pinned memory applies to CUDA only (train.py pins
+when it trains on a GPU). The pipeline-off switch is the ``loop`` mode above.
+
+Then, per model, for the reference row and the fastest switch: utilization (dense FLOPs per
+example from ``torch.utils.flop_counter`` against the measured matmul peaks, fp32 and bf16),
+embedding lookups/s against fbgemm's table-batched kernel measured alone, and the loader's
+examples/s (one rank's batches, built in-process on one thread; also with every allocation
+zero-filled) against a rank's consumption. ``--profile`` writes torch.profiler tables of each model
+(1 rank, plain loop). Output: a table on stdout, ``throughput.csv`` and ``throughput.json`` under
 ``--out``.
 """
 
@@ -38,6 +49,8 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
+import itertools
 import json
 import sys
 import time
@@ -59,24 +72,64 @@ REFERENCE = {
 }
 
 
+# The training-efficiency ablation: (label, config overrides, measure_pipeline keywords, loader
+# workers (None: --workers), rows per rank), one switch at a time against the model's pipeline row.
+def switches(model: str) -> List[tuple]:
+    out = [("0 loader workers (batches built in the trainer)", [], {}, 0, 512),
+           ("prefetch 1 batch per worker (instead of 4)", [], {"prefetch_factor": 1}, None, 512),
+           ("dense AdamW foreach (instead of fused)", [], {"dense_adamw": "foreach"}, None, 512),
+           ("dense AdamW for-loop", [], {"dense_adamw": "for_loop"}, None, 512)]
+    if model == "full":
+        out += [("SDPA on the MATH kernel (instead of flash)", [], {"attention": "math"}, None, 512),
+                ("BF16 large layers", ["model.precision.train=bf16"], {}, None, 512)]
+    else:  # EmbeddingCollection tables cannot be data_parallel on CPU (fbgemm's dense kernel pools)
+        out += [("tables replicated, Adagrad after backward (not fused)", ["train.sharding_types=[data_parallel]"],
+                 {}, None, 512)]
+    out += [(f"batch {b:,}", [], {}, None, b) for b in (1024, 2048, 4096, 8192, 16384)]
+    out += [(f"batch {b:,}, 0 loader workers", [], {}, 0, b) for b in (4096, 16384)]
+    if model == "full":  # BF16 where the matmuls are large enough to use the bf16 units
+        out += [("batch 4,096, 0 loader workers, BF16", ["model.precision.train=bf16"], {}, 0, 4096)]
+    return out
+
+
+def batch_overrides(batch: int) -> List[str]:
+    # ~12 candidates per request: room for every request of a batch under the unique-user bound
+    return [] if batch == 512 else [f"data.batch_size={batch}", f"data.max_unique_users_per_batch={max(64, batch // 8)}"]
+
+
 def _valid_rows(batch) -> int:
     return int(batch.valid.sum())
 
 
-def measure_pipeline(cfg: config.ExperimentConfig, warmup: int, steps: int, num_workers: int) -> dict:
-    """``train.py``'s loop: TrainPipelineSparseDist over the sharded model; wall time only."""
+def measure_pipeline(cfg: config.ExperimentConfig, warmup: int, steps: int, num_workers: int,
+                     attention: str = "default", dense_adamw: str = "fused", prefetch_factor: int = 4) -> dict:
+    """``train.py``'s loop: TrainPipelineSparseDist over the sharded model; wall time only.
+
+    Switches (the training-efficiency ablation): ``attention="math"`` runs every scaled-dot-product
+    attention on the unfused MATH kernel instead of the fused (flash) one; ``dense_adamw`` "foreach"
+    or "for_loop" replaces the fused dense AdamW by torch's multi-tensor or per-parameter
+    implementation; ``prefetch_factor`` is the batches each loader worker keeps ready."""
+    import contextlib
+
     import torch.distributed as dist
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
     from pinads_rec import parallel
     from pinads_rec.data.loader import make_loader
     from pinads_rec.train import EndTogether, build
 
+    if dense_adamw != "fused":
+        # This rank process only: make_optimizer asks for the fused AdamW; hand it the other kernel.
+        fused_adamw = torch.optim.AdamW
+        torch.optim.AdamW = lambda params, **kw: fused_adamw(  # type: ignore[misc]
+            params, **{**kw, "fused": False, "foreach": dense_adamw == "foreach"})
     env = parallel.init_distributed()
     group = dist.new_group(backend="gloo") if env.world_size > 1 else None
     dmp = build(cfg, env, group=group)
     optimizer, schedule = parallel.make_optimizer(dmp, cfg.train, warmup + steps + 2)
-    loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True, num_workers=num_workers)
+    loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True, num_workers=num_workers,
+                         pin_memory=env.device.type == "cuda", prefetch_factor=prefetch_factor)
     rows: List[int] = []
 
     def counted(it):
@@ -88,12 +141,13 @@ def measure_pipeline(cfg: config.ExperimentConfig, warmup: int, steps: int, num_
     pipeline = TrainPipelineSparseDist(dmp, optimizer, env.device, execute_all_batches=True)
     dmp.train()
     started = None
-    for i in range(warmup + steps):
-        if i == warmup:
-            dist.barrier()
-            started = time.perf_counter()
-        pipeline.progress(batches)
-        schedule.step()
+    with sdpa_kernel([SDPBackend.MATH]) if attention == "math" else contextlib.nullcontext():
+        for i in range(warmup + steps):
+            if i == warmup:
+                dist.barrier()
+                started = time.perf_counter()
+            pipeline.progress(batches)
+            schedule.step()
     wall = time.perf_counter() - started
     return {"rank": env.rank, "wall_s": wall, "steps": steps, "valid_rows_per_step": sum(rows) / len(rows)}
 
@@ -152,6 +206,42 @@ def measure_plain(cfg: config.ExperimentConfig, warmup: int, steps: int, num_wor
             **{f"{k}_ms": 1000.0 * v / steps for k, v in sums.items()}}
 
 
+def measure_profile(cfg: config.ExperimentConfig, warmup: int, steps: int, num_workers: int) -> dict:
+    """torch.profiler over ``steps`` plain-loop steps of the sharded model (after ``warmup``): the
+    operators by self CPU time, as a table."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from pinads_rec import parallel
+    from pinads_rec.data.loader import make_loader
+    from pinads_rec.train import EndTogether, build
+
+    env = parallel.init_distributed()
+    group = dist.new_group(backend="gloo") if env.world_size > 1 else None
+    dmp = build(cfg, env, group=group)
+    optimizer, _ = parallel.make_optimizer(dmp, cfg.train, warmup + steps + 2)
+    batches = EndTogether(iter(make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True,
+                                           num_workers=num_workers)), group)
+    dmp.train()
+
+    def step():
+        loss, _ = dmp(next(batches))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    for _ in range(warmup):
+        step()
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        wall = time.perf_counter() - t0
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60)
+    return {"rank": env.rank, "wall_s": wall, "steps": steps, "table": table}
+
+
 MEASURES = {"pipeline": measure_pipeline, "loop": measure_loop, "plain": measure_plain}
 
 
@@ -196,21 +286,113 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
         torch.set_num_threads(threads)
 
 
+def loader_rate(cfg: config.ExperimentConfig, world: int, batches: int = 40, zero_fill: bool = False) -> dict:
+    """Examples/s of one rank's batch building alone (rank 0 of ``world``, in this process, one
+    thread): what a loader worker supplies. ``zero_fill``: every ``torch.empty`` during batch building
+    becomes ``torch.zeros`` -- the zero-filled allocations the loader avoids."""
+    from unittest import mock
+
+    from pinads_rec.data.loader import ParquetBatches
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with mock.patch.object(torch, "empty", torch.zeros) if zero_fill else _nothing():
+            it = iter(ParquetBatches(cfg, cfg.data.train_dir, 0, world, shuffle=True))
+            next(it)  # the first shuffle-buffer fill is not steady state
+            rows = n = 0
+            t0 = time.perf_counter()
+            for n, batch in enumerate(itertools.islice(it, batches), 1):  # fewer when the data run out
+                rows += _valid_rows(batch)
+            wall = time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(threads)
+    return {"examples_per_s": rows / wall, "batch_ms": 1000.0 * wall / max(n, 1)}
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def lookups_per_example(cfg: config.ExperimentConfig, batches: int = 5) -> float:
+    """Embedding rows read per valid row as trained (pooled ids per row, plus each request's
+    sequence and user-side ids once: request-level broadcasting)."""
+    from pinads_rec.data.loader import ParquetBatches
+
+    ids = rows = 0
+    for i, b in enumerate(ParquetBatches(cfg, cfg.data.train_dir, shuffle=False)):
+        if i == batches:
+            break
+        ids += b.sparse.values().numel() + b.user_sparse.values().numel() + b.sequences.values().numel()
+        rows += _valid_rows(b)
+    return ids / rows
+
+
+def fbgemm_lookup_rate(cfg: config.ExperimentConfig, batches: int = 5, repeats: int = 5) -> float:
+    """Embedding lookups/s of fbgemm's CPU table-batched kernel alone, one thread: forward + backward
+    with the fused row-wise Adagrad update, on the model's own tables and a few real batches' ids
+    (pooled features summed, sequence events unpooled), the best of ``repeats``."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (ComputeDevice,
+                                                                        SplitTableBatchedEmbeddingBagsCodegen)
+
+    from pinads_rec.data.loader import ParquetBatches
+
+    tables = {t.name: t for t in cfg.features.tables}
+    pooled = {f.name: f.table for f in cfg.features.sparse}
+    events = {f"{g.name}.{f.name}": f.table for g in cfg.features.sequence_groups for f in g.features}
+    events.update({config.CANDIDATE_PREFIX + s.name: s.table for s in cfg.features.shared_sparse})
+
+    def tbe(kjt, feature_table, pooling):
+        # One table per feature: fbgemm's CPU kernel rejects unpooled features sharing a table
+        # (feature_table_map), and the rate is per lookup either way.
+        op = SplitTableBatchedEmbeddingBagsCodegen(
+            [(tables[feature_table[k]].num_embeddings, tables[feature_table[k]].embedding_dim, EmbeddingLocation.HOST,
+              ComputeDevice.CPU) for k in kjt.keys()],
+            optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.05, pooling_mode=pooling)
+        return op, kjt.values(), kjt.offsets().long()  # ids are in range: the contract checks hashed them
+
+    work = []
+    for i, b in enumerate(ParquetBatches(cfg, cfg.data.train_dir, shuffle=False)):
+        if i == batches:
+            break
+        for kjt, ft, pooling in ((b.sparse, pooled, PoolingMode.SUM), (b.user_sparse, pooled, PoolingMode.SUM),
+                                 (b.sequences, events, PoolingMode.NONE)):
+            if kjt.values().numel():
+                work.append(tbe(kjt, ft, pooling))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for op, ids, offsets in work:
+                op(ids, offsets).sum().backward()
+            best = min(best, time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(threads)
+    return sum(ids.numel() for _, ids, _ in work) / best
+
+
 def run(name: str, cfg: config.ExperimentConfig, mode: str, ranks: int, warmup: int, steps: int, workers: int,
-        out: Path) -> dict:
+        out: Path, measure=None, label: str = "") -> dict:
     t0 = time.perf_counter()
     per_rank = scaling.launch(cfg, ranks, warmup, steps, out / "runs" / f"{name}-{mode}-r{ranks}", num_workers=workers,
-                              measure=MEASURES[mode])
+                              measure=measure or MEASURES[mode])
     wall = max(r["wall_s"] for r in per_rank)
     # The loop mode counts whole batches (scaling.measure_rank); the padding share is the pipeline's.
     valid = sum(r.get("valid_rows_per_step", cfg.data.batch_size) for r in per_rank)
-    row = {"model": name, "mode": mode, "ranks": ranks, "batch_size": cfg.data.batch_size, "workers": workers,
+    row = {"model": name, "switch": label, "mode": mode, "ranks": ranks, "batch_size": cfg.data.batch_size, "workers": workers,
            "precision": cfg.model.precision.train, "steps": steps, "step_ms": 1000.0 * wall / steps,
            "examples_per_s": valid * steps / wall, "run_s": time.perf_counter() - t0}
     for k in scaling.PHASES:
         if f"{k}_ms" in per_rank[0]:
             row[f"{k}_ms"] = sum(r[f"{k}_ms"] for r in per_rank) / len(per_rank)
-    print(f"  {name:<24} {mode:<9} ranks {ranks}  {row['examples_per_s']:>9,.0f} ex/s  step {row['step_ms']:7.1f} ms"
+    print(f"  {name + (', ' + label if label else ''):<24} {mode:<9} ranks {ranks}  {row['examples_per_s']:>9,.0f} ex/s  "
+          f"step {row['step_ms']:7.1f} ms"
           + "".join(f"  {k} {row[k + '_ms']:6.1f}" for k in scaling.PHASES if k + "_ms" in row), flush=True)
     return row
 
@@ -224,7 +406,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--workers", type=int, default=1, help="loader worker processes per rank")
-    ap.add_argument("--switches", action="store_true", help="the training-efficiency ablation (full model)")
+    ap.add_argument("--switches", action="store_true", help="the training-efficiency ablation")
+    ap.add_argument("--profile", action="store_true", help="torch.profiler tables of each model (1 rank)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", default="runs/train_throughput")
     args = ap.parse_args(argv)
@@ -238,40 +421,64 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
 
     rows: List[dict] = []
+    configs = {(m, ""): c for m, c in cfgs.items()}  # (model, switch) -> the config it trained
     print("reference models (examples/s: valid rows, all ranks; phases: ms per step, mean over ranks)")
     for name, cfg in cfgs.items():
         for ranks in args.ranks:
             for mode in ("pipeline", "loop", "plain"):
                 rows.append(run(name, cfg, mode, ranks, args.warmup, args.steps, args.workers, out))
-    if args.switches and "full" in cfgs:
+    if args.switches:
         ranks = max(args.ranks)
-        print(f"training-efficiency switches (full model, {ranks} ranks)")
-        full = cfgs["full"]
-        rows.append(run("full, 0 loader workers", full, "pipeline", ranks, args.warmup, args.steps, 0, out))
-        bf16 = config.load(args.config, common + REFERENCE["full"] + ["model.precision.train=bf16"])
-        rows.append(run("full, BF16 large layers", bf16, "pipeline", ranks, args.warmup, args.steps, args.workers, out))
-        for batch in (1024, 2048, 4096, 8192, 16384):
-            users = max(64, batch // 8)  # ~12 candidates per request: room for every request of a batch
-            cfg = config.load(args.config, common + REFERENCE["full"] + [f"data.batch_size={batch}",
-                                                                         f"data.max_unique_users_per_batch={users}"])
-            steps = max(8, args.steps * 512 // batch)
-            rows.append(run(f"full, batch {batch}", cfg, "pipeline", ranks, max(3, steps // 4), steps, args.workers, out))
+        print(f"training-efficiency switches ({ranks} ranks, pipeline mode; against the pipeline rows above)")
+        for name in cfgs:
+            for label, overrides, kwargs, workers, batch in switches(name):
+                cfg = configs[(name, label)] = config.load(args.config, common + REFERENCE[name] + overrides
+                                                          + batch_overrides(batch))
+                steps = max(8, args.steps * 512 // batch)
+                measure = functools.partial(measure_pipeline, **kwargs) if kwargs else measure_pipeline
+                row = run(name, cfg, "pipeline", ranks, max(3, steps // 4), steps,
+                          args.workers if workers is None else workers, out, measure=measure, label=label)
+                rows.append(row)
+        if not torch.cuda.is_available():
+            print("  (pinned memory: CUDA only -- train.py pins the loader's batches when it trains on a GPU)")
 
     def rate(model, mode, ranks):
-        return next((r["examples_per_s"] for r in rows if (r["model"], r["mode"], r["ranks"]) == (model, mode, ranks)),
-                    None)
+        return next((r["examples_per_s"] for r in rows
+                     if (r["model"], r.get("switch"), r["mode"], r["ranks"]) == (model, "", mode, ranks)), None)
 
-    if "full" in cfgs:
-        ranks = max(args.ranks)
-        flops = dense_flops_per_example(cfgs["full"])
-        achieved = flops * rate("full", "pipeline", ranks)
-        peaks = {name: ranks * matmul_peak(dt) for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
-        print(f"\nutilization (full model, {ranks} ranks = {ranks} cores): {flops / 1e6:.1f} dense MFLOP per example "
-              f"(forward + backward) -> {achieved / 1e9:.2f} GFLOP/s achieved; matmul peak ({ranks} x one thread, "
-              f"2048^2): fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s ({100 * achieved / peaks['fp32']:.0f}%), "
-              f"bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s ({100 * achieved / peaks['bf16']:.0f}%)")
-        rows.append({"model": "full", "mode": "utilization", "ranks": ranks, "dense_flops_per_example": flops,
-                     "achieved_flops": achieved, "peak_fp32_flops": peaks["fp32"], "peak_bf16_flops": peaks["bf16"]})
+    ranks = max(args.ranks)
+    peaks = {name: ranks * matmul_peak(dt) for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+    print(f"\nmachine limits ({ranks} x one thread): matmul 2048^2 fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, "
+          f"bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s")
+    for name, base_cfg in cfgs.items():
+        runs = [r for r in rows if (r["model"], r["mode"], r["ranks"]) == (name, "pipeline", ranks)]
+        for r in (runs[0], max(runs, key=lambda r: r["examples_per_s"])):
+            cfg = configs[(name, r["switch"])]
+            flops, lookups = dense_flops_per_example(cfg), lookups_per_example(cfg)
+            achieved, per_rank = flops * r["examples_per_s"], r["examples_per_s"] / ranks
+            fbgemm = ranks * fbgemm_lookup_rate(cfg)
+            loader, zeroed = loader_rate(cfg, ranks), loader_rate(cfg, ranks, zero_fill=True)
+            print(f"  {name}, {r['switch'] or 'reference'} ({r['examples_per_s']:,.0f} ex/s): dense "
+                  f"{flops / 1e6:.2f} MFLOP/example -> {achieved / 1e9:.1f} GFLOP/s = {100 * achieved / peaks['fp32']:.1f}% "
+                  f"of fp32 peak, {100 * achieved / peaks['bf16']:.1f}% of bf16; {lookups:.0f} lookups/example -> "
+                  f"{lookups * r['examples_per_s'] / 1e6:.2f} M/s = {100 * lookups * r['examples_per_s'] / fbgemm:.1f}% of "
+                  f"fbgemm alone ({fbgemm / 1e6:.1f} M/s); loader {loader['examples_per_s']:,.0f} ex/s per worker = "
+                  f"{loader['examples_per_s'] / per_rank:.1f}x a rank's consumption ({per_rank:,.0f}); zero-filled "
+                  f"allocations {zeroed['examples_per_s']:,.0f} ex/s ({loader['examples_per_s'] / zeroed['examples_per_s']:.2f}x)",
+                  flush=True)
+            rows.append({"model": name, "switch": r["switch"], "mode": "utilization", "ranks": ranks,
+                         "batch_size": cfg.data.batch_size, "examples_per_s": r["examples_per_s"],
+                         "dense_flops_per_example": flops, "achieved_flops": achieved, "peak_fp32_flops": peaks["fp32"],
+                         "peak_bf16_flops": peaks["bf16"], "lookups_per_example": lookups,
+                         "fbgemm_lookups_per_s": fbgemm, "loader_examples_per_s": loader["examples_per_s"],
+                         "loader_zero_fill_examples_per_s": zeroed["examples_per_s"]})
+    if args.profile:
+        for name, cfg in cfgs.items():
+            prof = scaling.launch(cfg, 1, args.warmup, min(args.steps, 20), out / "runs" / f"{name}-profile",
+                                  num_workers=args.workers, measure=measure_profile)[0]
+            (out / f"profile-{name}.txt").write_text(prof["table"])
+            print(f"\nprofile, {name}, 1 rank, plain loop ({out / f'profile-{name}.txt'}):\n"
+                  + "\n".join(prof["table"].splitlines()[:16]))
 
     print("\nratios (same run):")
     for name in cfgs:

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 def test_train_throughput_measures_every_mode_and_the_utilization(tiny_data, tmp_path):
     _, data = tiny_data
     args = [sys.executable, os.path.join(REPO, "benchmarks", "train_throughput.py"),
-            "--ranks", "1", "--steps", "2", "--warmup", "1", "--out", str(tmp_path)]
+            "--ranks", "1", "--steps", "2", "--warmup", "1", "--profile", "--out", str(tmp_path)]
     for o in tiny_overrides(data) + ["model.calibration=none"]:
         args += ["--set", o]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=REPO)
@@ -30,7 +30,34 @@ def test_train_throughput_measures_every_mode_and_the_utilization(tiny_data, tmp
     for r in rows:
         if r["mode"] != "utilization":
             assert float(r["examples_per_s"]) > 0
-    util = next(r for r in rows if r["mode"] == "utilization")
-    assert float(util["dense_flops_per_example"]) > 1e5
+    util = {r["model"]: r for r in rows if r["mode"] == "utilization"}
+    assert set(util) == {"full", "no_sequence"}
+    assert float(util["full"]["dense_flops_per_example"]) > 1e5
+    for r in util.values():
+        # sequences and pooled ids are looked up; the kernel alone and the loader both measured
+        assert float(r["lookups_per_example"]) > 3
+        assert float(r["fbgemm_lookups_per_s"]) > 0 and float(r["loader_examples_per_s"]) > 0
+        assert float(r["loader_zero_fill_examples_per_s"]) > 0
+    assert float(util["full"]["lookups_per_example"]) > float(util["no_sequence"]["lookups_per_example"])
     out = proc.stdout
-    assert "pipeline / plain PyTorch" in out and "dense MFLOP per example" in out
+    assert "pipeline / plain PyTorch" in out and "MFLOP/example" in out and "of fbgemm alone" in out
+    for model in ("full", "no_sequence"):
+        assert "self cpu" in (tmp_path / f"profile-{model}.txt").read_text().lower()
+
+
+def test_training_efficiency_switches_run(tiny_data, tmp_path, monkeypatch):
+    """The switches' keywords (unfused attention, non-fused dense AdamW, loader prefetch) train."""
+    import functools
+
+    benchmarks = os.path.join(REPO, "benchmarks")
+    monkeypatch.syspath_prepend(benchmarks)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([benchmarks] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    import train_throughput as tt
+    from pinads_rec import config, scaling
+
+    cfg = config.load(os.path.join(REPO, "configs", "demo.yaml"),
+                      tiny_overrides(tiny_data[1]) + ["model.calibration=none"] + tt.REFERENCE["full"])
+    for kwargs in ({"attention": "math", "dense_adamw": "for_loop"}, {"dense_adamw": "foreach", "prefetch_factor": 1}):
+        (r,) = scaling.launch(cfg, 1, 1, 2, tmp_path / "switch", num_workers=1,
+                              measure=functools.partial(tt.measure_pipeline, **kwargs))
+        assert r["steps"] == 2 and r["valid_rows_per_step"] > 0

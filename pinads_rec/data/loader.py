@@ -345,14 +345,15 @@ def _stack(table: pa.Table, names: List[str]) -> torch.Tensor:
 
 def make_loader(cfg: ExperimentConfig, directory: str, rank: int = 0, world_size: int = 1,
                 shuffle: bool = True, num_workers: Optional[int] = None, epoch: int = 0,
-                pin_memory: bool = False, part: str = "all") -> torch.utils.data.DataLoader:
-    """A DataLoader over this rank's batches; workers read disjoint row groups in parallel."""
+                pin_memory: bool = False, part: str = "all", prefetch_factor: int = 4) -> torch.utils.data.DataLoader:
+    """A DataLoader over this rank's batches; workers read disjoint row groups in parallel, each
+    keeping ``prefetch_factor`` batches ready."""
     dataset = ParquetBatches(cfg, directory, rank, world_size, shuffle, part=part)
     dataset.set_epoch(epoch)
     workers = cfg.data.num_workers if num_workers is None else num_workers
     return torch.utils.data.DataLoader(
         dataset, batch_size=None, num_workers=workers, pin_memory=pin_memory,
-        persistent_workers=False, prefetch_factor=4 if workers else None,
+        persistent_workers=False, prefetch_factor=prefetch_factor if workers else None,
         worker_init_fn=_one_thread if workers else None,
     )
 
