@@ -441,6 +441,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 rows.append(row)
         if not torch.cuda.is_available():
             print("  (pinned memory: CUDA only -- train.py pins the loader's batches when it trains on a GPU)")
+        print("the plain-PyTorch baseline at each model's fastest switch")
+        for name in cfgs:
+            best = max((r for r in rows if (r["model"], r["mode"], r["ranks"]) == (name, "pipeline", ranks)),
+                       key=lambda r: r["examples_per_s"])
+            steps = max(8, args.steps * 512 // best["batch_size"])
+            row = run(name, configs[(name, best["switch"])], "plain", ranks, max(3, steps // 4), steps, best["workers"],
+                      out, label=best["switch"])
+            rows.append(row)
+            print(f"  {name}, {best['switch']}: pipeline / plain PyTorch {best['examples_per_s'] / row['examples_per_s']:.2f}x")
 
     def rate(model, mode, ranks):
         return next((r["examples_per_s"] for r in rows

@@ -109,6 +109,39 @@ def test_two_ranks_two_workers_cover_every_row_once(tiny_data):
     assert seen == collections.Counter(_file_fingerprints(cfg, table))
 
 
+def _assert_same_batch(a, b):
+    from dataclasses import fields
+
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    for f in fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, KeyedJaggedTensor):
+            assert x.keys() == y.keys() and x.stride() == y.stride(), f.name
+            for get in (KeyedJaggedTensor.values, KeyedJaggedTensor.lengths, KeyedJaggedTensor.offsets):
+                assert torch.equal(get(x), get(y)), f.name
+            assert (x.weights_or_none() is None) == (y.weights_or_none() is None), f.name
+        elif isinstance(x, torch.Tensor):
+            assert x.dtype == y.dtype and torch.equal(x, y), f.name
+        elif isinstance(x, dict):
+            assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), f.name
+        else:
+            assert x == y, f.name
+
+
+def test_a_batch_crosses_processes_as_one_buffer_and_arrives_unchanged(tiny_data):
+    import pickle
+
+    cfg, data = tiny_data
+    local = next(iter(ParquetBatches(cfg, f"{data}/train", shuffle=False)))
+    _, (buffer, layout, _) = local.__reduce__()
+    # one shared-memory segment per batch, whatever the number of tensors (~20)
+    assert buffer.dtype == torch.uint8 and len(layout) > 15
+    _assert_same_batch(local, pickle.loads(pickle.dumps(local)))
+    # through a real DataLoader worker
+    _assert_same_batch(local, next(iter(make_loader(cfg, f"{data}/train", shuffle=False, num_workers=1))))
+
+
 def test_shuffle_keeps_requests_together_and_changes_order(tiny_data):
     cfg, data = tiny_data
     ds = ParquetBatches(cfg, f"{data}/train", shuffle=True)

@@ -11,7 +11,7 @@ outputs, the user-side work repeated per candidate.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -67,3 +67,66 @@ class Batch(Pipelineable):
 
     def pin_memory(self) -> "Batch":
         return self._map(lambda t: t.pin_memory())
+
+    def __reduce__(self):
+        """Crosses a process boundary (from a DataLoader worker) as one buffer. torch would share
+        each of the ~20 tensors through its own shared-memory segment, and the trainer would fetch
+        each handle from the worker: at 512 rows that costs more than building the batch
+        (benchmarks/train_throughput.py, docs/performance.md)."""
+        tensors: List[torch.Tensor] = []
+
+        def put(t: Optional[torch.Tensor]) -> Optional[int]:
+            if t is None:
+                return None
+            tensors.append(t)
+            return len(tensors) - 1
+
+        spec = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, KeyedJaggedTensor):
+                spec[f.name] = ("kjt", v.keys(), put(v.values()), put(v.lengths()), put(v.weights_or_none()), v.stride())
+            elif isinstance(v, torch.Tensor):
+                spec[f.name] = ("tensor", put(v))
+            elif isinstance(v, dict):
+                spec[f.name] = ("dict", {k: put(t) for k, t in v.items()})
+            else:
+                spec[f.name] = ("value", v)
+        buffer, layout = _pack(tensors)
+        return _unpack_batch, (buffer, layout, spec)
+
+
+_ALIGN = 8  # bytes: every tensor's view into the buffer starts aligned for its dtype
+
+
+def _pack(tensors: List[torch.Tensor]) -> Tuple[torch.Tensor, List[tuple]]:
+    """One uint8 buffer holding every tensor, and (dtype, shape, byte offset) per tensor."""
+    chunks, layout, offset = [], [], 0
+    for t in tensors:
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        layout.append((t.dtype, tuple(t.shape), offset))
+        pad = -raw.numel() % _ALIGN
+        chunks += [raw, raw.new_zeros(pad)] if pad else [raw]
+        offset += raw.numel() + pad
+    return (torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.uint8)), layout
+
+
+def _unpack_batch(buffer: torch.Tensor, layout: List[tuple], spec: dict) -> Batch:
+    tensors = []
+    for dtype, shape, offset in layout:
+        n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        tensors.append(buffer[offset:offset + n].view(dtype).view(shape))
+    get = lambda i: None if i is None else tensors[i]  # noqa: E731
+    out = {}
+    for name, (kind, *args) in spec.items():
+        if kind == "kjt":
+            keys, values, lengths, weights, stride = args
+            out[name] = KeyedJaggedTensor(keys=keys, values=get(values), lengths=get(lengths), weights=get(weights),
+                                          stride=stride)
+        elif kind == "tensor":
+            out[name] = get(args[0])
+        elif kind == "dict":
+            out[name] = {k: get(i) for k, i in args[0].items()}
+        else:
+            out[name] = args[0]
+    return Batch(**out)
