@@ -47,6 +47,7 @@ zero-filled) against a rank's consumption. ``--profile`` writes torch.profiler t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import functools
@@ -112,8 +113,6 @@ def measure_pipeline(cfg: config.ExperimentConfig, warmup: int, steps: int, num_
     attention on the unfused MATH kernel instead of the fused (flash) one; ``dense_adamw`` "foreach"
     or "for_loop" replaces the fused dense AdamW by torch's multi-tensor or per-parameter
     implementation; ``prefetch_factor`` is the batches each loader worker keeps ready."""
-    import contextlib
-
     import torch.distributed as dist
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
@@ -300,7 +299,7 @@ def loader_rate(cfg: config.ExperimentConfig, world: int, batches: int = 40, zer
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with mock.patch.object(torch, "empty", torch.zeros) if zero_fill else _nothing():
+        with mock.patch.object(torch, "empty", torch.zeros) if zero_fill else contextlib.nullcontext():
             it = iter(ParquetBatches(cfg, cfg.data.train_dir, 0, world, shuffle=True))
             next(it)  # the first shuffle-buffer fill is not steady state
             rows = n = 0
@@ -311,12 +310,6 @@ def loader_rate(cfg: config.ExperimentConfig, world: int, batches: int = 40, zer
     finally:
         torch.set_num_threads(threads)
     return {"examples_per_s": rows / wall, "batch_ms": 1000.0 * wall / max(n, 1)}
-
-
-def _nothing():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def lookups_per_example(cfg: config.ExperimentConfig, batches: int = 5) -> float:
