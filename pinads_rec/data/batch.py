@@ -114,7 +114,7 @@ def _pack(tensors: List[torch.Tensor]) -> Tuple[torch.Tensor, List[tuple]]:
 def _unpack_batch(buffer: torch.Tensor, layout: List[tuple], spec: dict) -> Batch:
     tensors = []
     for dtype, shape, offset in layout:
-        n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        n = torch.Size(shape).numel() * dtype.itemsize
         tensors.append(buffer[offset:offset + n].view(dtype).view(shape))
     get = lambda i: None if i is None else tensors[i]  # noqa: E731
     out = {}
