@@ -105,6 +105,25 @@ def _valid_rows(batch) -> int:
     return int(batch.valid.sum())
 
 
+def _sharded_training(cfg: config.ExperimentConfig, total_steps: int, num_workers: int, prefetch_factor: int = 4,
+                      wrap=iter):
+    """What train.py sets up on this rank: the sharded model, its optimizers and LR schedule, and
+    this rank's batches (``wrap`` around the loader's iterator), ending together on every rank."""
+    import torch.distributed as dist
+
+    from pinads_rec import parallel
+    from pinads_rec.data.loader import make_loader
+    from pinads_rec.train import EndTogether, build
+
+    env = parallel.init_distributed()
+    group = dist.new_group(backend="gloo") if env.world_size > 1 else None
+    dmp = build(cfg, env, group=group)
+    optimizer, schedule = parallel.make_optimizer(dmp, cfg.train, total_steps)
+    loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True, num_workers=num_workers,
+                         pin_memory=env.device.type == "cuda", prefetch_factor=prefetch_factor)
+    return env, dmp, optimizer, schedule, EndTogether(wrap(iter(loader)), group)
+
+
 def measure_pipeline(cfg: config.ExperimentConfig, warmup: int, steps: int, num_workers: int,
                      attention: str = "default", dense_adamw: str = "fused", prefetch_factor: int = 4) -> dict:
     """``train.py``'s loop: TrainPipelineSparseDist over the sharded model; wall time only.
@@ -117,21 +136,11 @@ def measure_pipeline(cfg: config.ExperimentConfig, warmup: int, steps: int, num_
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
-    from pinads_rec import parallel
-    from pinads_rec.data.loader import make_loader
-    from pinads_rec.train import EndTogether, build
-
     if dense_adamw != "fused":
         # This rank process only: make_optimizer asks for the fused AdamW; hand it the other kernel.
         fused_adamw = torch.optim.AdamW
         torch.optim.AdamW = lambda params, **kw: fused_adamw(  # type: ignore[misc]
             params, **{**kw, "fused": False, "foreach": dense_adamw == "foreach"})
-    env = parallel.init_distributed()
-    group = dist.new_group(backend="gloo") if env.world_size > 1 else None
-    dmp = build(cfg, env, group=group)
-    optimizer, schedule = parallel.make_optimizer(dmp, cfg.train, warmup + steps + 2)
-    loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True, num_workers=num_workers,
-                         pin_memory=env.device.type == "cuda", prefetch_factor=prefetch_factor)
     rows: List[int] = []
 
     def counted(it):
@@ -139,7 +148,8 @@ def measure_pipeline(cfg: config.ExperimentConfig, warmup: int, steps: int, num_
             rows.append(_valid_rows(batch))
             yield batch
 
-    batches = EndTogether(counted(iter(loader)), group)
+    env, dmp, optimizer, schedule, batches = _sharded_training(cfg, warmup + steps + 2, num_workers, prefetch_factor,
+                                                               counted)
     pipeline = TrainPipelineSparseDist(dmp, optimizer, env.device, execute_all_batches=True)
     dmp.train()
     started = None
@@ -214,16 +224,7 @@ def measure_profile(cfg: config.ExperimentConfig, warmup: int, steps: int, num_w
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
-    from pinads_rec import parallel
-    from pinads_rec.data.loader import make_loader
-    from pinads_rec.train import EndTogether, build
-
-    env = parallel.init_distributed()
-    group = dist.new_group(backend="gloo") if env.world_size > 1 else None
-    dmp = build(cfg, env, group=group)
-    optimizer, _ = parallel.make_optimizer(dmp, cfg.train, warmup + steps + 2)
-    batches = EndTogether(iter(make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True,
-                                           num_workers=num_workers)), group)
+    env, dmp, optimizer, _, batches = _sharded_training(cfg, warmup + steps + 2, num_workers)
     dmp.train()
 
     def step():

@@ -142,6 +142,25 @@ def test_a_batch_crosses_processes_as_one_buffer_and_arrives_unchanged(tiny_data
     _assert_same_batch(local, next(iter(make_loader(cfg, f"{data}/train", shuffle=False, num_workers=1))))
 
 
+def test_a_batch_with_a_variable_batch_kjt_crosses_whole(tiny_data):
+    """A KJT with a batch size per key is not packed (its layout is more than values + lengths): it
+    is pickled as itself and arrives unchanged beside the packed fields."""
+    import dataclasses
+    import pickle
+
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    cfg, data = tiny_data
+    local = next(iter(ParquetBatches(cfg, f"{data}/train", shuffle=False)))
+    vbe = KeyedJaggedTensor(keys=["a", "b"], values=torch.arange(5), lengths=torch.tensor([2, 1, 2], dtype=torch.int32),
+                            stride_per_key_per_rank=[[2], [1]])
+    batch = dataclasses.replace(local, sequences=vbe)
+    back = pickle.loads(pickle.dumps(batch))
+    assert back.sequences.variable_stride_per_key() and back.sequences.stride_per_key() == [2, 1]
+    assert torch.equal(back.sequences.values(), vbe.values()) and torch.equal(back.sequences.lengths(), vbe.lengths())
+    assert torch.equal(back.dense, local.dense) and torch.equal(back.sparse.values(), local.sparse.values())
+
+
 def test_shuffle_keeps_requests_together_and_changes_order(tiny_data):
     cfg, data = tiny_data
     ds = ParquetBatches(cfg, f"{data}/train", shuffle=True)

@@ -84,8 +84,10 @@ class Batch(Pipelineable):
         spec = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, KeyedJaggedTensor):
+            if isinstance(v, KeyedJaggedTensor) and not v.variable_stride_per_key() and v.inverse_indices_or_none() is None:
                 spec[f.name] = ("kjt", v.keys(), put(v.values()), put(v.lengths()), put(v.weights_or_none()), v.stride())
+            elif isinstance(v, KeyedJaggedTensor):  # variable batch per key: torch's own pickling keeps it whole
+                spec[f.name] = ("value", v)
             elif isinstance(v, torch.Tensor):
                 spec[f.name] = ("tensor", put(v))
             elif isinstance(v, dict):
