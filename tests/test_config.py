@@ -389,5 +389,20 @@ def test_every_shipped_ablation_loads_with_valid_variants(path):
             assert config.load(REPO / ab.base, common + v.overrides).features.tasks, v.name
 
 
+def test_ablations_sharing_a_data_directory_generate_the_same_data():
+    # The runner regenerates a data directory whose synth settings differ from the file's: two files
+    # sharing one with different settings would wipe each other's data on every run.
+    from pinads_rec.ablate import load_ablation
+
+    wanted = {}
+    for path in ABLATIONS:
+        ab = load_ablation(str(path))
+        for quick in (False, True):
+            cfg = config.load(REPO / ab.base, ab.overrides + (ab.quick if quick else []))
+            data = str(Path(cfg.data.train_dir).parent)
+            first = wanted.setdefault(data, (path.name, cfg.synth))
+            assert first[1] == cfg.synth, f"{path.name} and {first[0]} generate different data into {data}"
+
+
 def test_configs_dir_is_not_empty():
     assert ALL_CONFIGS, "configs/ holds no YAML"
