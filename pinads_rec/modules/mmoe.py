@@ -23,6 +23,9 @@ class Experts(nn.Module):
         self.experts = nn.ModuleList(MLP(in_features, dims) for _ in range(num_experts))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled(x.device.type):
+            # Autocast would cast the shared input once per expert (and each gradient back): once.
+            x = x.to(torch.get_autocast_dtype(x.device.type))
         return torch.stack([e(x) for e in self.experts], dim=1)
 
 
@@ -42,4 +45,5 @@ class MMoE(nn.Module):
         experts = self.experts(x)  # [B, E, H]
         gates = self.gates(x).view(-1, self.num_tasks, self.num_experts).softmax(dim=-1)  # [B, T, E]
         mixed = torch.bmm(gates, experts)  # [B, T, H]
-        return torch.stack([tower(mixed[:, t]) for t, tower in enumerate(self.towers)], dim=1)
+        # unbind: one backward for all tasks, not a zero-filled [B, T, H] gradient per task
+        return torch.stack([tower(m) for m, tower in zip(mixed.unbind(1), self.towers)], dim=1)
