@@ -171,8 +171,10 @@ def measure_loop(cfg: config.ExperimentConfig, warmup: int, steps: int, num_work
             **{f"{k}_ms": out[f"{k}_ms"] for k in scaling.PHASES}}
 
 
-def measure_plain(cfg: config.ExperimentConfig, warmup: int, steps: int, num_workers: int) -> dict:
-    """The plain-PyTorch baseline: unsharded model, no broadcasting, DDP + Adam, plain loop."""
+def measure_plain(cfg: config.ExperimentConfig, warmup: int, steps: int, num_workers: int,
+                  evaluate: bool = False) -> dict:
+    """The plain-PyTorch baseline: unsharded model, no broadcasting, DDP + Adam, plain loop.
+    ``evaluate``: then its AUC etc. on the eval split, as ``train.py`` evaluates (``eval`` rows)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -180,7 +182,7 @@ def measure_plain(cfg: config.ExperimentConfig, warmup: int, steps: int, num_wor
     from pinads_rec.data.loader import make_loader
     from pinads_rec.models import build_model
     from pinads_rec.models.train_task import TrainTask
-    from pinads_rec.train import EndTogether
+    from pinads_rec.train import EndTogether, evaluate as evaluate_split
 
     env = parallel.init_distributed()
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, broadcast=False))
@@ -215,7 +217,8 @@ def measure_plain(cfg: config.ExperimentConfig, warmup: int, steps: int, num_wor
             rows += _valid_rows(batch)
     wall = time.perf_counter() - started
     return {"rank": env.rank, "wall_s": wall, "steps": steps, "valid_rows_per_step": rows / steps,
-            **{f"{k}_ms": 1000.0 * v / steps for k, v in sums.items()}}
+            **{f"{k}_ms": 1000.0 * v / steps for k, v in sums.items()},
+            **({"eval": evaluate_split(net, cfg, env, group)} if evaluate else {})}
 
 
 def measure_profile(cfg: config.ExperimentConfig, warmup: int, steps: int, num_workers: int) -> dict:

@@ -2,6 +2,7 @@
 against a time: these only check the scripts work and report what they claim to)."""
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -61,3 +62,20 @@ def test_training_efficiency_switches_run(tiny_data, tmp_path, monkeypatch):
         (r,) = scaling.launch(cfg, 1, 1, 2, tmp_path / "switch", num_workers=1,
                               measure=functools.partial(tt.measure_pipeline, **kwargs))
         assert r["steps"] == 2 and r["valid_rows_per_step"] > 0
+
+
+def test_equal_auc_trains_both_and_evaluates_both(tiny_data, tmp_path):
+    _, data = tiny_data
+    args = [sys.executable, os.path.join(REPO, "benchmarks", "equal_auc.py"), "--steps", "3", "--ranks", "1",
+            "--models", "no_sequence", "--out", str(tmp_path)]
+    for o in tiny_overrides(data) + ["model.calibration=none"]:
+        args += ["--set", o]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+    rows = json.loads((tmp_path / "equal_auc.json").read_text())
+    assert [r["trainer"] for r in rows] == ["train.py", "plain"]
+    for r in rows:
+        assert r["examples_per_s"] > 0 and 0.0 <= r["auc_all"] <= 1.0 and r["steps"] == 3
+    assert "train.py / plain:" in proc.stdout
+    assert os.path.exists(tmp_path / "no_sequence-train_py" / "metrics.jsonl")
