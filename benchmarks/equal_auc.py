@@ -22,7 +22,6 @@ import argparse
 import functools
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -32,22 +31,15 @@ for path in (REPO, REPO / "benchmarks"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from pinads_rec import config, scaling  # noqa: E402
+from pinads_rec import ablate, config, scaling  # noqa: E402
 from train_throughput import REFERENCE, measure_plain  # noqa: E402
 
 
 def train_py(config_path: str, overrides: List[str], run_dir: Path, ranks: int) -> dict:
-    """``train.py`` under torchrun on ``ranks`` gloo processes: its summary (examples/s, eval rows)."""
+    """``train.py`` under torchrun (the ablation runner's launch): its summary (examples/s, eval rows)."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-           str(REPO / "pinads_rec" / "train.py"), "--config", config_path]
-    cmd += [a for o in overrides + [f"train.run_dir={run_dir}"] for a in ("--set", o)]
-    with open(run_dir / "stdout.txt", "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
-    if rc != 0:
-        raise RuntimeError(f"train.py failed (exit {rc}); its output: {run_dir / 'stdout.txt'}")
-    return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    return ablate.train_py(config_path, overrides, run_dir, ranks)
 
 
 def plain(cfg: config.ExperimentConfig, steps: int, ranks: int, run_dir: Path) -> dict:

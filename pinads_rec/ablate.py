@@ -99,7 +99,7 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def _summary(run_dir: Path) -> Optional[dict]:
+def run_summary(run_dir: Path) -> Optional[dict]:
     """The finished run's summary line (the last metrics.jsonl line with eval rows), if any."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
@@ -145,7 +145,7 @@ def run_variant(ab: Ablation, v: Variant, overrides: List[str], run_dir: Path, r
         return dict(c, train={k: v for k, v in c["train"].items() if k not in ("plan_file", "max_steps")})
 
     wanted = comparable(json.loads(json.dumps(config.to_dict(cfg))))
-    done = _summary(run_dir)
+    done = run_summary(run_dir)
     saved = run_dir / "config.json"
     if done is not None and saved.exists() and comparable(json.loads(saved.read_text())) == wanted:
         print(f"[{v.name}] reusing the finished run in {run_dir}", flush=True)
@@ -159,19 +159,29 @@ def run_variant(ab: Ablation, v: Variant, overrides: List[str], run_dir: Path, r
         latest = max(src_dir.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
         shutil.copytree(latest, run_dir / "checkpoints" / latest.name)
         extra = [f"train.max_steps={source['step']}"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-           str(REPO / "pinads_rec" / "train.py"), "--config", ab.base]
-    for o in overrides + extra + [f"train.run_dir={run_dir}"]:
-        cmd += ["--set", o]
     print(f"[{v.name}] {'evaluating ' + v.eval_of if v.eval_of else 'training'} -> {run_dir}", flush=True)
     started = time.time()
+    try:
+        summary = train_py(ab.base, overrides + extra, run_dir, ranks)
+    except RuntimeError as e:
+        raise RuntimeError(f"variant {v.name!r}: {e}") from None
+    print(f"[{v.name}] done in {time.time() - started:.0f} s", flush=True)
+    return summary
+
+
+def train_py(base: str, overrides: List[str], run_dir: Path, ranks: int) -> dict:
+    """``pinads_rec/train.py`` under torchrun on ``ranks`` gloo processes, into ``run_dir`` (its output
+    in ``train.log``): the run's summary. A failed run raises with the end of its log."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+           str(REPO / "pinads_rec" / "train.py"), "--config", str(base)]
+    for o in overrides + [f"train.run_dir={run_dir}"]:
+        cmd += ["--set", o]
     with open(run_dir / "train.log", "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
-    summary = _summary(run_dir)
+    summary = run_summary(run_dir)
     if rc != 0 or summary is None:
         tail = (run_dir / "train.log").read_text().splitlines()[-15:]
-        raise RuntimeError(f"variant {v.name!r} failed (exit {rc}); end of {run_dir}/train.log:\n" + "\n".join(tail))
-    print(f"[{v.name}] done in {time.time() - started:.0f} s", flush=True)
+        raise RuntimeError(f"train.py failed (exit {rc}); end of {run_dir}/train.log:\n" + "\n".join(tail))
     return summary
 
 

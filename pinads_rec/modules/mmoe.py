@@ -25,6 +25,8 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_autocast_enabled(x.device.type):
             # Autocast would cast the shared input once per expert (and each gradient back): once.
+            # Here, not in LargeLayer: casting every large layer's input would also put the
+            # Transformer's residual stream and the cross network's products in BF16.
             x = x.to(torch.get_autocast_dtype(x.device.type))
         return torch.stack([e(x) for e in self.experts], dim=1)
 
