@@ -405,7 +405,8 @@ class TrainConfig:
     keep_checkpoints: int = 3
     log_every: int = 20
     # Sharding types the planner may use (subset of table_wise, row_wise, column_wise,
-    # table_row_wise, table_column_wise, data_parallel); empty = all that suit the device.
+    # table_row_wise, table_column_wise, data_parallel); empty = all that suit the device on CUDA,
+    # table_wise on CPU (gloo: pinads_rec.parallel.CPU_DEFAULT_SHARDING says why).
     sharding_types: List[str] = field(default_factory=list)
     # A plan saved by `python -m pinads_rec.plan --out`: each table keeps its sharding type and
     # compute kernel (the planner still places shards for the actual world size).

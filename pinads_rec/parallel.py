@@ -81,15 +81,24 @@ def sharders() -> list:
     return [BagSharder(), EmbeddingCollectionSharder()]
 
 
+# Without a configured choice, CPU (gloo) ranks shard every table table-wise. Each sharding type in a
+# module brings its own input and output collectives, and on gloo a collective costs ~1 ms of
+# thread hand-offs whatever its size -- a cost the planner's bandwidth model does not see, so it
+# mixes row- and table-wise in both bag collections. One type per module measured 1.16x (no-sequence
+# model) and 1.05x (full model) the planner's mix on 2 ranks (docs/performance.md).
+CPU_DEFAULT_SHARDING = (ShardingType.TABLE_WISE.value,)
+
+
 def constraints(cfg: ExperimentConfig, compute_device: str) -> Dict[str, ParameterConstraints]:
-    """Per-table allowed sharding types: the config's choice, minus what the device cannot run."""
+    """Per-table allowed sharding types: the config's choice (on CPU without one, table-wise), minus what
+    the device cannot run."""
     bag = {ShardingType.DATA_PARALLEL.value, ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value,
            ShardingType.TABLE_COLUMN_WISE.value, ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value}
     seq = {ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value, ShardingType.ROW_WISE.value}
     if compute_device == "cuda":
         seq.add(ShardingType.DATA_PARALLEL.value)
     # On CPU an EmbeddingCollection table planned data_parallel crashes in forward: never plan it.
-    wanted = set(cfg.train.sharding_types)
+    wanted = set(cfg.train.sharding_types or (CPU_DEFAULT_SHARDING if compute_device != "cuda" else ()))
     saved = load_plan(cfg.train.plan_file)["tables"] if cfg.train.plan_file else {}
     out = {}
     bags = embedding_bag_configs(cfg.features) + embedding_bag_configs(cfg.features, user_side=True)

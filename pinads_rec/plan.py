@@ -561,7 +561,10 @@ def format_report(report: dict, title: str = "") -> str:
                f"{mem} per rank; batch {report['batch_size']} per rank")
     out.append(f"Bandwidths (GB/s): HBM {_num(t['hbm_bw_gbps'])}, DDR {_num(t['ddr_bw_gbps'])}, "
                f"intra-host {_num(t['intra_host_bw_gbps'])}, inter-host {_num(t['inter_host_bw_gbps'])}")
-    allowed = ",".join(report["sharding_types"]) or "all the device supports"
+    allowed = ",".join(report["sharding_types"])
+    if not allowed:
+        from pinads_rec.parallel import CPU_DEFAULT_SHARDING
+        allowed = "all the device supports" if cuda else ",".join(CPU_DEFAULT_SHARDING) + " (the CPU default)"
     out.append(f"Sharding types allowed: {allowed}; pooling factors: "
                f"{'from the config (sequence lengths)' if report['pooling_factors'] else 'TorchRec default (1)'}")
     where = "HBM" if cuda else "DDR"
@@ -733,7 +736,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="HeuristicalStorageReservation margin, percent of HBM (default %(default)s)")
     g.add_argument("--sharding-types", default=None, metavar="A,B",
                    help=f"allowed sharding types, from {','.join(SHARDING_TYPES)} "
-                        "(default: train.sharding_types, or all the device supports)")
+                        "(default: train.sharding_types, or all the device supports; table_wise on CPU)")
     g.add_argument("--no-pooling-factors", dest="pooling_factors", action="store_false",
                    help="one lookup per table and row (TorchRec's default) instead of the sequence lengths")
     g = p.add_argument_group("output")

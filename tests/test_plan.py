@@ -225,13 +225,14 @@ def _build_with_plan_file(rank, world, result_dir, data_dir, plan_file):
 
 @pytest.mark.slow
 def test_plan_json_round_trip_into_2_rank_training(tiny_data, tmp_path):
+    from pinads_rec.plan import SHARDING_TYPES
+
     _, data_dir = tiny_data
     plan_file = tmp_path / "plan.json"
-    # This plan (pooling factors from the sequence lengths, batch 512) differs from what the 2-rank
-    # run's own planner picks for tiny batches (item and query_token go table_wise there), so
-    # matching types show the plan file at work.
+    # This plan (every sharding type allowed; the CPU default is table-wise alone) differs from what
+    # the 2-rank run's own planner picks, so matching types show the plan file at work.
     rc, out, err = run_main(["--config", DEMO, "--world-size", "2", "--compute-device", "cpu",
-                             "--out", str(plan_file)])
+                             "--sharding-types", ",".join(SHARDING_TYPES), "--out", str(plan_file)])
     assert rc == 0, err
     planned = json.loads(plan_file.read_text())["tables"]
     assert len({t["sharding_type"] for t in planned.values()}) >= 2, planned  # some variety to check
