@@ -10,7 +10,8 @@ same data, batches and seed, then evaluate on the config's eval split:
 - ``train.py`` itself under torchrun: sharded tables with the fused row-wise Adagrad, dense AdamW with
   warm-up and decay, TrainPipelineSparseDist, request-level broadcasting;
 - the plain baseline (train_throughput.measure_plain): the same model unsharded, no broadcasting,
-  DDP over every parameter, ``torch.optim.Adam`` at the config's LR, a plain loop.
+  DDP over every parameter, the same optimizer recipe in ``torch.optim`` (Adagrad on the tables,
+  AdamW with the warm-up and decay on the dense layers), a plain loop.
 
 Output: click AUC per surface and examples/s of each, the ratios, and ``equal_auc.json`` under
 ``--out``.
@@ -44,7 +45,8 @@ def train_py(config_path: str, overrides: List[str], run_dir: Path, ranks: int) 
 
 def plain(cfg: config.ExperimentConfig, steps: int, ranks: int, run_dir: Path) -> dict:
     """The plain baseline trained ``steps`` steps and evaluated: examples/s and eval rows."""
-    per_rank = scaling.launch(cfg, ranks, 0, steps, run_dir, num_workers=1, timeout_s=6 * 3600.0,
+    per_rank = scaling.launch(cfg, ranks, 0, steps, run_dir, num_workers=cfg.data.num_workers,
+                              timeout_s=6 * 3600.0,
                               measure=functools.partial(measure_plain, evaluate=True))
     rows = sum(r["valid_rows_per_step"] for r in per_rank) * steps
     return {"train_examples_per_s": rows / max(r["wall_s"] for r in per_rank), "eval": per_rank[0]["eval"]}

@@ -25,11 +25,13 @@ Modes:
 - ``plain``: the plain-PyTorch baseline: the same model function unsharded (TorchRec's unsharded
   collections are ``nn.EmbeddingBag`` / ``nn.Embedding`` modules), no request-level broadcasting
   (every row carries and encodes its own padded sequences), ``DistributedDataParallel`` over every
-  parameter (dense embedding gradients all-reduced) and ``torch.optim.Adam``, a plain loop.
+  parameter (dense embedding gradients all-reduced), train.py's optimizer recipe in ``torch.optim``
+  (Adagrad on the tables, AdamW with warm-up and decay on the dense layers), a plain loop.
 
 ``--switches`` adds the training-efficiency ablation (``switches()``) on both models at the largest
 rank count, one switch at a time: loader workers 0 vs 1 and prefetch depth, the dense AdamW fused /
-multi-tensor / per-parameter, SDPA's fused (flash) kernel vs the MATH one and BF16 large layers (full
+multi-tensor / per-parameter, every sharding type allowed to the planner instead of the CPU's
+table-wise default, SDPA's fused (flash) kernel vs the MATH one and BF16 large layers (full
 model), tables replicated with a separate Adagrad step vs sharded with the fused one (no-sequence
 model: the CPU cannot replicate EmbeddingCollection tables), and batches of 1k-16k rows per rank
 (the unique-user bound scaled with the batch). Pinned memory applies to CUDA only (train.py pins
@@ -65,6 +67,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from pinads_rec import config, scaling  # noqa: E402
+from pinads_rec.plan import SHARDING_TYPES  # noqa: E402
 
 REFERENCE = {
     "full": ["model.sequence.num_layers=2", "model.sequence.encoders=[transformer, long_short]",
@@ -79,7 +82,10 @@ def switches(model: str) -> List[tuple]:
     out = [("0 loader workers (batches built in the trainer)", [], {}, 0, 512),
            ("prefetch 1 batch per worker (instead of 4)", [], {"prefetch_factor": 1}, None, 512),
            ("dense AdamW foreach (instead of fused)", [], {"dense_adamw": "foreach"}, None, 512),
-           ("dense AdamW for-loop", [], {"dense_adamw": "for_loop"}, None, 512)]
+           ("dense AdamW for-loop", [], {"dense_adamw": "for_loop"}, None, 512),
+           # the planner free to mix types (its cost model does not see gloo's per-collective cost)
+           ("every sharding type allowed (instead of table-wise)", [f"train.sharding_types=[{', '.join(SHARDING_TYPES)}]"],
+            {}, None, 512)]
     if model == "full":
         out += [("SDPA on the MATH kernel (instead of flash)", [], {"attention": "math"}, None, 512),
                 ("BF16 large layers", ["model.precision.train=bf16"], {}, None, 512)]
@@ -171,9 +177,23 @@ def measure_loop(cfg: config.ExperimentConfig, warmup: int, steps: int, num_work
             **{f"{k}_ms": out[f"{k}_ms"] for k in scaling.PHASES}}
 
 
+def plain_optimizers(task: torch.nn.Module, train: config.TrainConfig, total_steps: int):
+    """train.py's optimizer recipe in ``torch.optim``: Adagrad on the tables at the embedding LR
+    (element-wise; the row-wise variant is fbgemm's), AdamW on the dense layers with the same warm-up
+    and decay. (optimizers, the dense LR schedule)."""
+    from pinads_rec import parallel
+
+    tables = {n: p for n, p in task.named_parameters() if any(k in n for k in parallel.EMBEDDING_PARAM)}
+    dense = [p for n, p in task.named_parameters() if n not in tables]
+    adamw = torch.optim.AdamW(dense, lr=train.lr, weight_decay=train.weight_decay)
+    adagrad = torch.optim.Adagrad(list(tables.values()), lr=train.embedding_lr, eps=1e-8)
+    return [adamw, adagrad], torch.optim.lr_scheduler.LambdaLR(adamw, parallel.lr_multiplier(train, total_steps))
+
+
 def measure_plain(cfg: config.ExperimentConfig, warmup: int, steps: int, num_workers: int,
                   evaluate: bool = False) -> dict:
-    """The plain-PyTorch baseline: unsharded model, no broadcasting, DDP + Adam, plain loop.
+    """The plain-PyTorch baseline: unsharded model, no broadcasting, DDP, train.py's optimizer recipe
+    in torch.optim (plain_optimizers), plain loop.
     ``evaluate``: then its AUC etc. on the eval split, as ``train.py`` evaluates (``eval`` rows)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -190,7 +210,7 @@ def measure_plain(cfg: config.ExperimentConfig, warmup: int, steps: int, num_wor
     torch.manual_seed(cfg.train.seed)
     task = TrainTask(build_model(cfg.features, cfg.model))
     net = DistributedDataParallel(task) if env.world_size > 1 else task
-    optimizer = torch.optim.Adam(task.parameters(), lr=cfg.train.lr)
+    optimizers, schedule = plain_optimizers(task, cfg.train, warmup + steps)
     loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True, num_workers=num_workers)
     batches = EndTogether(iter(loader), group)
     net.train()
@@ -208,8 +228,10 @@ def measure_plain(cfg: config.ExperimentConfig, warmup: int, steps: int, num_wor
         t2 = time.perf_counter()
         loss.backward()
         t3 = time.perf_counter()
-        optimizer.step()
-        optimizer.zero_grad()
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
+        schedule.step()
         t4 = time.perf_counter()
         if i >= warmup:
             for k, dt in zip(scaling.PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
