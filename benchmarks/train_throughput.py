@@ -42,7 +42,7 @@ example from ``torch.utils.flop_counter`` against the measured matmul peaks, fp3
 embedding lookups/s against fbgemm's table-batched kernel measured alone, and the loader's
 examples/s (one rank's batches, built in-process on one thread; also with every allocation
 zero-filled) against a rank's consumption. ``--profile`` writes torch.profiler tables of each model
-(1 rank, plain loop). Output: a table on stdout, ``throughput.csv`` and ``throughput.json`` under
+(plain loop, rank 0: at 1 rank and at the most ``--ranks``). Output: a table on stdout, ``throughput.csv`` and ``throughput.json`` under
 ``--out``.
 """
 
@@ -429,7 +429,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--workers", type=int, default=1, help="loader worker processes per rank")
     ap.add_argument("--switches", action="store_true", help="the training-efficiency ablation")
-    ap.add_argument("--profile", action="store_true", help="torch.profiler tables of each model (1 rank)")
+    ap.add_argument("--profile", action="store_true",
+                    help="torch.profiler tables of each model (1 rank and the most --ranks)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", default="runs/train_throughput")
     args = ap.parse_args(argv)
@@ -506,12 +507,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "fbgemm_lookups_per_s": fbgemm, "loader_examples_per_s": loader["examples_per_s"],
                          "loader_zero_fill_examples_per_s": zeroed["examples_per_s"]})
     if args.profile:
+        # 1 rank: the model's own hot spots; the most ranks: what the collectives add (rank 0's table)
         for name, cfg in cfgs.items():
-            prof = scaling.launch(cfg, 1, args.warmup, min(args.steps, 20), out / "runs" / f"{name}-profile",
-                                  num_workers=args.workers, measure=measure_profile)[0]
-            (out / f"profile-{name}.txt").write_text(prof["table"])
-            print(f"\nprofile, {name}, 1 rank, plain loop ({out / f'profile-{name}.txt'}):\n"
-                  + "\n".join(prof["table"].splitlines()[:16]))
+            for ranks in sorted({1, max(args.ranks)}):
+                suffix = "" if ranks == 1 else f"-r{ranks}"
+                prof = scaling.launch(cfg, ranks, args.warmup, min(args.steps, 20),
+                                      out / "runs" / f"{name}-profile{suffix}", num_workers=args.workers,
+                                      measure=measure_profile)[0]
+                path = out / f"profile-{name}{suffix}.txt"
+                path.write_text(f"{prof['wall_s'] / prof['steps'] * 1e3:.1f} ms per profiled step\n" + prof["table"])
+                print(f"\nprofile, {name}, {ranks} rank(s), plain loop, rank 0 ({path}):\n"
+                      + "\n".join(prof["table"].splitlines()[:16]))
 
     print("\nratios (same run):")
     for name in cfgs:

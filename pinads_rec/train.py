@@ -201,7 +201,8 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
     bar = tqdm(total=total_steps, initial=state.step, disable=not env.is_main, unit="step",
                mininterval=1.0 if sys.stderr.isatty() else 15.0, dynamic_ncols=True)
     global_batch = cfg.data.batch_size * env.world_size
-    started, examples, window_loss, window_n, logit_abs_max = time.perf_counter(), 0, 0.0, 0, 0.0
+    begun, started = time.perf_counter(), None
+    examples, window_loss, window_n, logit_abs_max = 0, 0.0, 0, 0.0
     pipelined = None
 
     done = bool(cfg.train.max_steps) and state.step >= cfg.train.max_steps
@@ -228,12 +229,16 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
             state.step += 1
             state.batches_in_epoch += 1
             examples += labels.shape[0] * env.world_size
+            if started is None:
+                # Rates leave the first step out: it starts the loader's workers and traces the
+                # pipeline, seconds that would dominate a short run's examples/s.
+                started, examples = time.perf_counter(), 0
             window_loss += float(loss)
             window_n += 1
             logit_abs_max = max(logit_abs_max, float(logits.abs().max()))
             bar.update(1)
             if state.step % cfg.train.log_every == 0:
-                rate = examples / (time.perf_counter() - started)
+                rate = examples / (time.perf_counter() - started) if examples else 0.0
                 record = {"step": state.step, "epoch": epoch, "loss": window_loss / window_n,
                           "logit_abs_max": logit_abs_max, "nonfinite_skipped": guard.skipped,
                           "fp16_fallbacks": fallback_count(dmp), "lr": schedule.get_last_lr()[0],
@@ -251,8 +256,9 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
         if not done:
             state.epoch, state.batches_in_epoch = epoch + 1, 0
     bar.close()
-    elapsed = time.perf_counter() - started
-    throughput = examples / elapsed if elapsed > 0 else 0.0
+    now = time.perf_counter()
+    elapsed = now - begun
+    throughput = examples / (now - started) if examples else 0.0
 
     pipeline.detach()
     calibrate(dmp, cfg, env, data_group)

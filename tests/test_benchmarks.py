@@ -79,3 +79,13 @@ def test_equal_auc_trains_both_and_evaluates_both(tiny_data, tmp_path):
         assert r["examples_per_s"] > 0 and 0.0 <= r["auc_all"] <= 1.0 and r["steps"] == 3
     assert "train.py / plain:" in proc.stdout
     assert os.path.exists(tmp_path / "no_sequence-train_py" / "metrics.jsonl")
+
+
+def test_collective_latency_reports_each_compute_setting():
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "collective_latency.py"),
+                           "--calls", "10", "--compute-us", "0", "200"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if "of compute:" in line]
+    assert [line.split()[1] for line in lines] == ["0", "200"]
+    assert all("median" in line and "p90" in line and "compute alone" in line for line in lines)
