@@ -42,8 +42,8 @@ example from ``torch.utils.flop_counter`` against the measured matmul peaks, fp3
 embedding lookups/s against fbgemm's table-batched kernel measured alone, and the loader's
 examples/s (one rank's batches, built in-process on one thread; also with every allocation
 zero-filled) against a rank's consumption. ``--profile`` writes torch.profiler tables of each model
-(plain loop, rank 0: at 1 rank and at the most ``--ranks``). Output: a table on stdout, ``throughput.csv`` and ``throughput.json`` under
-``--out``.
+(plain loop, rank 0: at 1 rank and at the most ``--ranks``). Output: a table on stdout,
+``throughput.csv`` and ``throughput.json`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ def switches(model: str) -> List[tuple]:
            ("dense AdamW foreach (instead of fused)", [], {"dense_adamw": "foreach"}, None, 512),
            ("dense AdamW for-loop", [], {"dense_adamw": "for_loop"}, None, 512),
            # the planner free to mix types (its cost model does not see gloo's per-collective cost)
-           ("every sharding type allowed (instead of table-wise)", [f"train.sharding_types=[{', '.join(SHARDING_TYPES)}]"],
-            {}, None, 512)]
+           ("every sharding type allowed (instead of table-wise)",
+            [f"train.sharding_types=[{', '.join(SHARDING_TYPES)}]"], {}, None, 512)]
     if model == "full":
         out += [("SDPA on the MATH kernel (instead of flash)", [], {"attention": "math"}, None, 512),
                 ("BF16 large layers", ["model.precision.train=bf16"], {}, None, 512)]

@@ -82,10 +82,11 @@ def sharders() -> list:
 
 
 # Without a configured choice, CPU (gloo) ranks shard every table table-wise. Each sharding type in a
-# module brings its own input and output collectives, and on gloo a collective costs ~1 ms of
-# thread hand-offs whatever its size -- a cost the planner's bandwidth model does not see, so it
-# mixes row- and table-wise in both bag collections. One type per module measured 1.16x (no-sequence
-# model) and 1.05x (full model) the planner's mix on 2 ranks (docs/performance.md).
+# module brings its own input and output collectives, and on gloo a collective between computations
+# costs ~0.8 ms of thread hand-offs whatever its size (benchmarks/collective_latency.py) -- a cost the
+# planner's bandwidth model does not see, so it mixes row- and table-wise in both bag collections.
+# One type per module measured 1.14-1.41x (no-sequence model) and 1.05-1.07x (full model) the
+# planner's mix on 2 ranks (docs/performance.md).
 CPU_DEFAULT_SHARDING = (ShardingType.TABLE_WISE.value,)
 
 
