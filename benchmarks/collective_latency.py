@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -71,7 +72,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    rdzv = os.path.join(tempfile.mkdtemp(prefix="pinads_latency_"), "rdzv")
+    tmp = tempfile.mkdtemp(prefix="pinads_latency_")
+    rdzv = os.path.join(tmp, "rdzv")
     procs = [ctx.Process(target=_rank, args=(r, args.ranks, rdzv, args.calls, args.compute_us, queue))
              for r in range(args.ranks)]
     for p in procs:
@@ -85,6 +87,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"alone {1e3 * alone:.3f} ms (+{1e3 * (step - alone):.3f})", flush=True)
     for p in procs:
         p.join(60)
+    shutil.rmtree(tmp, ignore_errors=True)
     return 0 if all(p.exitcode == 0 for p in procs) else 1
 
 

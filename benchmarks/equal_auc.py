@@ -68,6 +68,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", default="runs/equal_auc")
     args = ap.parse_args(argv)
+    if args.steps < 2:
+        ap.error(f"--steps {args.steps}: at least 2 (the first step of each trainer is not timed)")
     out = Path(args.out)
     try:
         overrides = {m: list(args.set) + REFERENCE[m] + [f"train.max_steps={args.steps}"] for m in args.models}

@@ -90,6 +90,11 @@ def sharders() -> list:
 CPU_DEFAULT_SHARDING = (ShardingType.TABLE_WISE.value,)
 
 
+def allowed_sharding_types(cfg: ExperimentConfig, compute_device: str) -> List[str]:
+    """The sharding types the config allows (before per-table device limits); empty: all of them."""
+    return list(cfg.train.sharding_types or (CPU_DEFAULT_SHARDING if compute_device != "cuda" else ()))
+
+
 def constraints(cfg: ExperimentConfig, compute_device: str) -> Dict[str, ParameterConstraints]:
     """Per-table allowed sharding types: the config's choice (on CPU without one, table-wise), minus what
     the device cannot run."""
@@ -99,7 +104,7 @@ def constraints(cfg: ExperimentConfig, compute_device: str) -> Dict[str, Paramet
     if compute_device == "cuda":
         seq.add(ShardingType.DATA_PARALLEL.value)
     # On CPU an EmbeddingCollection table planned data_parallel crashes in forward: never plan it.
-    wanted = set(cfg.train.sharding_types or (CPU_DEFAULT_SHARDING if compute_device != "cuda" else ()))
+    wanted = set(allowed_sharding_types(cfg, compute_device))
     saved = load_plan(cfg.train.plan_file)["tables"] if cfg.train.plan_file else {}
     out = {}
     bags = embedding_bag_configs(cfg.features) + embedding_bag_configs(cfg.features, user_side=True)

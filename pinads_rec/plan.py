@@ -340,6 +340,8 @@ def _reserved(reservation, spec: PlanSpec) -> dict:
 
 
 def _report(best_plan, cfg, spec: PlanSpec, config_path, topology, reservation, batch, seconds, capture) -> dict:
+    from pinads_rec import parallel
+
     reserved = _reserved(reservation, spec)
     in_use_hbm = reserved["reserved_hbm_bytes"] - reserved["margin_hbm_bytes"]  # dense + KJT, really used
     in_use_ddr = reserved["reserved_ddr_bytes"]
@@ -398,7 +400,7 @@ def _report(best_plan, cfg, spec: PlanSpec, config_path, topology, reservation, 
         },
         "config": config_path,
         "batch_size": batch,
-        "sharding_types": list(spec.sharding_types) or list(cfg.train.sharding_types),
+        "sharding_types": parallel.allowed_sharding_types(cfg, spec.compute_device),
         "pooling_factors": spec.pooling_factors,
         "storage_reservation": reserved,
         "per_rank": ranks,
@@ -561,10 +563,7 @@ def format_report(report: dict, title: str = "") -> str:
                f"{mem} per rank; batch {report['batch_size']} per rank")
     out.append(f"Bandwidths (GB/s): HBM {_num(t['hbm_bw_gbps'])}, DDR {_num(t['ddr_bw_gbps'])}, "
                f"intra-host {_num(t['intra_host_bw_gbps'])}, inter-host {_num(t['inter_host_bw_gbps'])}")
-    allowed = ",".join(report["sharding_types"])
-    if not allowed:
-        from pinads_rec.parallel import CPU_DEFAULT_SHARDING
-        allowed = "all the device supports" if cuda else ",".join(CPU_DEFAULT_SHARDING) + " (the CPU default)"
+    allowed = ",".join(report["sharding_types"]) or "all the device supports"
     out.append(f"Sharding types allowed: {allowed}; pooling factors: "
                f"{'from the config (sequence lengths)' if report['pooling_factors'] else 'TorchRec default (1)'}")
     where = "HBM" if cuda else "DDR"

@@ -228,11 +228,12 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
             schedule.step()
             state.step += 1
             state.batches_in_epoch += 1
-            examples += labels.shape[0] * env.world_size
             if started is None:
                 # Rates leave the first step out: it starts the loader's workers and traces the
                 # pipeline, seconds that would dominate a short run's examples/s.
-                started, examples = time.perf_counter(), 0
+                started = time.perf_counter()
+            else:
+                examples += labels.shape[0] * env.world_size
             window_loss += float(loss)
             window_n += 1
             logit_abs_max = max(logit_abs_max, float(logits.abs().max()))
