@@ -60,8 +60,9 @@ def read_requests(cfg: config.ExperimentConfig, data_dir: str, row_groups: int) 
     return table, list(zip(starts.tolist(), lengths.tolist()))
 
 
-def request_tables(table: pa.Table, requests: List[tuple], candidates: int, rows: int, count: int,
-                   offset: int = 0) -> List[pa.Table]:
+def request_tables(
+    table: pa.Table, requests: List[tuple], candidates: int, rows: int, count: int, offset: int = 0
+) -> List[pa.Table]:
     """``count`` tables of rows // candidates requests, each request's rows repeated/trimmed to exactly
     ``candidates`` (distinct requests across tables as long as the data has them)."""
     per_batch = rows // candidates
@@ -75,8 +76,9 @@ def request_tables(table: pa.Table, requests: List[tuple], candidates: int, rows
     return out
 
 
-def to_batches(cfg: config.ExperimentConfig, data_dir: str, tables: Sequence[pa.Table], rows: int,
-               requests: int) -> Dict[bool, List[Batch]]:
+def to_batches(
+    cfg: config.ExperimentConfig, data_dir: str, tables: Sequence[pa.Table], rows: int, requests: int
+) -> Dict[bool, List[Batch]]:
     """The same rows as broadcast (True) and per-row (False) batches, through the loader's to_batch;
     broadcast batches get exactly one user slot per request."""
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_unique_users_per_batch=requests))
@@ -101,7 +103,7 @@ def side_by_side(fns: Dict[bool, Callable], batches: Dict[bool, List[Batch]], re
         timed(fns[on], batches[on][:1])
     rates = {True: [], False: []}
     for i in range(repeats):
-        for on in ((True, False) if i % 2 == 0 else (False, True)):
+        for on in (True, False) if i % 2 == 0 else (False, True):
             rates[on].append(timed(fns[on], batches[on]))
     return ({on: statistics.median(r) for on, r in rates.items()}, {on: max(r) for on, r in rates.items()})
 
@@ -149,13 +151,18 @@ def main(argv=None) -> int:
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None, help="inference precision")
     p.add_argument("--no-train", action="store_true", help="inference only")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--quiet-wait", type=float, default=120.0,
-                   help="seconds to wait, before each cell, for other processes to go quiet (0: no wait)")
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=120.0,
+        help="seconds to wait, before each cell, for other processes to go quiet (0: no wait)",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     if args.run:
         from pinads_rec.serve import find_checkpoint, run_config
+
         cfg = run_config(args.run, find_checkpoint(args.run))
     else:
         cfg = config.load(args.config)
@@ -164,12 +171,17 @@ def main(argv=None) -> int:
     model, precision = inference_model(args, cfg)
     train_step = None if args.no_train else training_task(cfg)
 
-    print(f"broadcasting on vs off: {args.rows} rows/batch x {args.batches} batches, {len(requests):,} real "
-          f"requests of {data_dir} (mean {table.num_rows / len(requests):.1f} candidates) repeated/trimmed to N; "
-          f"{'weights of ' + args.run if args.run else 'fresh weights'}; {args.threads} threads; median of "
-          f"{args.repeats} (training {args.train_repeats}) alternating repeats\n", flush=True)
-    header = (f"{'phase':<24} {'N cand/req':>10} {'users/batch on':>14} {'on ex/s':>10} {'off ex/s':>10} "
-              f"{'on/off':>7} {'best-of on/off':>14} {'bg cores':>8}")
+    print(
+        f"broadcasting on vs off: {args.rows} rows/batch x {args.batches} batches, {len(requests):,} real "
+        f"requests of {data_dir} (mean {table.num_rows / len(requests):.1f} candidates) repeated/trimmed to N; "
+        f"{'weights of ' + args.run if args.run else 'fresh weights'}; {args.threads} threads; median of "
+        f"{args.repeats} (training {args.train_repeats}) alternating repeats\n",
+        flush=True,
+    )
+    header = (
+        f"{'phase':<24} {'N cand/req':>10} {'users/batch on':>14} {'on ex/s':>10} {'off ex/s':>10} "
+        f"{'on/off':>7} {'best-of on/off':>14} {'bg cores':>8}"
+    )
     lines = [header, "-" * len(header)]
     print(header, flush=True)
     results = []
@@ -184,16 +196,23 @@ def main(argv=None) -> int:
 
         phases = [(f"inference ({precision})", {True: infer, False: infer}, args.repeats)]
         if train_step is not None:
-            phases.append((f"training step ({cfg.model.precision.train})", {True: train_step, False: train_step},
-                           args.train_repeats))
+            phases.append(
+                (
+                    f"training step ({cfg.model.precision.train})",
+                    {True: train_step, False: train_step},
+                    args.train_repeats,
+                )
+            )
         for name, fns, repeats in phases:
             if args.quiet_wait:
                 wait_quiet(args.quiet_wait)
             meter = CpuMeter()
             rate, best = side_by_side(fns, batches, repeats)
             busy = meter.stop()["other_cores"]
-            line = (f"{name:<24} {n:>10} {users:>14} {rate[True]:>10,.0f} {rate[False]:>10,.0f} "
-                    f"{rate[True] / rate[False]:>6.2f}x {best[True] / best[False]:>13.2f}x {busy:>8.2f}")
+            line = (
+                f"{name:<24} {n:>10} {users:>14} {rate[True]:>10,.0f} {rate[False]:>10,.0f} "
+                f"{rate[True] / rate[False]:>6.2f}x {best[True] / best[False]:>13.2f}x {busy:>8.2f}"
+            )
             print(line, flush=True)
             lines.append(line)
             results.append((name, n, rate[True] / rate[False]))

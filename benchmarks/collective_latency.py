@@ -74,17 +74,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     queue = ctx.Queue()
     tmp = tempfile.mkdtemp(prefix="pinads_latency_")
     rdzv = os.path.join(tmp, "rdzv")
-    procs = [ctx.Process(target=_rank, args=(r, args.ranks, rdzv, args.calls, args.compute_us, queue))
-             for r in range(args.ranks)]
+    procs = [
+        ctx.Process(target=_rank, args=(r, args.ranks, rdzv, args.calls, args.compute_us, queue))
+        for r in range(args.ranks)
+    ]
     for p in procs:
         p.start()
     print(f"all_to_all_single of 1,024 floats, {args.ranks} gloo ranks, one thread each, {args.calls} calls")
     for _ in args.compute_us:
         us, alone, step, waits = queue.get(timeout=600)
         ms = sorted(1e3 * w for w in waits)
-        print(f"  after {us:6.0f} us of compute: collective mean {statistics.mean(ms):.3f} ms, median "
-              f"{ms[len(ms) // 2]:.3f}, p90 {ms[int(0.9 * len(ms))]:.3f}; step {1e3 * step:.3f} ms vs compute "
-              f"alone {1e3 * alone:.3f} ms (+{1e3 * (step - alone):.3f})", flush=True)
+        print(
+            f"  after {us:6.0f} us of compute: collective mean {statistics.mean(ms):.3f} ms, median "
+            f"{ms[len(ms) // 2]:.3f}, p90 {ms[int(0.9 * len(ms))]:.3f}; step {1e3 * step:.3f} ms vs compute "
+            f"alone {1e3 * alone:.3f} ms (+{1e3 * (step - alone):.3f})",
+            flush=True,
+        )
     for p in procs:
         p.join(60)
     shutil.rmtree(tmp, ignore_errors=True)

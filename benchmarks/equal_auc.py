@@ -46,9 +46,16 @@ def train_py(config_path: str, overrides: List[str], run_dir: Path, ranks: int) 
 def plain(cfg: config.ExperimentConfig, steps: int, ranks: int, run_dir: Path) -> dict:
     """The plain baseline trained ``steps`` steps and evaluated: examples/s and eval rows."""
     # Timed as train.py times itself: the first step (the loader's start) is trained, not timed.
-    per_rank = scaling.launch(cfg, ranks, 1, steps - 1, run_dir, num_workers=cfg.data.num_workers,
-                              timeout_s=6 * 3600.0,
-                              measure=functools.partial(measure_plain, evaluate=True))
+    per_rank = scaling.launch(
+        cfg,
+        ranks,
+        1,
+        steps - 1,
+        run_dir,
+        num_workers=cfg.data.num_workers,
+        timeout_s=6 * 3600.0,
+        measure=functools.partial(measure_plain, evaluate=True),
+    )
     rows = sum(r["valid_rows_per_step"] for r in per_rank) * (steps - 1)
     return {"train_examples_per_s": rows / max(r["wall_s"] for r in per_rank), "eval": per_rank[0]["eval"]}
 
@@ -80,17 +87,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     results = []
     for name, cfg in cfgs.items():
-        print(f"{name}: {args.steps} steps x {cfg.data.batch_size} rows x {args.ranks} ranks of {cfg.data.train_dir}, "
-              f"evaluated on {cfg.data.eval_dir}", flush=True)
-        runs = {"train.py": train_py(args.config, overrides[name], out / f"{name}-train_py", args.ranks),
-                "plain": plain(cfg, args.steps, args.ranks, out / f"{name}-plain")}
+        print(
+            f"{name}: {args.steps} steps x {cfg.data.batch_size} rows x {args.ranks} ranks of {cfg.data.train_dir}, "
+            f"evaluated on {cfg.data.eval_dir}",
+            flush=True,
+        )
+        runs = {
+            "train.py": train_py(args.config, overrides[name], out / f"{name}-train_py", args.ranks),
+            "plain": plain(cfg, args.steps, args.ranks, out / f"{name}-plain"),
+        }
         for label, summary in runs.items():
             aucs = first_task_aucs(summary["eval"])
-            print(f"  {label:<9} AUC ({cfg.features.tasks[0].name}) " + "  ".join(f"{s} {a:.4f}" for s, a in aucs.items())
-                  + f"   {summary['train_examples_per_s']:,.0f} examples/s", flush=True)
-            results.append({"model": name, "trainer": label, "steps": args.steps, "batch_size": cfg.data.batch_size,
-                            "ranks": args.ranks, "examples_per_s": summary["train_examples_per_s"],
-                            **{f"auc_{s}": a for s, a in aucs.items()}})
+            print(
+                f"  {label:<9} AUC ({cfg.features.tasks[0].name}) "
+                + "  ".join(f"{s} {a:.4f}" for s, a in aucs.items())
+                + f"   {summary['train_examples_per_s']:,.0f} examples/s",
+                flush=True,
+            )
+            results.append(
+                {
+                    "model": name,
+                    "trainer": label,
+                    "steps": args.steps,
+                    "batch_size": cfg.data.batch_size,
+                    "ranks": args.ranks,
+                    "examples_per_s": summary["train_examples_per_s"],
+                    **{f"auc_{s}": a for s, a in aucs.items()},
+                }
+            )
         speed = runs["train.py"]["train_examples_per_s"] / runs["plain"]["train_examples_per_s"]
         gap = first_task_aucs(runs["train.py"]["eval"])["all"] - first_task_aucs(runs["plain"]["eval"])["all"]
         print(f"  train.py / plain: {speed:.2f}x examples/s at {gap:+.4f} AUC (all surfaces)", flush=True)

@@ -76,7 +76,7 @@ def alternate(fns: Dict[str, Callable], batches: Sequence[Batch], repeats: int) 
     times = defaultdict(list)
     names = list(fns)
     for i in range(repeats):
-        for name in (names if i % 2 == 0 else names[::-1]):
+        for name in names if i % 2 == 0 else names[::-1]:
             times[name].append(median_ms(fns[name], batches))
     out = {name: statistics.median(t) for name, t in times.items()}
     BEST.clear()
@@ -89,6 +89,7 @@ def forward(model: nn.Module):
     @torch.inference_mode()
     def run(batch: Batch) -> torch.Tensor:
         return model(batch)
+
     return run
 
 
@@ -114,16 +115,21 @@ def wide_models(cfg, wide_config: str) -> tuple:
 # --- 1-3: inference ---------------------------------------------------------------------------
 
 
-def latency_table(models: Dict[str, nn.Module], cfg, eval_dir: str, rows: Sequence[int], batches: int,
-                  repeats: int) -> List[str]:
-    lines = [f"{'rows/batch':>10} {'fp32 ms':>9} {'bf16 ms':>9} {'fp32/bf16':>9} {'best-of ratio':>13} "
-             f"{'bf16 rows/s':>12} {'bg cores':>8}"]
+def latency_table(
+    models: Dict[str, nn.Module], cfg, eval_dir: str, rows: Sequence[int], batches: int, repeats: int
+) -> List[str]:
+    lines = [
+        f"{'rows/batch':>10} {'fp32 ms':>9} {'bf16 ms':>9} {'fp32/bf16':>9} {'best-of ratio':>13} "
+        f"{'bf16 rows/s':>12} {'bg cores':>8}"
+    ]
     for n in rows:
         it = iter(ParquetBatches(cfg, eval_dir, shuffle=False, batch_size=n, drop_last=False))
         sample = [next(it) for _ in range(batches)]
         ms = alternate({k: forward(m) for k, m in models.items()}, sample, repeats)
-        lines.append(f"{n:>10} {ms['fp32']:>9.1f} {ms['bf16']:>9.1f} {ms['fp32'] / ms['bf16']:>8.2f}x "
-                     f"{BEST['fp32'] / BEST['bf16']:>12.2f}x {1000 * n / ms['bf16']:>12,.0f} {ms['bg cores']:>8.2f}")
+        lines.append(
+            f"{n:>10} {ms['fp32']:>9.1f} {ms['bf16']:>9.1f} {ms['fp32'] / ms['bf16']:>8.2f}x "
+            f"{BEST['fp32'] / BEST['bf16']:>12.2f}x {1000 * n / ms['bf16']:>12,.0f} {ms['bg cores']:>8.2f}"
+        )
         print(lines[-1], flush=True)
     return lines
 
@@ -143,7 +149,9 @@ def auc_table(models: Dict[str, nn.Module], cfg, eval_dir: str) -> tuple:
     for a, b in zip(res["fp32"], res["bf16"]):
         d = b["auc"] - a["auc"]
         worst = max(worst, abs(d))
-        lines.append(f"{a['surface']:<13} {a['task']:<11} {a['examples']:>6} {a['auc']:>9.5f} {b['auc']:>9.5f} {d:>+9.5f}")
+        lines.append(
+            f"{a['surface']:<13} {a['task']:<11} {a['examples']:>6} {a['auc']:>9.5f} {b['auc']:>9.5f} {d:>+9.5f}"
+        )
     return lines, worst, rows
 
 
@@ -176,16 +184,20 @@ def module_times(models: Dict[str, nn.Module], batch: Batch, repeats: int) -> Di
         model._bench_spent, model._bench_starts = defaultdict(float), {}
         for part, mods in _parts(model).items():
             for m in mods:
-                m.register_forward_pre_hook(lambda mod, a, model=model: model._bench_starts.__setitem__(
-                    id(mod), time.perf_counter()))
-                m.register_forward_hook(lambda mod, a, out, part=part, model=model: model._bench_spent.__setitem__(
-                    part, model._bench_spent[part] + time.perf_counter() - model._bench_starts[id(mod)]))
+                m.register_forward_pre_hook(
+                    lambda mod, a, model=model: model._bench_starts.__setitem__(id(mod), time.perf_counter())
+                )
+                m.register_forward_hook(
+                    lambda mod, a, out, part=part, model=model: model._bench_spent.__setitem__(
+                        part, model._bench_spent[part] + time.perf_counter() - model._bench_starts[id(mod)]
+                    )
+                )
         forward(model)(batch)
     if QUIET_WAIT:
         wait_quiet(QUIET_WAIT)
     names = list(models)
     for i in range(repeats):
-        for k in (names if i % 2 == 0 else names[::-1]):
+        for k in names if i % 2 == 0 else names[::-1]:
             model = models[k]
             model._bench_spent.clear()
             t = time.perf_counter()
@@ -203,8 +215,26 @@ OP_GROUPS = [  # (group, substrings of aten/fbgemm op names), first match wins
     ("dtype casts / copies", ("copy_", "aten::to", "_to_copy")),
     ("concat / gather / jagged", ("cat", "index_select", "gather", "jagged", "take", "stack")),
     ("embedding lookups", ("embedding",)),
-    ("elementwise / softmax", ("add", "mul", "gelu", "relu", "clamp", "softmax", "sigmoid", "div", "sub",
-                               "where", "masked_fill", "exp", "log", "sum", "mean")),
+    (
+        "elementwise / softmax",
+        (
+            "add",
+            "mul",
+            "gelu",
+            "relu",
+            "clamp",
+            "softmax",
+            "sigmoid",
+            "div",
+            "sub",
+            "where",
+            "masked_fill",
+            "exp",
+            "log",
+            "sum",
+            "mean",
+        ),
+    ),
 ]
 
 
@@ -263,12 +293,17 @@ def training_steps(cfg, train_dir: str, rows: int, batches: int, repeats: int) -
         if len(sample) == batches:
             break
     default = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
-    variants = {"fp32": ("fp32", None), "bf16 (MATH SDPA, as shipped)": ("bf16", None),
-                "bf16 (default SDPA: flash)": ("bf16", default)}
+    variants = {
+        "fp32": ("fp32", None),
+        "bf16 (MATH SDPA, as shipped)": ("bf16", None),
+        "bf16 (default SDPA: flash)": ("bf16", default),
+    }
     steps = {}
     for name, (precision, backends) in variants.items():
-        c = dataclasses.replace(cfg, model=dataclasses.replace(
-            cfg.model, precision=dataclasses.replace(cfg.model.precision, train=precision)))
+        c = dataclasses.replace(
+            cfg,
+            model=dataclasses.replace(cfg.model, precision=dataclasses.replace(cfg.model.precision, train=precision)),
+        )
         dmp = train.build(c, env)
         optimizer, _ = parallel.make_optimizer(dmp, c.train, total_steps=1000)
         dmp.train()
@@ -300,8 +335,9 @@ def transformer_micro(cfg, repeats: int, users: int = 512) -> Dict[str, float]:
     stack = TransformerStack(d, enc.num_layers, enc.num_heads, enc.ffn_dim, enc.dropout).train()
     x = torch.randn(users, g.max_length + 1, d, requires_grad=True)
     lengths = torch.randint(1, g.max_length + 1, (users,))
-    mask = torch.cat([torch.ones(users, 1, dtype=torch.bool),
-                      torch.arange(g.max_length)[None, :] < lengths[:, None]], dim=1)
+    mask = torch.cat(
+        [torch.ones(users, 1, dtype=torch.bool), torch.arange(g.max_length)[None, :] < lengths[:, None]], dim=1
+    )
     default = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
 
     def run(dtype, backends):
@@ -309,6 +345,7 @@ def transformer_micro(cfg, repeats: int, users: int = 512) -> Dict[str, float]:
             with sdpa_backends(backends), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
                 y = stack(x, mask)
             y.float().sum().backward()
+
         return f
 
     fns = {"fp32": run("fp32", None), "bf16 MATH": run("bf16", [SDPBackend.MATH]), "bf16 flash": run("bf16", default)}
@@ -333,8 +370,10 @@ def run_aucs(runs: Dict[str, str]) -> List[str]:
         if len(names) == 2:
             line += f" {vals[1] - vals[0]:>+9.5f}"
         lines.append(line)
-    lines.append("train examples/s (whole run, as logged): " + ", ".join(
-        f"{n} {evals[n]['train_examples_per_s']:,.0f}" for n in names))
+    lines.append(
+        "train examples/s (whole run, as logged): "
+        + ", ".join(f"{n} {evals[n]['train_examples_per_s']:,.0f}" for n in names)
+    )
     return lines
 
 
@@ -352,13 +391,25 @@ def main(argv=None) -> int:
     p.add_argument("--train-rows", type=int, default=None, help="rows per training step (default: data.batch_size)")
     p.add_argument("--train-repeats", type=int, default=5)
     p.add_argument("--skip", nargs="*", default=[], choices=["latency", "auc", "profile", "train", "micro"])
-    p.add_argument("--wide-config", default=str(REPO / "configs/prod_8gpu.yaml"),
-                   help="config whose model section sizes the wide-layer latency check ('' to skip)")
-    p.add_argument("--runs", nargs="*", default=[], metavar="NAME=RUN_DIR",
-                   help="finished training runs whose final eval AUCs to compare (e.g. fp32=... bf16=...)")
+    p.add_argument(
+        "--wide-config",
+        default=str(REPO / "configs/prod_8gpu.yaml"),
+        help="config whose model section sizes the wide-layer latency check ('' to skip)",
+    )
+    p.add_argument(
+        "--runs",
+        nargs="*",
+        default=[],
+        metavar="NAME=RUN_DIR",
+        help="finished training runs whose final eval AUCs to compare (e.g. fp32=... bf16=...)",
+    )
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--quiet-wait", type=float, default=120.0,
-                   help="seconds to wait, before each timed measurement, for other processes to go quiet")
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=120.0,
+        help="seconds to wait, before each timed measurement, for other processes to go quiet",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     global QUIET_WAIT
@@ -372,8 +423,11 @@ def main(argv=None) -> int:
     cfg = unbounded_users(run_cfg)
     eval_dir = args.data or cfg.data.eval_dir
     models = {k: load_model(args.run, k)[0] for k in ("fp32", "bf16")}
-    print(f"run {args.run} ({find_checkpoint(args.run).name}), eval {eval_dir}, {args.threads} threads, "
-          f"median of {args.repeats} alternating repeats\n", flush=True)
+    print(
+        f"run {args.run} ({find_checkpoint(args.run).name}), eval {eval_dir}, {args.threads} threads, "
+        f"median of {args.repeats} alternating repeats\n",
+        flush=True,
+    )
     report = []
     if "latency" not in args.skip:
         print("1. inference latency, large layers FP32 vs BF16 (weights cast once)", flush=True)
@@ -381,9 +435,11 @@ def main(argv=None) -> int:
         if args.wide_config:
             wide, wide_cfg = wide_models(cfg, args.wide_config)
             m = wide_cfg.model
-            title = (f"1b. inference latency, fresh model with {args.wide_config}'s layer widths (Transformer "
-                     f"d_model {m.sequence.d_model} x {m.sequence.num_layers}, ffn {m.sequence.ffn_dim}; DCNv2 "
-                     f"{m.dcn.num_layers} x rank {m.dcn.low_rank}; {m.mmoe.num_experts} experts {m.mmoe.expert_dims})")
+            title = (
+                f"1b. inference latency, fresh model with {args.wide_config}'s layer widths (Transformer "
+                f"d_model {m.sequence.d_model} x {m.sequence.num_layers}, ffn {m.sequence.ffn_dim}; DCNv2 "
+                f"{m.dcn.num_layers} x rank {m.dcn.low_rank}; {m.mmoe.num_experts} experts {m.mmoe.expert_dims})"
+            )
             print(title, flush=True)
             report += [title] + latency_table(wide, wide_cfg, eval_dir, args.rows, args.batches, args.repeats)
             del wide
@@ -391,23 +447,32 @@ def main(argv=None) -> int:
         lines, worst, n = auc_table(models, cfg, eval_dir)
         report += [f"\n2. eval AUC, {n:,} rows, FP32 vs BF16 inference"] + lines
         report.append(f"max |delta AUC| = {worst:.5f} ({'within' if worst <= 0.001 else 'OUTSIDE'} 0.001)")
-        print("\n".join(report[-len(lines) - 2:]), flush=True)
+        print("\n".join(report[-len(lines) - 2 :]), flush=True)
     if "profile" not in args.skip:
         batch = next(iter(ParquetBatches(cfg, eval_dir, shuffle=False, batch_size=args.profile_rows)))
         t = module_times(models, batch, args.repeats)
-        lines = [f"{'part of the forward (median ms)':<40} {'fp32 ms':>8} {'bf16 ms':>8} {'fp32/bf16':>9} {'fp32 share':>10}"]
+        lines = [
+            f"{'part of the forward (median ms)':<40} {'fp32 ms':>8} {'bf16 ms':>8} {'fp32/bf16':>9} {'fp32 share':>10}"
+        ]
         for part in sorted(t["fp32"], key=lambda k: (k == "total forward", -t["fp32"][k])):
             a, b = t["fp32"][part], t["bf16"].get(part, float("nan"))
             lines.append(f"{part:<40} {a:>8.1f} {b:>8.1f} {a / b:>8.2f}x {a / t['fp32']['total forward']:>9.0%}")
         ops = op_times(models, batch, args.repeats)
-        lines += ["", f"{'operator group (self CPU ms/forward)':<40} {'fp32 ms':>8} {'bf16 ms':>8} {'fp32/bf16':>9} {'fp32 share':>10}"]
+        lines += [
+            "",
+            f"{'operator group (self CPU ms/forward)':<40} {'fp32 ms':>8} {'bf16 ms':>8} {'fp32/bf16':>9} {'fp32 share':>10}",
+        ]
         for group in sorted(ops["fp32"], key=lambda k: (k == "all ops", -ops["fp32"][k])):
             a, b = ops["fp32"][group], ops["bf16"].get(group, 0.0)
-            lines.append(f"{group:<40} {a:>8.1f} {b:>8.1f} {a / b if b else float('inf'):>8.2f}x "
-                         f"{a / ops['fp32']['all ops']:>9.0%}")
-        report += [f"\n3. where the time goes ({args.profile_rows}-row batch, {batch.num_requests} requests; "
-                   "Transformer time is inside the sequence encoders)"] + lines
-        print("\n".join(report[-len(lines) - 1:]), flush=True)
+            lines.append(
+                f"{group:<40} {a:>8.1f} {b:>8.1f} {a / b if b else float('inf'):>8.2f}x "
+                f"{a / ops['fp32']['all ops']:>9.0%}"
+            )
+        report += [
+            f"\n3. where the time goes ({args.profile_rows}-row batch, {batch.num_requests} requests; "
+            "Transformer time is inside the sequence encoders)"
+        ] + lines
+        print("\n".join(report[-len(lines) - 1 :]), flush=True)
     if "train" not in args.skip:
         rows = args.train_rows or cfg.data.batch_size
         rates = training_steps(run_cfg, args.train_data or cfg.data.train_dir, rows, args.batches, args.train_repeats)
@@ -416,7 +481,7 @@ def main(argv=None) -> int:
         for k, (v, best) in rates.items():
             lines.append(f"{k:<32} {v:>11,.0f} {v / rates['fp32'][0]:>7.2f}x {best / rates['fp32'][1]:>14.2f}x")
         report += [f"\n4. training throughput, {rows}-row batches (bg cores {busy:.2f})"] + lines
-        print("\n".join(report[-len(lines) - 1:]), flush=True)
+        print("\n".join(report[-len(lines) - 1 :]), flush=True)
     if "micro" not in args.skip:
         ms = transformer_micro(cfg, args.repeats)
         busy = ms.pop("bg cores")
@@ -425,14 +490,16 @@ def main(argv=None) -> int:
         lines = [f"{'Transformer fwd+bwd':<20} {'ms':>8} {'vs fp32':>8} {'best-of vs fp32':>15}"]
         for k, v in ms.items():
             lines.append(f"{k:<20} {v:>8.1f} {ms['fp32'] / v:>7.2f}x {best['fp32'] / best[k]:>14.2f}x")
-        report += [f"\n   SDPA backend micro-benchmark: group {g.name!r} Transformer alone, 512 users x "
-                   f"{g.max_length + 1} tokens (bg cores {busy:.2f})"] + lines
-        print("\n".join(report[-len(lines) - 1:]), flush=True)
+        report += [
+            f"\n   SDPA backend micro-benchmark: group {g.name!r} Transformer alone, 512 users x "
+            f"{g.max_length + 1} tokens (bg cores {busy:.2f})"
+        ] + lines
+        print("\n".join(report[-len(lines) - 1 :]), flush=True)
     if args.runs:
         runs = dict(r.split("=", 1) for r in args.runs)
         lines = run_aucs(runs)
         report += ["\n5. final eval AUC of real training runs"] + lines
-        print("\n".join(report[-len(lines) - 1:]), flush=True)
+        print("\n".join(report[-len(lines) - 1 :]), flush=True)
     print("\n" + "=" * 80 + "\n" + "\n".join(report))
     return 0
 

@@ -41,7 +41,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from pinads_rec import config  # noqa: E402
 from pinads_rec.data.loader import ParquetBatches, make_loader  # noqa: E402
 
-MB = 2 ** 20
+MB = 2**20
 
 
 # --------------------------------------------------------------------------------------------
@@ -147,12 +147,18 @@ def throughput(cfg, data_dir: str, workers: int, max_batches: int) -> dict:
             break
     seconds = time.perf_counter() - t0
     frac = examples / total_rows if total_rows else 0.0  # share of the epoch read (for MB/s)
-    return {"workers": workers, "batches": batches, "examples": examples, "seconds": seconds,
-            "first_batch_s": first or 0.0, "batches_per_s": batches / seconds,
-            "examples_per_s": examples / seconds,
-            "mb_per_s": nbytes["compressed"] * frac / MB / seconds,
-            "raw_mb_per_s": nbytes["uncompressed"] * frac / MB / seconds,
-            "epoch_mb": nbytes["compressed"] / MB}
+    return {
+        "workers": workers,
+        "batches": batches,
+        "examples": examples,
+        "seconds": seconds,
+        "first_batch_s": first or 0.0,
+        "batches_per_s": batches / seconds,
+        "examples_per_s": examples / seconds,
+        "mb_per_s": nbytes["compressed"] * frac / MB / seconds,
+        "raw_mb_per_s": nbytes["uncompressed"] * frac / MB / seconds,
+        "epoch_mb": nbytes["compressed"] / MB,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -209,12 +215,22 @@ def memory_stream(cfg, data_dir: str, sample_every: int) -> dict:
     seconds = time.perf_counter() - t0
     if marks[1.0] is None:
         marks[1.0] = (peak(), peak_arrow, rows)
-    return {"rows": rows, "total_rows": total, "batches": batches, "seconds": seconds,
-            "baseline_mb": baseline, "marks": marks, "hwm_reset": can_reset,
-            "ru_maxrss_mb": max_rss_mb(), "buffer_rows": cfg.data.shuffle_buffer_rows,
-            "row_groups": len(ds.row_groups), "repairs": dict(ds.checker.repairs),
-            "max_alive_row_groups": max_alive, "row_group_mb": bytes_per_row * largest / MB,
-            "bound_mb": bound_mb}
+    return {
+        "rows": rows,
+        "total_rows": total,
+        "batches": batches,
+        "seconds": seconds,
+        "baseline_mb": baseline,
+        "marks": marks,
+        "hwm_reset": can_reset,
+        "ru_maxrss_mb": max_rss_mb(),
+        "buffer_rows": cfg.data.shuffle_buffer_rows,
+        "row_groups": len(ds.row_groups),
+        "repairs": dict(ds.checker.repairs),
+        "max_alive_row_groups": max_alive,
+        "row_group_mb": bytes_per_row * largest / MB,
+        "bound_mb": bound_mb,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,10 +242,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default=str(REPO / "configs" / "demo.yaml"))
     ap.add_argument("--data", default="data/demo/train", help="Parquet directory for the throughput test")
-    ap.add_argument("--workers", type=int, nargs="+", default=[0, 1],
-                    help="DataLoader worker counts to measure (0 = in the main process)")
-    ap.add_argument("--scale", type=float, default=10.0,
-                    help="memory test: dataset rows as a multiple of data.shuffle_buffer_rows")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[0, 1],
+        help="DataLoader worker counts to measure (0 = in the main process)",
+    )
+    ap.add_argument(
+        "--scale", type=float, default=10.0, help="memory test: dataset rows as a multiple of data.shuffle_buffer_rows"
+    )
     ap.add_argument("--max-batches", type=int, default=0, help="throughput: stop after N batches (0 = epoch)")
     ap.add_argument("--sample-every", type=int, default=1, help="memory test: sample RSS every N batches")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
@@ -239,9 +261,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     cfg = config.load(args.config, args.set)
     cores = len(os.sched_getaffinity(0))
-    print(f"loader benchmark: config {args.config}, batch_size {cfg.data.batch_size}, "
-          f"shuffle_buffer_rows {cfg.data.shuffle_buffer_rows}, {cores} cores, torch threads "
-          f"{__import__('torch').get_num_threads()}, arrow pool {pa.default_memory_pool().backend_name}")
+    print(
+        f"loader benchmark: config {args.config}, batch_size {cfg.data.batch_size}, "
+        f"shuffle_buffer_rows {cfg.data.shuffle_buffer_rows}, {cores} cores, torch threads "
+        f"{__import__('torch').get_num_threads()}, arrow pool {pa.default_memory_pool().backend_name}"
+    )
 
     with tempfile.TemporaryDirectory(prefix="loader_bench_") as tmp:
         # 2 first: this process has read nothing yet, so its baseline is not inflated by phase 1.
@@ -250,17 +274,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             target_rows = int(args.scale * buffer)
             requests = max(1, math.ceil(target_rows / cfg.synth.candidates_per_request))
             n_files = max(1, min(cfg.synth.num_files, requests))
-            overrides = list(args.set) + [f"synth.train_requests={requests}", "synth.eval_requests=64",
-                                          f"synth.num_files={n_files}"]
+            overrides = list(args.set) + [
+                f"synth.train_requests={requests}",
+                "synth.eval_requests=64",
+                f"synth.num_files={n_files}",
+            ]
             out = os.path.join(tmp, "memory")
             gen_s = generate_in_child(args.config, overrides, out)
             mcfg = config.load(args.config, overrides)
             m = memory_stream(mcfg, os.path.join(out, "train"), max(1, args.sample_every))
-            print(f"\n[memory] generated {m['total_rows']:,} rows ({m['total_rows'] / buffer:.1f}x the "
-                  f"{buffer:,}-row shuffle buffer, {m['row_groups']} row groups) in {gen_s:.1f} s; streamed "
-                  f"{m['batches']} batches in {m['seconds']:.1f} s ({m['rows'] / m['seconds']:,.0f} rows/s)")
-            print(f"peak = {'VmHWM (reset before the stream)' if m['hwm_reset'] else 'max sampled VmRSS'}; "
-                  f"baseline RSS before the stream {m['baseline_mb']:.0f} MiB")
+            print(
+                f"\n[memory] generated {m['total_rows']:,} rows ({m['total_rows'] / buffer:.1f}x the "
+                f"{buffer:,}-row shuffle buffer, {m['row_groups']} row groups) in {gen_s:.1f} s; streamed "
+                f"{m['batches']} batches in {m['seconds']:.1f} s ({m['rows'] / m['seconds']:,.0f} rows/s)"
+            )
+            print(
+                f"peak = {'VmHWM (reset before the stream)' if m['hwm_reset'] else 'max sampled VmRSS'}; "
+                f"baseline RSS before the stream {m['baseline_mb']:.0f} MiB"
+            )
             head = f"{'stream':>7} {'rows':>9} {'peak RSS MiB':>13} {'vs 10%':>7} {'arrow peak MiB':>15}"
             print(head)
             print("-" * len(head))
@@ -268,11 +299,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for frac, (peak, arrow, rows) in m["marks"].items():
                 print(f"{frac:>7.0%} {rows:>9,} {peak:>13.0f} {peak / ref:>7.3f} {arrow:>15.0f}")
             end = m["marks"][1.0][0]
-            print(f"flatness: peak(100%) / peak(10%) = {end / ref:.3f}  "
-                  f"(+{end - ref:.0f} MiB over the last 90% of the stream); ru_maxrss {m['ru_maxrss_mb']:.0f} MiB")
-            print(f"row-group tables alive at once: max {m['max_alive_row_groups']} of {m['row_groups']} "
-                  f"(~{m['row_group_mb']:.0f} MiB each in Arrow); documented bound (buffer + one row group + "
-                  f"one batch) ~{m['bound_mb']:.0f} MiB of Arrow data vs arrow peak {m['marks'][1.0][1]:.0f} MiB")
+            print(
+                f"flatness: peak(100%) / peak(10%) = {end / ref:.3f}  "
+                f"(+{end - ref:.0f} MiB over the last 90% of the stream); ru_maxrss {m['ru_maxrss_mb']:.0f} MiB"
+            )
+            print(
+                f"row-group tables alive at once: max {m['max_alive_row_groups']} of {m['row_groups']} "
+                f"(~{m['row_group_mb']:.0f} MiB each in Arrow); documented bound (buffer + one row group + "
+                f"one batch) ~{m['bound_mb']:.0f} MiB of Arrow data vs arrow peak {m['marks'][1.0][1]:.0f} MiB"
+            )
             if m["repairs"]:
                 print(f"repairs: {m['repairs']}")
 
@@ -282,20 +317,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 out = os.path.join(tmp, "demo")
                 gen_s = generate_in_child(args.config, list(args.set), out)
                 data = os.path.join(out, "train")
-                print(f"\n[throughput] {args.data} does not exist: generated the config's demo data in "
-                      f"{gen_s:.1f} s into a temporary directory")
+                print(
+                    f"\n[throughput] {args.data} does not exist: generated the config's demo data in "
+                    f"{gen_s:.1f} s into a temporary directory"
+                )
             print(f"\n[throughput] {data}")
-            head = (f"{'workers':>7} {'batches':>7} {'examples':>9} {'seconds':>7} {'first s':>7} "
-                    f"{'batches/s':>9} {'examples/s':>10} {'MB/s pq':>8} {'MB/s raw':>8}")
+            head = (
+                f"{'workers':>7} {'batches':>7} {'examples':>9} {'seconds':>7} {'first s':>7} "
+                f"{'batches/s':>9} {'examples/s':>10} {'MB/s pq':>8} {'MB/s raw':>8}"
+            )
             print(head)
             print("-" * len(head))
             for w in args.workers:
                 r = throughput(cfg, data, w, args.max_batches)
-                print(f"{r['workers']:>7} {r['batches']:>7} {r['examples']:>9,} {r['seconds']:>7.2f} "
-                      f"{r['first_batch_s']:>7.2f} {r['batches_per_s']:>9.1f} {r['examples_per_s']:>10,.0f} "
-                      f"{r['mb_per_s']:>8.1f} {r['raw_mb_per_s']:>8.1f}")
-            print("MB/s pq: compressed Parquet column chunks read per second (the contract's columns); "
-                  "raw: their uncompressed size")
+                print(
+                    f"{r['workers']:>7} {r['batches']:>7} {r['examples']:>9,} {r['seconds']:>7.2f} "
+                    f"{r['first_batch_s']:>7.2f} {r['batches_per_s']:>9.1f} {r['examples_per_s']:>10,.0f} "
+                    f"{r['mb_per_s']:>8.1f} {r['raw_mb_per_s']:>8.1f}"
+                )
+            print(
+                "MB/s pq: compressed Parquet column chunks read per second (the contract's columns); "
+                "raw: their uncompressed size"
+            )
     return 0
 
 

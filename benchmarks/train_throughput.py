@@ -70,8 +70,11 @@ from pinads_rec import config, scaling  # noqa: E402
 from pinads_rec.plan import SHARDING_TYPES  # noqa: E402
 
 REFERENCE = {
-    "full": ["model.sequence.num_layers=2", "model.sequence.encoders=[transformer, long_short]",
-             "model.sequence.poolings=[summary, mean, target]"],
+    "full": [
+        "model.sequence.num_layers=2",
+        "model.sequence.encoders=[transformer, long_short]",
+        "model.sequence.poolings=[summary, mean, target]",
+    ],
     "no_sequence": ["features.sequence_groups=[]"],
 }
 
@@ -79,19 +82,35 @@ REFERENCE = {
 # The training-efficiency ablation: (label, config overrides, measure_pipeline keywords, loader
 # workers (None: --workers), rows per rank), one switch at a time against the model's pipeline row.
 def switches(model: str) -> List[tuple]:
-    out = [("0 loader workers (batches built in the trainer)", [], {}, 0, 512),
-           ("prefetch 1 batch per worker (instead of 4)", [], {"prefetch_factor": 1}, None, 512),
-           ("dense AdamW foreach (instead of fused)", [], {"dense_adamw": "foreach"}, None, 512),
-           ("dense AdamW for-loop", [], {"dense_adamw": "for_loop"}, None, 512),
-           # the planner free to mix types (its cost model does not see gloo's per-collective cost)
-           ("every sharding type allowed (instead of table-wise)",
-            [f"train.sharding_types=[{', '.join(SHARDING_TYPES)}]"], {}, None, 512)]
+    out = [
+        ("0 loader workers (batches built in the trainer)", [], {}, 0, 512),
+        ("prefetch 1 batch per worker (instead of 4)", [], {"prefetch_factor": 1}, None, 512),
+        ("dense AdamW foreach (instead of fused)", [], {"dense_adamw": "foreach"}, None, 512),
+        ("dense AdamW for-loop", [], {"dense_adamw": "for_loop"}, None, 512),
+        # the planner free to mix types (its cost model does not see gloo's per-collective cost)
+        (
+            "every sharding type allowed (instead of table-wise)",
+            [f"train.sharding_types=[{', '.join(SHARDING_TYPES)}]"],
+            {},
+            None,
+            512,
+        ),
+    ]
     if model == "full":
-        out += [("SDPA on the MATH kernel (instead of flash)", [], {"attention": "math"}, None, 512),
-                ("BF16 large layers", ["model.precision.train=bf16"], {}, None, 512)]
+        out += [
+            ("SDPA on the MATH kernel (instead of flash)", [], {"attention": "math"}, None, 512),
+            ("BF16 large layers", ["model.precision.train=bf16"], {}, None, 512),
+        ]
     else:  # EmbeddingCollection tables cannot be data_parallel on CPU (fbgemm's dense kernel pools)
-        out += [("tables replicated, Adagrad after backward (not fused)", ["train.sharding_types=[data_parallel]"],
-                 {}, None, 512)]
+        out += [
+            (
+                "tables replicated, Adagrad after backward (not fused)",
+                ["train.sharding_types=[data_parallel]"],
+                {},
+                None,
+                512,
+            )
+        ]
     out += [(f"batch {b:,}", [], {}, None, b) for b in (1024, 2048, 4096, 8192, 16384)]
     out += [(f"batch {b:,}, 0 loader workers", [], {}, 0, b) for b in (4096, 16384)]
     # BF16 where the matmuls are large enough to use the bf16 units
@@ -104,15 +123,18 @@ def switches(model: str) -> List[tuple]:
 
 def batch_overrides(batch: int) -> List[str]:
     # ~12 candidates per request: room for every request of a batch under the unique-user bound
-    return [] if batch == 512 else [f"data.batch_size={batch}", f"data.max_unique_users_per_batch={max(64, batch // 8)}"]
+    return (
+        [] if batch == 512 else [f"data.batch_size={batch}", f"data.max_unique_users_per_batch={max(64, batch // 8)}"]
+    )
 
 
 def _valid_rows(batch) -> int:
     return int(batch.valid.sum())
 
 
-def _sharded_training(cfg: config.ExperimentConfig, total_steps: int, num_workers: int, prefetch_factor: int = 4,
-                      wrap=iter):
+def _sharded_training(
+    cfg: config.ExperimentConfig, total_steps: int, num_workers: int, prefetch_factor: int = 4, wrap=iter
+):
     """What train.py sets up on this rank: the sharded model, its optimizers and LR schedule, and
     this rank's batches (``wrap`` around the loader's iterator), ending together on every rank."""
     import torch.distributed as dist
@@ -125,13 +147,28 @@ def _sharded_training(cfg: config.ExperimentConfig, total_steps: int, num_worker
     group = dist.new_group(backend="gloo") if env.world_size > 1 else None
     dmp = build(cfg, env, group=group)
     optimizer, schedule = parallel.make_optimizer(dmp, cfg.train, total_steps)
-    loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True, num_workers=num_workers,
-                         pin_memory=env.device.type == "cuda", prefetch_factor=prefetch_factor)
+    loader = make_loader(
+        cfg,
+        cfg.data.train_dir,
+        env.rank,
+        env.world_size,
+        shuffle=True,
+        num_workers=num_workers,
+        pin_memory=env.device.type == "cuda",
+        prefetch_factor=prefetch_factor,
+    )
     return env, dmp, optimizer, schedule, EndTogether(wrap(iter(loader)), group)
 
 
-def measure_pipeline(cfg: config.ExperimentConfig, warmup: int, steps: int, num_workers: int,
-                     attention: str = "default", dense_adamw: str = "fused", prefetch_factor: int = 4) -> dict:
+def measure_pipeline(
+    cfg: config.ExperimentConfig,
+    warmup: int,
+    steps: int,
+    num_workers: int,
+    attention: str = "default",
+    dense_adamw: str = "fused",
+    prefetch_factor: int = 4,
+) -> dict:
     """``train.py``'s loop: TrainPipelineSparseDist over the sharded model; wall time only.
 
     Switches (the training-efficiency ablation): ``attention="math"`` runs every scaled-dot-product
@@ -146,7 +183,8 @@ def measure_pipeline(cfg: config.ExperimentConfig, warmup: int, steps: int, num_
         # This rank process only: make_optimizer asks for the fused AdamW; hand it the other kernel.
         fused_adamw = torch.optim.AdamW
         torch.optim.AdamW = lambda params, **kw: fused_adamw(  # type: ignore[misc]
-            params, **{**kw, "fused": False, "foreach": dense_adamw == "foreach"})
+            params, **{**kw, "fused": False, "foreach": dense_adamw == "foreach"}
+        )
     rows: List[int] = []
 
     def counted(it):
@@ -154,8 +192,9 @@ def measure_pipeline(cfg: config.ExperimentConfig, warmup: int, steps: int, num_
             rows.append(_valid_rows(batch))
             yield batch
 
-    env, dmp, optimizer, schedule, batches = _sharded_training(cfg, warmup + steps + 2, num_workers, prefetch_factor,
-                                                               counted)
+    env, dmp, optimizer, schedule, batches = _sharded_training(
+        cfg, warmup + steps + 2, num_workers, prefetch_factor, counted
+    )
     pipeline = TrainPipelineSparseDist(dmp, optimizer, env.device, execute_all_batches=True)
     dmp.train()
     started = None
@@ -173,8 +212,12 @@ def measure_pipeline(cfg: config.ExperimentConfig, warmup: int, steps: int, num_
 def measure_loop(cfg: config.ExperimentConfig, warmup: int, steps: int, num_workers: int) -> dict:
     """The sharded model in a plain loop, timed per phase (scaling.measure_rank)."""
     out = scaling.measure_rank(cfg, warmup, steps, num_workers)
-    return {"rank": out["rank"], "wall_s": out["wall_s"], "steps": steps,
-            **{f"{k}_ms": out[f"{k}_ms"] for k in scaling.PHASES}}
+    return {
+        "rank": out["rank"],
+        "wall_s": out["wall_s"],
+        "steps": steps,
+        **{f"{k}_ms": out[f"{k}_ms"] for k in scaling.PHASES},
+    }
 
 
 def plain_optimizers(task: torch.nn.Module, train: config.TrainConfig, total_steps: int):
@@ -190,8 +233,9 @@ def plain_optimizers(task: torch.nn.Module, train: config.TrainConfig, total_ste
     return [adamw, adagrad], torch.optim.lr_scheduler.LambdaLR(adamw, parallel.lr_multiplier(train, total_steps))
 
 
-def measure_plain(cfg: config.ExperimentConfig, warmup: int, steps: int, num_workers: int,
-                  evaluate: bool = False) -> dict:
+def measure_plain(
+    cfg: config.ExperimentConfig, warmup: int, steps: int, num_workers: int, evaluate: bool = False
+) -> dict:
     """The plain-PyTorch baseline: unsharded model, no broadcasting, DDP, train.py's optimizer recipe
     in torch.optim (plain_optimizers), plain loop.
     ``evaluate``: then its AUC etc. on the eval split, as ``train.py`` evaluates (``eval`` rows)."""
@@ -238,9 +282,14 @@ def measure_plain(cfg: config.ExperimentConfig, warmup: int, steps: int, num_wor
                 sums[k] += dt
             rows += _valid_rows(batch)
     wall = time.perf_counter() - started
-    return {"rank": env.rank, "wall_s": wall, "steps": steps, "valid_rows_per_step": rows / steps,
-            **{f"{k}_ms": 1000.0 * v / steps for k, v in sums.items()},
-            **({"eval": evaluate_split(net, cfg, env, group)} if evaluate else {})}
+    return {
+        "rank": env.rank,
+        "wall_s": wall,
+        "steps": steps,
+        "valid_rows_per_step": rows / steps,
+        **{f"{k}_ms": 1000.0 * v / steps for k, v in sums.items()},
+        **({"eval": evaluate_split(net, cfg, env, group)} if evaluate else {}),
+    }
 
 
 def measure_profile(cfg: config.ExperimentConfig, warmup: int, steps: int, num_workers: int) -> dict:
@@ -309,7 +358,7 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
             t = time.perf_counter()
             torch.mm(a, b)
             best = min(best, time.perf_counter() - t)
-        return 2.0 * n ** 3 / best
+        return 2.0 * n**3 / best
     finally:
         torch.set_num_threads(threads)
 
@@ -358,8 +407,10 @@ def fbgemm_lookup_rate(cfg: config.ExperimentConfig, batches: int = 5, repeats: 
     (pooled features summed, sequence events unpooled), the best of ``repeats``."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
-    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (ComputeDevice,
-                                                                        SplitTableBatchedEmbeddingBagsCodegen)
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
 
     from pinads_rec.data.loader import ParquetBatches
 
@@ -372,17 +423,30 @@ def fbgemm_lookup_rate(cfg: config.ExperimentConfig, batches: int = 5, repeats: 
         # One table per feature: fbgemm's CPU kernel rejects unpooled features sharing a table
         # (feature_table_map), and the rate is per lookup either way.
         op = SplitTableBatchedEmbeddingBagsCodegen(
-            [(tables[feature_table[k]].num_embeddings, tables[feature_table[k]].embedding_dim, EmbeddingLocation.HOST,
-              ComputeDevice.CPU) for k in kjt.keys()],
-            optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.05, pooling_mode=pooling)
+            [
+                (
+                    tables[feature_table[k]].num_embeddings,
+                    tables[feature_table[k]].embedding_dim,
+                    EmbeddingLocation.HOST,
+                    ComputeDevice.CPU,
+                )
+                for k in kjt.keys()
+            ],
+            optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+            learning_rate=0.05,
+            pooling_mode=pooling,
+        )
         return op, kjt.values(), kjt.offsets().long()  # ids are in range: the contract checks hashed them
 
     work = []
     for i, b in enumerate(ParquetBatches(cfg, cfg.data.train_dir, shuffle=False)):
         if i == batches:
             break
-        for kjt, ft, pooling in ((b.sparse, pooled, PoolingMode.SUM), (b.user_sparse, pooled, PoolingMode.SUM),
-                                 (b.sequences, events, PoolingMode.NONE)):
+        for kjt, ft, pooling in (
+            (b.sparse, pooled, PoolingMode.SUM),
+            (b.user_sparse, pooled, PoolingMode.SUM),
+            (b.sequences, events, PoolingMode.NONE),
+        ):
             if kjt.values().numel():
                 work.append(tbe(kjt, ft, pooling))
     threads = torch.get_num_threads()
@@ -399,23 +463,53 @@ def fbgemm_lookup_rate(cfg: config.ExperimentConfig, batches: int = 5, repeats: 
     return sum(ids.numel() for _, ids, _ in work) / best
 
 
-def run(name: str, cfg: config.ExperimentConfig, mode: str, ranks: int, warmup: int, steps: int, workers: int,
-        out: Path, measure=None, label: str = "") -> dict:
+def run(
+    name: str,
+    cfg: config.ExperimentConfig,
+    mode: str,
+    ranks: int,
+    warmup: int,
+    steps: int,
+    workers: int,
+    out: Path,
+    measure=None,
+    label: str = "",
+) -> dict:
     t0 = time.perf_counter()
-    per_rank = scaling.launch(cfg, ranks, warmup, steps, out / "runs" / f"{name}-{mode}-r{ranks}", num_workers=workers,
-                              measure=measure or MEASURES[mode])
+    per_rank = scaling.launch(
+        cfg,
+        ranks,
+        warmup,
+        steps,
+        out / "runs" / f"{name}-{mode}-r{ranks}",
+        num_workers=workers,
+        measure=measure or MEASURES[mode],
+    )
     wall = max(r["wall_s"] for r in per_rank)
     # The loop mode counts whole batches (scaling.measure_rank); the padding share is the pipeline's.
     valid = sum(r.get("valid_rows_per_step", cfg.data.batch_size) for r in per_rank)
-    row = {"model": name, "switch": label, "mode": mode, "ranks": ranks, "batch_size": cfg.data.batch_size, "workers": workers,
-           "precision": cfg.model.precision.train, "steps": steps, "step_ms": 1000.0 * wall / steps,
-           "examples_per_s": valid * steps / wall, "run_s": time.perf_counter() - t0}
+    row = {
+        "model": name,
+        "switch": label,
+        "mode": mode,
+        "ranks": ranks,
+        "batch_size": cfg.data.batch_size,
+        "workers": workers,
+        "precision": cfg.model.precision.train,
+        "steps": steps,
+        "step_ms": 1000.0 * wall / steps,
+        "examples_per_s": valid * steps / wall,
+        "run_s": time.perf_counter() - t0,
+    }
     for k in scaling.PHASES:
         if f"{k}_ms" in per_rank[0]:
             row[f"{k}_ms"] = sum(r[f"{k}_ms"] for r in per_rank) / len(per_rank)
-    print(f"  {name + (', ' + label if label else ''):<24} {mode:<9} ranks {ranks}  {row['examples_per_s']:>9,.0f} ex/s  "
-          f"step {row['step_ms']:7.1f} ms"
-          + "".join(f"  {k} {row[k + '_ms']:6.1f}" for k in scaling.PHASES if k + "_ms" in row), flush=True)
+    print(
+        f"  {name + (', ' + label if label else ''):<24} {mode:<9} ranks {ranks}  {row['examples_per_s']:>9,.0f} ex/s  "
+        f"step {row['step_ms']:7.1f} ms"
+        + "".join(f"  {k} {row[k + '_ms']:6.1f}" for k in scaling.PHASES if k + "_ms" in row),
+        flush=True,
+    )
     return row
 
 
@@ -429,8 +523,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--workers", type=int, default=1, help="loader worker processes per rank")
     ap.add_argument("--switches", action="store_true", help="the training-efficiency ablation")
-    ap.add_argument("--profile", action="store_true",
-                    help="torch.profiler tables of each model (1 rank and the most --ranks)")
+    ap.add_argument(
+        "--profile", action="store_true", help="torch.profiler tables of each model (1 rank and the most --ranks)"
+    )
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", default="runs/train_throughput")
     args = ap.parse_args(argv)
@@ -455,33 +550,65 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"training-efficiency switches ({ranks} ranks, pipeline mode; against the pipeline rows above)")
         for name in cfgs:
             for label, overrides, kwargs, workers, batch in switches(name):
-                cfg = configs[(name, label)] = config.load(args.config, common + REFERENCE[name] + overrides
-                                                          + batch_overrides(batch))
+                cfg = configs[(name, label)] = config.load(
+                    args.config, common + REFERENCE[name] + overrides + batch_overrides(batch)
+                )
                 steps = max(8, args.steps * 512 // batch)
                 measure = functools.partial(measure_pipeline, **kwargs) if kwargs else measure_pipeline
-                row = run(name, cfg, "pipeline", ranks, max(3, steps // 4), steps,
-                          args.workers if workers is None else workers, out, measure=measure, label=label)
+                row = run(
+                    name,
+                    cfg,
+                    "pipeline",
+                    ranks,
+                    max(3, steps // 4),
+                    steps,
+                    args.workers if workers is None else workers,
+                    out,
+                    measure=measure,
+                    label=label,
+                )
                 rows.append(row)
         if not torch.cuda.is_available():
             print("  (pinned memory: CUDA only -- train.py pins the loader's batches when it trains on a GPU)")
         print("the plain-PyTorch baseline at each model's fastest switch")
         for name in cfgs:
-            best = max((r for r in rows if (r["model"], r["mode"], r["ranks"]) == (name, "pipeline", ranks)),
-                       key=lambda r: r["examples_per_s"])
+            best = max(
+                (r for r in rows if (r["model"], r["mode"], r["ranks"]) == (name, "pipeline", ranks)),
+                key=lambda r: r["examples_per_s"],
+            )
             steps = max(8, args.steps * 512 // best["batch_size"])
-            row = run(name, configs[(name, best["switch"])], "plain", ranks, max(3, steps // 4), steps, best["workers"],
-                      out, label=best["switch"])
+            row = run(
+                name,
+                configs[(name, best["switch"])],
+                "plain",
+                ranks,
+                max(3, steps // 4),
+                steps,
+                best["workers"],
+                out,
+                label=best["switch"],
+            )
             rows.append(row)
-            print(f"  {name}, {best['switch']}: pipeline / plain PyTorch {best['examples_per_s'] / row['examples_per_s']:.2f}x")
+            print(
+                f"  {name}, {best['switch']}: pipeline / plain PyTorch {best['examples_per_s'] / row['examples_per_s']:.2f}x"
+            )
 
     def rate(model, mode, ranks):
-        return next((r["examples_per_s"] for r in rows
-                     if (r["model"], r.get("switch"), r["mode"], r["ranks"]) == (model, "", mode, ranks)), None)
+        return next(
+            (
+                r["examples_per_s"]
+                for r in rows
+                if (r["model"], r.get("switch"), r["mode"], r["ranks"]) == (model, "", mode, ranks)
+            ),
+            None,
+        )
 
     ranks = max(args.ranks)
     peaks = {name: ranks * matmul_peak(dt) for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
-    print(f"\nmachine limits ({ranks} x one thread): matmul 2048^2 fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, "
-          f"bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s")
+    print(
+        f"\nmachine limits ({ranks} x one thread): matmul 2048^2 fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, "
+        f"bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s"
+    )
     for name, base_cfg in cfgs.items():
         runs = [r for r in rows if (r["model"], r["mode"], r["ranks"]) == (name, "pipeline", ranks)]
         for r in (runs[0], max(runs, key=lambda r: r["examples_per_s"])):
@@ -492,38 +619,62 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             # Alternated, best of two each: the first pass over the row groups also warms the page cache.
             passes = [loader_rate(cfg, ranks, zero_fill=z) for z in (False, True, False, True)]
             loader, zeroed = (max(passes[z::2], key=lambda p: p["examples_per_s"]) for z in (0, 1))
-            print(f"  {name}, {r['switch'] or 'reference'} ({r['examples_per_s']:,.0f} ex/s): dense "
-                  f"{flops / 1e6:.2f} MFLOP/example -> {achieved / 1e9:.1f} GFLOP/s = {100 * achieved / peaks['fp32']:.1f}% "
-                  f"of fp32 peak, {100 * achieved / peaks['bf16']:.1f}% of bf16; {lookups:.0f} lookups/example -> "
-                  f"{lookups * r['examples_per_s'] / 1e6:.2f} M/s = {100 * lookups * r['examples_per_s'] / fbgemm:.1f}% of "
-                  f"fbgemm alone ({fbgemm / 1e6:.1f} M/s); loader {loader['examples_per_s']:,.0f} ex/s per worker = "
-                  f"{loader['examples_per_s'] / per_rank:.1f}x a rank's consumption ({per_rank:,.0f}); zero-filled "
-                  f"allocations {zeroed['examples_per_s']:,.0f} ex/s ({loader['examples_per_s'] / zeroed['examples_per_s']:.2f}x)",
-                  flush=True)
-            rows.append({"model": name, "switch": r["switch"], "mode": "utilization", "ranks": ranks,
-                         "batch_size": cfg.data.batch_size, "examples_per_s": r["examples_per_s"],
-                         "dense_flops_per_example": flops, "achieved_flops": achieved, "peak_fp32_flops": peaks["fp32"],
-                         "peak_bf16_flops": peaks["bf16"], "lookups_per_example": lookups,
-                         "fbgemm_lookups_per_s": fbgemm, "loader_examples_per_s": loader["examples_per_s"],
-                         "loader_zero_fill_examples_per_s": zeroed["examples_per_s"]})
+            print(
+                f"  {name}, {r['switch'] or 'reference'} ({r['examples_per_s']:,.0f} ex/s): dense "
+                f"{flops / 1e6:.2f} MFLOP/example -> {achieved / 1e9:.1f} GFLOP/s = {100 * achieved / peaks['fp32']:.1f}% "
+                f"of fp32 peak, {100 * achieved / peaks['bf16']:.1f}% of bf16; {lookups:.0f} lookups/example -> "
+                f"{lookups * r['examples_per_s'] / 1e6:.2f} M/s = {100 * lookups * r['examples_per_s'] / fbgemm:.1f}% of "
+                f"fbgemm alone ({fbgemm / 1e6:.1f} M/s); loader {loader['examples_per_s']:,.0f} ex/s per worker = "
+                f"{loader['examples_per_s'] / per_rank:.1f}x a rank's consumption ({per_rank:,.0f}); zero-filled "
+                f"allocations {zeroed['examples_per_s']:,.0f} ex/s ({loader['examples_per_s'] / zeroed['examples_per_s']:.2f}x)",
+                flush=True,
+            )
+            rows.append(
+                {
+                    "model": name,
+                    "switch": r["switch"],
+                    "mode": "utilization",
+                    "ranks": ranks,
+                    "batch_size": cfg.data.batch_size,
+                    "examples_per_s": r["examples_per_s"],
+                    "dense_flops_per_example": flops,
+                    "achieved_flops": achieved,
+                    "peak_fp32_flops": peaks["fp32"],
+                    "peak_bf16_flops": peaks["bf16"],
+                    "lookups_per_example": lookups,
+                    "fbgemm_lookups_per_s": fbgemm,
+                    "loader_examples_per_s": loader["examples_per_s"],
+                    "loader_zero_fill_examples_per_s": zeroed["examples_per_s"],
+                }
+            )
     if args.profile:
         # 1 rank: the model's own hot spots; the most ranks: what the collectives add (rank 0's table)
         for name, cfg in cfgs.items():
             for ranks in sorted({1, max(args.ranks)}):
                 suffix = "" if ranks == 1 else f"-r{ranks}"
-                prof = scaling.launch(cfg, ranks, args.warmup, min(args.steps, 20),
-                                      out / "runs" / f"{name}-profile{suffix}", num_workers=args.workers,
-                                      measure=measure_profile)[0]
+                prof = scaling.launch(
+                    cfg,
+                    ranks,
+                    args.warmup,
+                    min(args.steps, 20),
+                    out / "runs" / f"{name}-profile{suffix}",
+                    num_workers=args.workers,
+                    measure=measure_profile,
+                )[0]
                 path = out / f"profile-{name}{suffix}.txt"
                 path.write_text(f"{prof['wall_s'] / prof['steps'] * 1e3:.1f} ms per profiled step\n" + prof["table"])
-                print(f"\nprofile, {name}, {ranks} rank(s), plain loop, rank 0 ({path}):\n"
-                      + "\n".join(prof["table"].splitlines()[:16]))
+                print(
+                    f"\nprofile, {name}, {ranks} rank(s), plain loop, rank 0 ({path}):\n"
+                    + "\n".join(prof["table"].splitlines()[:16])
+                )
 
     print("\nratios (same run):")
     for name in cfgs:
         for ranks in args.ranks:
             p, lo, pl = rate(name, "pipeline", ranks), rate(name, "loop", ranks), rate(name, "plain", ranks)
-            print(f"  {name:<12} {ranks} rank(s): pipeline / plain PyTorch {p / pl:5.2f}x, pipeline / loop {p / lo:5.2f}x")
+            print(
+                f"  {name:<12} {ranks} rank(s): pipeline / plain PyTorch {p / pl:5.2f}x, pipeline / loop {p / lo:5.2f}x"
+            )
     columns = list(dict.fromkeys(k for r in rows for k in r))
     with open(out / "throughput.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=columns)

@@ -70,8 +70,11 @@ def eval_table(dataset: ParquetBatches, max_rows: int) -> pa.Table:
 def as_one_request(dataset: ParquetBatches, table: pa.Table) -> Batch:
     """All rows of ``table`` as the candidates of one request (the first row's user side)."""
     col = dataset.features.columns.request_id
-    table = table.set_column(table.schema.get_field_index(col), col,
-                             pa.array(np.full(table.num_rows, table.column(col)[0].as_py()), pa.int64()))
+    table = table.set_column(
+        table.schema.get_field_index(col),
+        col,
+        pa.array(np.full(table.num_rows, table.column(col)[0].as_py()), pa.int64()),
+    )
     return dataset.to_batch(table)
 
 
@@ -126,8 +129,9 @@ def cost(args: argparse.Namespace) -> None:
     with torch.inference_mode(), tempfile.TemporaryDirectory() as tmp:
         # Offline step: every eval item's ad vectors, once.
         start = time.perf_counter()
-        items = export_ad_embeddings(two_tower, ParquetBatches(tcfg, tcfg.data.eval_dir, shuffle=False),
-                                     Path(tmp) / "ads.parquet")
+        items = export_ad_embeddings(
+            two_tower, ParquetBatches(tcfg, tcfg.data.eval_dir, shuffle=False), Path(tmp) / "ads.parquet"
+        )
         export_s = time.perf_counter() - start
         ads = load_ad_table(Path(tmp) / "ads.parquet")
 
@@ -146,11 +150,15 @@ def cost(args: argparse.Namespace) -> None:
         mean_n = float(np.mean([b.batch_size for b, _ in pairs]))
         rows.append((f"real ({len(pairs)} req.)", mean_n, compare(fns, pairs, max(1, args.repeats // 4))))
 
-    print(f"\nscoring cost per request ({args.clock} time), {args.threads} thread(s), {args.precision}, random weights; "
-          f"two-tower overrides: {args.two_tower_set or 'none'}; ad export: {items} items in {export_s:.2f} s "
-          f"(offline)\n")
-    header = (f"| {'candidates N':<18} | {'ranker ms':>9} | {'two-tower ms (precomputed ads)':>30} | "
-              f"{'ratio ranker/two-tower':>22} | {'two-tower ms (both towers live)':>31} |")
+    print(
+        f"\nscoring cost per request ({args.clock} time), {args.threads} thread(s), {args.precision}, random weights; "
+        f"two-tower overrides: {args.two_tower_set or 'none'}; ad export: {items} items in {export_s:.2f} s "
+        f"(offline)\n"
+    )
+    header = (
+        f"| {'candidates N':<18} | {'ranker ms':>9} | {'two-tower ms (precomputed ads)':>30} | "
+        f"{'ratio ranker/two-tower':>22} | {'two-tower ms (both towers live)':>31} |"
+    )
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for label, n, t in rows:
@@ -162,6 +170,7 @@ def cost(args: argparse.Namespace) -> None:
 def auc_table(paths: List[str]) -> None:
     """Per surface x task: AUC of every run (the first is the reference), its AUC difference to the
     reference, NE and calibration (predicted / observed positives) of every run, the oracle AUC."""
+
     def last_eval(path: str) -> dict:
         with open(path) as f:
             records = [json.loads(line) for line in f if line.strip()]
@@ -175,8 +184,14 @@ def auc_table(paths: List[str]) -> None:
     for name, path, run in zip(names, paths, runs):
         print(f"{name}: {path} ({run['step']} steps)")
     rows = [{(r["surface"], r["task"]): r for r in run["eval"]} for run in runs]
-    head = (["surface", "task"] + [f"AUC {n}" for n in names] + [f"ΔAUC {n}" for n in names[1:]]
-            + [f"NE {n}" for n in names] + [f"calib. {n}" for n in names] + ["oracle AUC"])
+    head = (
+        ["surface", "task"]
+        + [f"AUC {n}" for n in names]
+        + [f"ΔAUC {n}" for n in names[1:]]
+        + [f"NE {n}" for n in names]
+        + [f"calib. {n}" for n in names]
+        + ["oracle AUC"]
+    )
     print("\n| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for key, ref in rows[0].items():
@@ -184,10 +199,14 @@ def auc_table(paths: List[str]) -> None:
             continue
         cells = [r[key] for r in rows]
         oracle = ref.get("oracle_auc")
-        line = ([key[0], key[1]] + [f"{c['auc']:.4f}" for c in cells]
-                + [f"{c['auc'] - ref['auc']:+.4f}" for c in cells[1:]]
-                + [f"{c['ne']:.4f}" for c in cells] + [f"{c['calibration']:.3f}" for c in cells]
-                + ["-" if oracle is None else f"{oracle:.4f}"])
+        line = (
+            [key[0], key[1]]
+            + [f"{c['auc']:.4f}" for c in cells]
+            + [f"{c['auc'] - ref['auc']:+.4f}" for c in cells[1:]]
+            + [f"{c['ne']:.4f}" for c in cells]
+            + [f"{c['calibration']:.3f}" for c in cells]
+            + ["-" if oracle is None else f"{oracle:.4f}"]
+        )
         print("| " + " | ".join(line) + " |")
 
 
@@ -199,15 +218,32 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=300, help="real eval requests timed one at a time")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
-                   help="cpu: the scoring thread's CPU time (robust on a shared machine); wall: wall time")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                   help="large layers of both models (weights cast, as in serving)")
+    p.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="cpu",
+        help="cpu: the scoring thread's CPU time (robust on a shared machine); wall: wall time",
+    )
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="large layers of both models (weights cast, as in serving)",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override both configs")
-    p.add_argument("--two-tower-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override the two-tower config only (e.g. model.sequence.num_layers=1)")
-    p.add_argument("--auc", nargs="+", metavar="METRICS_JSONL",
-                   help="print the AUC comparison of finished runs instead (the first is the reference)")
+    p.add_argument(
+        "--two-tower-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override the two-tower config only (e.g. model.sequence.num_layers=1)",
+    )
+    p.add_argument(
+        "--auc",
+        nargs="+",
+        metavar="METRICS_JSONL",
+        help="print the AUC comparison of finished runs instead (the first is the reference)",
+    )
     args = p.parse_args()
     if args.auc:
         auc_table(args.auc)

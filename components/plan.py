@@ -68,14 +68,34 @@ def plan_args(
     verbose: bool,
 ) -> List[str]:
     """The ``python -m pinads_rec.plan`` arguments for the component's parameters."""
-    args = ["--config", config, "--world-size", str(world_size), "--compute-device", compute_device,
-            "--hbm-gb", repr(hbm_gb), "--ddr-gb", repr(ddr_gb), "--reserve-pct", repr(reserve_pct)]
+    args = [
+        "--config",
+        config,
+        "--world-size",
+        str(world_size),
+        "--compute-device",
+        compute_device,
+        "--hbm-gb",
+        repr(hbm_gb),
+        "--ddr-gb",
+        repr(ddr_gb),
+        "--reserve-pct",
+        repr(reserve_pct),
+    ]
     if local_world_size > 0:
         args += ["--local-world-size", str(local_world_size)]
     if batch_size > 0:
         args += ["--batch-size", str(batch_size)]
-    args += ["--hbm-bw", repr(hbm_bw), "--ddr-bw", repr(ddr_bw), "--intra-host-bw", repr(intra_host_bw),
-             "--inter-host-bw", repr(inter_host_bw)]
+    args += [
+        "--hbm-bw",
+        repr(hbm_bw),
+        "--ddr-bw",
+        repr(ddr_bw),
+        "--intra-host-bw",
+        repr(intra_host_bw),
+        "--inter-host-bw",
+        repr(inter_host_bw),
+    ]
     if sharding_types:
         args += ["--sharding-types", sharding_types]
     for assignment in split_overrides(set):
@@ -158,9 +178,27 @@ def plan(
     """
     if compute_device not in ("cuda", "cpu"):
         raise ValueError(f"--compute_device must be cuda or cpu, got {compute_device!r}")
-    args = plan_args(config, world_size, local_world_size, compute_device, hbm_gb, ddr_gb, batch_size, hbm_bw,
-                     ddr_bw, intra_host_bw, inter_host_bw, reserve_pct, sharding_types, set, no_pooling_factors,
-                     out, compare, compare_config, verbose)
+    args = plan_args(
+        config,
+        world_size,
+        local_world_size,
+        compute_device,
+        hbm_gb,
+        ddr_gb,
+        batch_size,
+        hbm_bw,
+        ddr_bw,
+        intra_host_bw,
+        inter_host_bw,
+        reserve_pct,
+        sharding_types,
+        set,
+        no_pooling_factors,
+        out,
+        compare,
+        compare_config,
+        verbose,
+    )
     run_env = dict(PINADS_ENV)
     run_env.update(env or {})
     return specs.AppDef(

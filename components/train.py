@@ -136,7 +136,8 @@ def train(
         raise ValueError(
             "--set given more than once: torchx keeps only the last. Give several overrides in one "
             '--set separated by commas or spaces (--set "a.b=1,c.d=2"), or after -- as '
-            "-- --set=a.b=1 --set=c.d=2")
+            "-- --set=a.b=1 --set=c.d=2"
+        )
     j = with_nproc(j, nproc)
     _, _, nproc_per_node, _ = torchx_dist.parse_nnodes(j)
 

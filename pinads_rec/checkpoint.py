@@ -48,8 +48,11 @@ def _barrier() -> None:
 
 
 def latest(run_dir: Path) -> Optional[Path]:
-    ckpts = [p for p in (Path(run_dir) / "checkpoints").glob("step-*")
-             if not p.name.endswith(".tmp") and (p / STATE_FILE).exists()]
+    ckpts = [
+        p
+        for p in (Path(run_dir) / "checkpoints").glob("step-*")
+        if not p.name.endswith(".tmp") and (p / STATE_FILE).exists()
+    ]
     return max(ckpts, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
@@ -62,8 +65,10 @@ def save(run_dir: Path, state: TrainState, dmp, optimizer, schedule, cfg: config
         tmp.mkdir(parents=True)
     _barrier()
     dcp.save({"model": dmp.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint_id=str(tmp))
-    torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
-               tmp / f"rng-{_rank()}.pt")
+    torch.save(
+        {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        tmp / f"rng-{_rank()}.pt",
+    )
     _barrier()
     if rank0:
         meta = {"train": asdict(state), "schedule": schedule.state_dict(), "config": config.to_dict(cfg)}
@@ -71,9 +76,10 @@ def save(run_dir: Path, state: TrainState, dmp, optimizer, schedule, cfg: config
         (tmp / STATE_FILE).write_text(json.dumps(meta, indent=1, default=str))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        old = sorted((p for p in root.glob("step-*") if not p.name.endswith(".tmp")),
-                     key=lambda p: int(p.name.split("-")[1]))
-        for p in old[:-cfg.train.keep_checkpoints]:
+        old = sorted(
+            (p for p in root.glob("step-*") if not p.name.endswith(".tmp")), key=lambda p: int(p.name.split("-")[1])
+        )
+        for p in old[: -cfg.train.keep_checkpoints]:
             shutil.rmtree(p, ignore_errors=True)
     _barrier()
     return final
@@ -101,14 +107,18 @@ def check_compatible(path: Path, cfg: config.ExperimentConfig) -> None:
     may be recalibrated another way)."""
     saved = json.loads((Path(path) / STATE_FILE).read_text())["config"]
     current = config.to_dict(cfg)
-    diffs = [d for section in ("features", "model")
-             for d in config_differences(saved.get(section), current[section], section)
-             if d != "model.calibration"]
+    diffs = [
+        d
+        for section in ("features", "model")
+        for d in config_differences(saved.get(section), current[section], section)
+        if d != "model.calibration"
+    ]
     if diffs:
         shown = ", ".join(diffs[:8]) + (f" and {len(diffs) - 8} more" if len(diffs) > 8 else "")
         raise IncompatibleCheckpoint(
             f"checkpoint {path} was written by a different model ({shown} differ); use another "
-            f"train.run_dir or restore the config it was trained with")
+            f"train.run_dir or restore the config it was trained with"
+        )
 
 
 def load(path: Path, dmp, optimizer, schedule) -> TrainState:

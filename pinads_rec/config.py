@@ -289,7 +289,8 @@ class SequenceEncoderConfig:
     # short_length events through a light DIN-like attention: the short-term interest, joined to
     # what the other encoders make of the whole sequence).
     encoders: List[Literal["transformer", "sum", "period_sum", "din", "long_short"]] = field(
-        default_factory=lambda: ["transformer"])
+        default_factory=lambda: ["transformer"]
+    )
     # Transformer.
     num_layers: int = 1
     num_heads: int = 1
@@ -299,7 +300,8 @@ class SequenceEncoderConfig:
     # "mean" (masked mean) -- once per request -- "transact" (TransAct-style: max-pool plus the latest
     # transact_recent tokens), and "target" (each candidate attends over the encoded events).
     poolings: List[Literal["summary", "mean", "transact", "target"]] = field(
-        default_factory=lambda: ["summary", "mean", "target"])
+        default_factory=lambda: ["summary", "mean", "target"]
+    )
     transact_recent: int = 4
     # Period sum pooling: period boundaries in seconds of time delta (request time - event time);
     # [a, b, c] makes the periods [0, a), [a, b), [b, c), [c, inf). Future events are left out.
@@ -382,9 +384,9 @@ class ModelConfig:
     two_tower: TwoTowerConfig = field(default_factory=TwoTowerConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
 
-
     def sequence_for(self, group: str) -> SequenceEncoderConfig:
         return self.sequence_groups.get(group, self.sequence)
+
 
 @dataclass
 class TrainConfig:
@@ -573,29 +575,47 @@ def _validate(cfg: ExperimentConfig) -> None:
     if not 0.0 <= d.calibration_holdout < 1.0:
         raise ConfigError(f"data.calibration_holdout: must be in [0, 1), got {d.calibration_holdout}")
     if d.calibration_dir and d.calibration_holdout > 0.0:
-        raise ConfigError(f"data.calibration_holdout: {d.calibration_holdout} rows held out of training would go "
-                          f"unused: the calibration is fit on data.calibration_dir; set it to 0")
+        raise ConfigError(
+            f"data.calibration_holdout: {d.calibration_holdout} rows held out of training would go "
+            f"unused: the calibration is fit on data.calibration_dir; set it to 0"
+        )
     if d.calibration_holdout == 0.0 and not d.calibration_dir and cfg.model.calibration != "none":
-        raise ConfigError(f"data.calibration_holdout: model.calibration {cfg.model.calibration!r} is fit on "
-                          f"unseen rows; set a fraction > 0 (e.g. 0.05), or data.calibration_dir, or "
-                          f"model.calibration: none")
+        raise ConfigError(
+            f"data.calibration_holdout: model.calibration {cfg.model.calibration!r} is fit on "
+            f"unseen rows; set a fraction > 0 (e.g. 0.05), or data.calibration_dir, or "
+            f"model.calibration: none"
+        )
     if d.row_filter is not None:
         known = {c.column for c in f.sparse} | {getattr(f.columns, k) for k in ("surface", "user_id", "item_id")}
         if d.row_filter.column not in known:
-            raise ConfigError(f"data.row_filter.column: {d.row_filter.column!r} is not an int64 column of the "
-                              f"contract (sparse feature columns or surface/user_id/item_id)")
+            raise ConfigError(
+                f"data.row_filter.column: {d.row_filter.column!r} is not an int64 column of the "
+                f"contract (sparse feature columns or surface/user_id/item_id)"
+            )
         if not d.row_filter.values:
             raise ConfigError("data.row_filter.values: list at least one value to keep")
     positive("synth.calibration_requests", s.calibration_requests, allow_zero=True)
-    for name in ("train_requests", "eval_requests", "num_users", "num_items", "num_advertisers",
-                 "num_topics", "sequence_length", "event_embedding_dim", "num_files", "row_group_size"):
+    for name in (
+        "train_requests",
+        "eval_requests",
+        "num_users",
+        "num_items",
+        "num_advertisers",
+        "num_topics",
+        "sequence_length",
+        "event_embedding_dim",
+        "num_files",
+        "row_group_size",
+    ):
         positive(f"synth.{name}", getattr(s, name))
     positive("synth.candidates_per_request", s.candidates_per_request)
     group_names = [g.name for g in f.sequence_groups]
     for name in m.sequence_groups:
         if name not in group_names:
-            raise ConfigError(f"model.sequence_groups.{name}: no sequence group named {name!r} in "
-                              f"features.sequence_groups ({group_names})")
+            raise ConfigError(
+                f"model.sequence_groups.{name}: no sequence group named {name!r} in "
+                f"features.sequence_groups ({group_names})"
+            )
     _validate_encoder("model.sequence", m.sequence, f, None, positive)
     for g in f.sequence_groups:
         path = f"model.sequence_groups.{g.name}" if g.name in m.sequence_groups else "model.sequence"
@@ -607,8 +627,9 @@ def _validate(cfg: ExperimentConfig) -> None:
     positive("model.resilient_bn.minimal_variance", rbn.minimal_variance, allow_zero=True)
     positive("model.resilient_bn.eps", rbn.eps)
     if rbn.variance_shift_threshold <= 1.0:
-        raise ConfigError(f"model.resilient_bn.variance_shift_threshold: must be > 1 (a ratio), "
-                          f"got {rbn.variance_shift_threshold}")
+        raise ConfigError(
+            f"model.resilient_bn.variance_shift_threshold: must be > 1 (a ratio), got {rbn.variance_shift_threshold}"
+        )
     if not 0.0 < rbn.momentum <= 1.0:
         raise ConfigError(f"model.resilient_bn.momentum: must be in (0, 1], got {rbn.momentum}")
     positive("model.two_tower.embedding_dim", m.two_tower.embedding_dim)
@@ -632,8 +653,9 @@ def _validate(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"train.sharding_types[{i}]: {st!r} is not one of {sorted(valid_types)}")
 
 
-def _validate_encoder(path: str, enc: SequenceEncoderConfig, features: "FeaturesConfig",
-                      group: Optional[SequenceGroupConfig], positive) -> None:
+def _validate_encoder(
+    path: str, enc: SequenceEncoderConfig, features: "FeaturesConfig", group: Optional[SequenceGroupConfig], positive
+) -> None:
     positive(f"{path}.d_model", enc.d_model)
     positive(f"{path}.num_layers", enc.num_layers, allow_zero=True)
     positive(f"{path}.num_heads", enc.num_heads)
@@ -669,14 +691,17 @@ def _validate_encoder(path: str, enc: SequenceEncoderConfig, features: "Features
     if group is not None and enc.combine == "concat" and "transformer" in enc.encoders:
         width = concat_width(features, group)
         if width % enc.num_heads:
-            raise ConfigError(f"{path}.num_heads: {enc.num_heads} does not divide the concatenated event width "
-                              f"{width} of sequence group {group.name!r}")
+            raise ConfigError(
+                f"{path}.num_heads: {enc.num_heads} does not divide the concatenated event width "
+                f"{width} of sequence group {group.name!r}"
+            )
 
 
 def concat_width(features: "FeaturesConfig", group: SequenceGroupConfig) -> int:
     """Width of a group's event with combine: concat (its attributes' and pretrained widths)."""
-    return (sum(features.table(f.table).embedding_dim for f in group.features)
-            + (group.embedding_dim if group.embedding_column else 0))
+    return sum(features.table(f.table).embedding_dim for f in group.features) + (
+        group.embedding_dim if group.embedding_column else 0
+    )
 
 
 def _merge(base: Any, over: Any) -> Any:
@@ -698,8 +723,9 @@ def from_dict(raw: Dict[str, Any], overrides: Sequence[str] = ()) -> ExperimentC
     if isinstance(model, dict) and isinstance(model.get("sequence_groups"), dict):
         # A group's encoder: its own keys over model.sequence's.
         shared = model.get("sequence") or {}
-        model["sequence_groups"] = {g: _merge(shared, over) if isinstance(over, dict) else over
-                                    for g, over in model["sequence_groups"].items()}
+        model["sequence_groups"] = {
+            g: _merge(shared, over) if isinstance(over, dict) else over for g, over in model["sequence_groups"].items()
+        }
     cfg = _build(ExperimentConfig, raw, "")
     _validate(cfg)
     return cfg

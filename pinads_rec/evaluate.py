@@ -348,7 +348,21 @@ def format_table(rows: Sequence[Dict[str, Any]]) -> str:
     Lift = (auc - 0.5) / (oracle_auc - 0.5): the fraction of the oracle's attainable AUC gain over
     random that the model achieves ("-" without an oracle).
     """
-    headers = ["surface", "task", "n", "pos_rate", "AUC", "oAUC", "lift", "NE", "oNE", "logloss", "calib", "cal/true", "ECE"]
+    headers = [
+        "surface",
+        "task",
+        "n",
+        "pos_rate",
+        "AUC",
+        "oAUC",
+        "lift",
+        "NE",
+        "oNE",
+        "logloss",
+        "calib",
+        "cal/true",
+        "ECE",
+    ]
     body: List[List[str]] = []
     for r in rows:
         n = int(r["examples"])

@@ -58,8 +58,9 @@ def init_distributed(timeout_s: float = 600.0) -> Distributed:
         if "RANK" not in os.environ:
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
             init = f"file://{os.path.abspath(os.environ.get('PINADS_RDZV_FILE', '/tmp/pinads_rec_single_rdzv_' + str(os.getpid())))}"
-            dist.init_process_group(backend, init_method=init, rank=0, world_size=1,
-                                    timeout=datetime.timedelta(seconds=timeout_s))
+            dist.init_process_group(
+                backend, init_method=init, rank=0, world_size=1, timeout=datetime.timedelta(seconds=timeout_s)
+            )
         else:
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     return Distributed(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
@@ -98,8 +99,14 @@ def allowed_sharding_types(cfg: ExperimentConfig, compute_device: str) -> List[s
 def constraints(cfg: ExperimentConfig, compute_device: str) -> Dict[str, ParameterConstraints]:
     """Per-table allowed sharding types: the config's choice (on CPU without one, table-wise), minus what
     the device cannot run."""
-    bag = {ShardingType.DATA_PARALLEL.value, ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value,
-           ShardingType.TABLE_COLUMN_WISE.value, ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value}
+    bag = {
+        ShardingType.DATA_PARALLEL.value,
+        ShardingType.TABLE_WISE.value,
+        ShardingType.COLUMN_WISE.value,
+        ShardingType.TABLE_COLUMN_WISE.value,
+        ShardingType.ROW_WISE.value,
+        ShardingType.TABLE_ROW_WISE.value,
+    }
     seq = {ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value, ShardingType.ROW_WISE.value}
     if compute_device == "cuda":
         seq.add(ShardingType.DATA_PARALLEL.value)
@@ -113,15 +120,21 @@ def constraints(cfg: ExperimentConfig, compute_device: str) -> Dict[str, Paramet
             if t.name in saved:
                 choice = saved[t.name]
                 if choice["sharding_type"] not in allowed:
-                    raise ValueError(f"train.plan_file {cfg.train.plan_file}: table {t.name!r} is planned "
-                                     f"{choice['sharding_type']}, which {compute_device} cannot run")
-                out[t.name] = ParameterConstraints(sharding_types=[choice["sharding_type"]],
-                                                   compute_kernels=[_kernel_for(choice["compute_kernel"], compute_device)])
+                    raise ValueError(
+                        f"train.plan_file {cfg.train.plan_file}: table {t.name!r} is planned "
+                        f"{choice['sharding_type']}, which {compute_device} cannot run"
+                    )
+                out[t.name] = ParameterConstraints(
+                    sharding_types=[choice["sharding_type"]],
+                    compute_kernels=[_kernel_for(choice["compute_kernel"], compute_device)],
+                )
                 continue
             types = sorted(allowed & wanted) if wanted else sorted(allowed)
             if not types:
-                raise ValueError(f"train.sharding_types {sorted(wanted)} leaves table {t.name!r} no sharding "
-                                 f"type it can use on {compute_device} (allowed: {sorted(allowed)})")
+                raise ValueError(
+                    f"train.sharding_types {sorted(wanted)} leaves table {t.name!r} no sharding "
+                    f"type it can use on {compute_device} (allowed: {sorted(allowed)})"
+                )
             out[t.name] = ParameterConstraints(sharding_types=types)
     return out
 
@@ -144,8 +157,11 @@ def plan_tables(plan: ShardingPlan) -> dict:
     tables = {}
     for module in plan.plan.values():
         for param, sharding in module.items():
-            tables[param] = {"sharding_type": sharding.sharding_type, "compute_kernel": sharding.compute_kernel,
-                             "ranks": list(sharding.ranks or [])}
+            tables[param] = {
+                "sharding_type": sharding.sharding_type,
+                "compute_kernel": sharding.compute_kernel,
+                "ranks": list(sharding.ranks or []),
+            }
     return {"tables": tables}
 
 
@@ -180,28 +196,42 @@ def _position(order: Sequence[str]):
     return lambda v: (index.get(v, len(index)), v)
 
 
-def plan_sharding(model: nn.Module, cfg: ExperimentConfig, env: Distributed,
-                  local_world_size: Optional[int] = None) -> ShardingPlan:
+def plan_sharding(
+    model: nn.Module, cfg: ExperimentConfig, env: Distributed, local_world_size: Optional[int] = None
+) -> ShardingPlan:
     compute = env.device.type
-    topology = Topology(world_size=env.world_size, compute_device=compute,
-                        local_world_size=local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)))
+    topology = Topology(
+        world_size=env.world_size,
+        compute_device=compute,
+        local_world_size=local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)),
+    )
     allowed = constraints(cfg, compute)
-    planner = EmbeddingShardingPlanner(topology=topology, batch_size=cfg.data.batch_size, constraints=allowed,
-                                       enumerator=ordered_enumerator(topology, cfg.data.batch_size, allowed),
-                                       debug=False)
+    planner = EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=cfg.data.batch_size,
+        constraints=allowed,
+        enumerator=ordered_enumerator(topology, cfg.data.batch_size, allowed),
+        debug=False,
+    )
     if env.world_size > 1:
         return planner.collective_plan(model, sharders(), dist.GroupMember.WORLD)
     return planner.plan(model, sharders())
 
 
-def shard(model: nn.Module, cfg: ExperimentConfig, env: Distributed,
-          plan: Optional[ShardingPlan] = None) -> DistributedModelParallel:
+def shard(
+    model: nn.Module, cfg: ExperimentConfig, env: Distributed, plan: Optional[ShardingPlan] = None
+) -> DistributedModelParallel:
     """Fused embedding optimizers are attached first, so the sharded tables update inside backward;
     then every table is initialized from the seed alone, so the model does not depend on the plan."""
     attach_embedding_optimizer(model, cfg.train, env.device)
     plan = plan or plan_sharding(model, cfg, env)
-    dmp = DistributedModelParallel(module=model, env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
-                                   device=env.device, plan=plan, sharders=sharders())
+    dmp = DistributedModelParallel(
+        module=model,
+        env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
+        device=env.device,
+        plan=plan,
+        sharders=sharders(),
+    )
     init_embeddings(dmp, cfg.train.seed)
     return dmp
 
@@ -221,7 +251,7 @@ def init_embeddings(dmp: nn.Module, seed: int) -> None:
         if not any(p in name for p in EMBEDDING_PARAM):
             continue
         rows, cols = weight.shape
-        bound = rows ** -0.5
+        bound = rows**-0.5
         if isinstance(weight, ShardedTensor):
             pieces = [(s.metadata.shard_offsets, s.metadata.shard_sizes, s.tensor) for s in weight.local_shards()]
         else:  # replicated (data_parallel)
@@ -232,7 +262,7 @@ def init_embeddings(dmp: nn.Module, seed: int) -> None:
                 start = block * _INIT_BLOCK_ROWS
                 values = torch.empty(min(_INIT_BLOCK_ROWS, rows - start), cols).uniform_(-bound, bound, generator=g)
                 lo, hi = max(r0, start), min(r0 + h, start + values.shape[0])
-                out[lo - r0:hi - r0].copy_(values[lo - start:hi - start, c0:c0 + w])
+                out[lo - r0 : hi - r0].copy_(values[lo - start : hi - start, c0 : c0 + w])
 
 
 def embedding_optimizer(train: TrainConfig, device: torch.device):
@@ -264,7 +294,8 @@ def make_optimizer(dmp: DistributedModelParallel, train: TrainConfig, total_step
     tables = {k: v for k, v in unfused.items() if any(p in k for p in EMBEDDING_PARAM)}
     layers = {k: v for k, v in unfused.items() if k not in tables}
     dense = KeyedOptimizerWrapper(
-        layers, lambda params: torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay, fused=True))
+        layers, lambda params: torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay, fused=True)
+    )
     parts = [("dense", dense), ("sparse", dmp.fused_optimizer)]
     if tables:
         optim_cls, kwargs = embedding_optimizer(train, next(iter(tables.values())).device)

@@ -77,7 +77,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-GB = 1024 ** 3  # TorchRec's planner counts GB as GiB (its HBM_CAP is 32 * 1024**3 "32 GB")
+GB = 1024**3  # TorchRec's planner counts GB as GiB (its HBM_CAP is 32 * 1024**3 "32 GB")
 DEFAULT_CONFIG = "configs/demo.yaml"
 SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise", "data_parallel")
 STATS_LOGGER = "torchrec.distributed.planner.stats"
@@ -131,10 +131,15 @@ class PlanSpec:
 
     def describe(self) -> str:
         hosts = math.ceil(self.world_size / self.local)
-        mem = (f"{_num(self.hbm_gb)} GB HBM + {_num(self.ddr_gb)} GB DDR" if self.compute_device == "cuda"
-               else f"{_num(self.ddr_gb)} GB DDR")
-        return (f"{hosts} host(s) x {self.local} {self.compute_device} device(s) = world size {self.world_size}, "
-                f"{mem} per rank")
+        mem = (
+            f"{_num(self.hbm_gb)} GB HBM + {_num(self.ddr_gb)} GB DDR"
+            if self.compute_device == "cuda"
+            else f"{_num(self.ddr_gb)} GB DDR"
+        )
+        return (
+            f"{hosts} host(s) x {self.local} {self.compute_device} device(s) = world size {self.world_size}, "
+            f"{mem} per rank"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,9 +155,23 @@ class _Capture:
         self.best_plan = None
         self.enumerator = None
 
-    def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals, num_plans,
-            run_time, best_plan, constraints=None, sharders=None, enumerator=None, debug=False,
-            debug_stats=None, **_):
+    def log(
+        self,
+        sharding_plan,
+        topology,
+        batch_size,
+        storage_reservation,
+        num_proposals,
+        num_plans,
+        run_time,
+        best_plan,
+        constraints=None,
+        sharders=None,
+        enumerator=None,
+        debug=False,
+        debug_stats=None,
+        **_,
+    ):
         self.best_plan, self.enumerator = best_plan, enumerator
         self.num_proposals, self.num_plans, self.run_time = num_proposals, num_plans, run_time
 
@@ -174,8 +193,14 @@ def _quiet_planner(verbose: bool):
     data-parallel tables (which have no sharding spec by design). With ``verbose`` TorchRec's stats
     tables go to stdout."""
     filters = [
-        (logging.getLogger("torchrec.distributed.planner.types"), _DropMessages("The topology was constructed directly")),
-        (logging.getLogger("torchrec.distributed.planner.storage_reservations"), _DropMessages("There is a known issue")),
+        (
+            logging.getLogger("torchrec.distributed.planner.types"),
+            _DropMessages("The topology was constructed directly"),
+        ),
+        (
+            logging.getLogger("torchrec.distributed.planner.storage_reservations"),
+            _DropMessages("There is a known issue"),
+        ),
         (logging.getLogger(), _DropMessages("Sharding spec not found")),
     ]
     for logger, f in filters:
@@ -256,8 +281,9 @@ def table_constraints(cfg, spec: PlanSpec, batch_size: int) -> Dict[str, object]
                 factors.append(float(cfg.synth.candidates_per_request))
             else:
                 factors.append(float(max_len[key.split(".", 1)[0]]))
-        out[t.name] = dataclasses.replace(out[t.name], pooling_factors=factors,
-                                          batch_sizes=[per_request] * len(factors))
+        out[t.name] = dataclasses.replace(
+            out[t.name], pooling_factors=factors, batch_sizes=[per_request] * len(factors)
+        )
     return out
 
 
@@ -266,11 +292,17 @@ def make_topology(spec: PlanSpec):
 
     to_bytes_per_ms = GB / 1000.0  # TorchRec's bandwidths are bytes per ms
     with _quiet_planner(False):
-        return Topology(world_size=spec.world_size, compute_device=spec.compute_device,
-                        hbm_cap=int(spec.hbm_gb * GB), ddr_cap=int(spec.ddr_gb * GB),
-                        local_world_size=spec.local, hbm_mem_bw=spec.hbm_bw * to_bytes_per_ms,
-                        ddr_mem_bw=spec.ddr_bw * to_bytes_per_ms, intra_host_bw=spec.intra_host_bw * to_bytes_per_ms,
-                        inter_host_bw=spec.inter_host_bw * to_bytes_per_ms)
+        return Topology(
+            world_size=spec.world_size,
+            compute_device=spec.compute_device,
+            hbm_cap=int(spec.hbm_gb * GB),
+            ddr_cap=int(spec.ddr_gb * GB),
+            local_world_size=spec.local,
+            hbm_mem_bw=spec.hbm_bw * to_bytes_per_ms,
+            ddr_mem_bw=spec.ddr_bw * to_bytes_per_ms,
+            intra_host_bw=spec.intra_host_bw * to_bytes_per_ms,
+            inter_host_bw=spec.inter_host_bw * to_bytes_per_ms,
+        )
 
 
 def plan(cfg, spec: PlanSpec, config_path: str = "", verbose: bool = False) -> dict:
@@ -298,9 +330,15 @@ def plan(cfg, spec: PlanSpec, config_path: str = "", verbose: bool = False) -> d
     stats = [capture, EmbeddingStats()] if verbose else [capture]
     with _quiet_planner(verbose):
         reservation = HeuristicalStorageReservation(percentage=spec.reserve_pct / 100.0, dense_tensor_estimate=dense)
-        planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch, storage_reservation=reservation,
-                                           enumerator=parallel.ordered_enumerator(topology, batch, constraints),
-                                           constraints=constraints, stats=stats, debug=verbose)
+        planner = EmbeddingShardingPlanner(
+            topology=topology,
+            batch_size=batch,
+            storage_reservation=reservation,
+            enumerator=parallel.ordered_enumerator(topology, batch, constraints),
+            constraints=constraints,
+            stats=stats,
+            debug=verbose,
+        )
         sharders = parallel.sharders()
         try:
             planner.plan(model, sharders)
@@ -310,8 +348,9 @@ def plan(cfg, spec: PlanSpec, config_path: str = "", verbose: bool = False) -> d
             if "No available sharding type" not in str(e):
                 raise
             raise PlanFailed(f"no sharding type/kernel is left for a table after the constraints: {e}") from None
-    return _report(capture.best_plan, cfg, spec, config_path, topology, reservation, batch,
-                   time.perf_counter() - started, capture)
+    return _report(
+        capture.best_plan, cfg, spec, config_path, topology, reservation, batch, time.perf_counter() - started, capture
+    )
 
 
 def _storage(s) -> Tuple[int, int]:
@@ -348,8 +387,10 @@ def _report(best_plan, cfg, spec: PlanSpec, config_path, topology, reservation, 
     order = {t.name: i for i, t in enumerate(cfg.features.tables)}
     tables: Dict[str, dict] = {}
     perf_keys = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch_compute")
-    ranks = [{"rank": r, "host": r // spec.local, "hbm_bytes": 0, "ddr_bytes": 0, "shards": 0,
-              **{k: 0.0 for k in perf_keys}} for r in range(spec.world_size)]
+    ranks = [
+        {"rank": r, "host": r // spec.local, "hbm_bytes": 0, "ddr_bytes": 0, "shards": 0, **{k: 0.0 for k in perf_keys}}
+        for r in range(spec.world_size)
+    ]
     for so in sorted(best_plan, key=lambda so: order.get(so.name, len(order))):
         rows, dim = (int(x) for x in so.tensor.shape)
         hbm = sum(int(s.storage.hbm) for s in so.shards)
@@ -358,8 +399,9 @@ def _report(best_plan, cfg, spec: PlanSpec, config_path, topology, reservation, 
             "sharding_type": so.sharding_type,
             "compute_kernel": so.compute_kernel,
             "ranks": [int(s.rank) for s in so.shards],
-            "shards": [[int(s.offset[0]), int(s.offset[1]), int(s.size[0]), int(s.size[1]), int(s.rank)]
-                       for s in so.shards],
+            "shards": [
+                [int(s.offset[0]), int(s.offset[1]), int(s.size[0]), int(s.size[1]), int(s.rank)] for s in so.shards
+            ],
             "module": so.path,
             "num_embeddings": rows,
             "embedding_dim": dim,
@@ -380,23 +422,32 @@ def _report(best_plan, cfg, spec: PlanSpec, config_path, topology, reservation, 
         r["hbm_total_bytes"] = r["hbm_bytes"] + in_use_hbm
         r["ddr_total_bytes"] = r["ddr_bytes"] + in_use_ddr
     slowest = max(ranks, key=lambda r: r["total"])
-    critical = {"rank": slowest["rank"], "total_ms": slowest["total"],
-                **{f"{k}_ms": slowest[k] for k in perf_keys}}
+    critical = {"rank": slowest["rank"], "total_ms": slowest["total"], **{f"{k}_ms": slowest[k] for k in perf_keys}}
     try:  # TorchRec's own estimate, with a synchronization point per module x sharding type
         from torchrec.distributed.planner.stats import _calculate_critical_path
 
         cp = _calculate_critical_path(best_plan)
-        critical["torchrec_sync_estimate_ms"] = {"comms": cp.comms_estimate, "compute": cp.comp_estimate,
-                                                 "total": cp.total()}
+        critical["torchrec_sync_estimate_ms"] = {
+            "comms": cp.comms_estimate,
+            "compute": cp.comp_estimate,
+            "total": cp.total(),
+        }
     except Exception:  # a private helper: optional
         pass
     return {
         "tables": tables,
         "topology": {
-            "world_size": spec.world_size, "local_world_size": spec.local, "compute_device": spec.compute_device,
-            "hbm_cap_bytes": int(topology.devices[0].storage.hbm), "ddr_cap_bytes": int(topology.devices[0].storage.ddr),
-            "hbm_gb": spec.hbm_gb, "ddr_gb": spec.ddr_gb, "hbm_bw_gbps": spec.hbm_bw, "ddr_bw_gbps": spec.ddr_bw,
-            "intra_host_bw_gbps": spec.intra_host_bw, "inter_host_bw_gbps": spec.inter_host_bw,
+            "world_size": spec.world_size,
+            "local_world_size": spec.local,
+            "compute_device": spec.compute_device,
+            "hbm_cap_bytes": int(topology.devices[0].storage.hbm),
+            "ddr_cap_bytes": int(topology.devices[0].storage.ddr),
+            "hbm_gb": spec.hbm_gb,
+            "ddr_gb": spec.ddr_gb,
+            "hbm_bw_gbps": spec.hbm_bw,
+            "ddr_bw_gbps": spec.ddr_bw,
+            "intra_host_bw_gbps": spec.intra_host_bw,
+            "inter_host_bw_gbps": spec.inter_host_bw,
         },
         "config": config_path,
         "batch_size": batch,
@@ -405,13 +456,17 @@ def _report(best_plan, cfg, spec: PlanSpec, config_path, topology, reservation, 
         "storage_reservation": reserved,
         "per_rank": ranks,
         "critical_path": critical,
-        "planner": {"proposals": getattr(capture, "num_proposals", None), "plans": getattr(capture, "num_plans", None),
-                    "seconds": seconds},
+        "planner": {
+            "proposals": getattr(capture, "num_proposals", None),
+            "plans": getattr(capture, "num_plans", None),
+            "seconds": seconds,
+        },
     }
 
 
 def _readable(message: str) -> List[str]:
     """TorchRec's error text with byte counts in GB, without per-shard Perf dumps, wrapped."""
+
     def storage(m):
         hbm, ddr = int(m.group(1)), int(m.group(2))
         return f"Storage(hbm={hbm / GB:.2f} GB, ddr={ddr / GB:.2f} GB)"
@@ -423,8 +478,9 @@ def _readable(message: str) -> List[str]:
         if not line.strip():
             continue
         indent = len(line) - len(line.lstrip())
-        out += textwrap.wrap(line.strip(), width=110, initial_indent=" " * (indent + 2),
-                             subsequent_indent=" " * (indent + 6)) or [""]
+        out += textwrap.wrap(
+            line.strip(), width=110, initial_indent=" " * (indent + 2), subsequent_indent=" " * (indent + 6)
+        ) or [""]
     return out
 
 
@@ -449,8 +505,9 @@ def _explain_failure(error, spec: PlanSpec, model, sharders, reservation, captur
         by_table.setdefault(so.name, []).append(so)
     rows, misfits, need_hbm, min_hbm, min_hbm_ddr = [], [], 0, 0, 0
     for name, opts in sorted(by_table.items(), key=lambda kv: -kv[1][0].tensor.numel()):
+
         def largest(so):
-            return max(so.shards, key=lambda s: (s.storage.hbm + s.storage.ddr))
+            return max(so.shards, key=lambda s: s.storage.hbm + s.storage.ddr)
 
         in_hbm = [so for so in opts if so.total_storage.ddr == 0]
         best_hbm = min(in_hbm, key=lambda so: _prefer(so, so.total_storage.hbm)) if in_hbm else None
@@ -464,39 +521,73 @@ def _explain_failure(error, spec: PlanSpec, model, sharders, reservation, captur
         smallest = min(opts, key=lambda so: _prefer(so, largest(so).storage.hbm + largest(so).storage.ddr))
         big = largest(smallest)
         if not fits:
-            misfits.append(f"{name} (its smallest shard, {smallest.sharding_type}/{smallest.compute_kernel}, needs "
-                           f"{_gb(big.storage.hbm)} GB HBM + {_gb(big.storage.ddr)} GB DDR)")
-        rows.append([name, _shape(opts[0]), _gb(opts[0].tensor.numel() * opts[0].tensor.element_size()),
-                     f"{_gb(best_hbm.total_storage.hbm)} ({best_hbm.sharding_type}/{best_hbm.compute_kernel})"
-                     if best_hbm else "-",
-                     f"{_gb(best_off.total_storage.hbm)} + {_gb(best_off.total_storage.ddr)} "
-                     f"({best_off.sharding_type}/{best_off.compute_kernel})" if best_off else "-",
-                     _gb(big.storage.hbm + big.storage.ddr), "yes" if fits else "NO"])
+            misfits.append(
+                f"{name} (its smallest shard, {smallest.sharding_type}/{smallest.compute_kernel}, needs "
+                f"{_gb(big.storage.hbm)} GB HBM + {_gb(big.storage.ddr)} GB DDR)"
+            )
+        rows.append(
+            [
+                name,
+                _shape(opts[0]),
+                _gb(opts[0].tensor.numel() * opts[0].tensor.element_size()),
+                f"{_gb(best_hbm.total_storage.hbm)} ({best_hbm.sharding_type}/{best_hbm.compute_kernel})"
+                if best_hbm
+                else "-",
+                f"{_gb(best_off.total_storage.hbm)} + {_gb(best_off.total_storage.ddr)} "
+                f"({best_off.sharding_type}/{best_off.compute_kernel})"
+                if best_off
+                else "-",
+                _gb(big.storage.hbm + big.storage.ddr),
+                "yes" if fits else "NO",
+            ]
+        )
     lines.append("")
-    lines.append(f"Per rank after the reservation: {_gb(rank_hbm)} GB HBM + {_gb(rank_ddr)} GB DDR "
-                 f"({spec.world_size} rank(s): {_gb(all_hbm)} GB HBM + {_gb(all_ddr)} GB DDR in all).")
-    lines.append("Tables (GB over all shards, weights + optimizer state + I/O buffers, in the layout that needs "
-                 "the least HBM; 'fits a rank': some layout has every shard within a rank's memory):")
-    lines += ["  " + ln for ln in _table(["table", "rows x dim", "weights GB", "all in HBM, GB",
-                                          "with UVM offload, HBM + DDR GB", "smallest shard GB", "fits a rank?"],
-                                         rows)]
-    lines.append(f"All tables in HBM need at least {_gb(need_hbm)} GB (HBM left: {_gb(all_hbm)} GB); with UVM "
-                 f"offload at least {_gb(min_hbm)} GB HBM + {_gb(min_hbm_ddr)} GB DDR (DDR left: {_gb(all_ddr)} GB).")
+    lines.append(
+        f"Per rank after the reservation: {_gb(rank_hbm)} GB HBM + {_gb(rank_ddr)} GB DDR "
+        f"({spec.world_size} rank(s): {_gb(all_hbm)} GB HBM + {_gb(all_ddr)} GB DDR in all)."
+    )
+    lines.append(
+        "Tables (GB over all shards, weights + optimizer state + I/O buffers, in the layout that needs "
+        "the least HBM; 'fits a rank': some layout has every shard within a rank's memory):"
+    )
+    lines += [
+        "  " + ln
+        for ln in _table(
+            [
+                "table",
+                "rows x dim",
+                "weights GB",
+                "all in HBM, GB",
+                "with UVM offload, HBM + DDR GB",
+                "smallest shard GB",
+                "fits a rank?",
+            ],
+            rows,
+        )
+    ]
+    lines.append(
+        f"All tables in HBM need at least {_gb(need_hbm)} GB (HBM left: {_gb(all_hbm)} GB); with UVM "
+        f"offload at least {_gb(min_hbm)} GB HBM + {_gb(min_hbm_ddr)} GB DDR (DDR left: {_gb(all_ddr)} GB)."
+    )
     if misfits:
         lines.append("Does not fit on any rank in any layout: " + "; ".join(misfits) + ".")
         lines.append("Add ranks (row-wise shards get smaller), more memory per rank, or shrink these tables.")
     elif min_hbm > all_hbm or min_hbm_ddr > all_ddr:
-        lines.append("Every table fits a rank on its own, but not all of them together: add ranks or memory, "
-                     "shrink tables, or lower --reserve-pct.")
+        lines.append(
+            "Every table fits a rank on its own, but not all of them together: add ranks or memory, "
+            "shrink tables, or lower --reserve-pct."
+        )
     else:
-        lines.append("The totals would fit: the allowed layouts (sharding types, kernels) cannot be packed onto "
-                     "the ranks; allow more sharding types (--sharding-types) or add ranks.")
+        lines.append(
+            "The totals would fit: the allowed layouts (sharding types, kernels) cannot be packed onto "
+            "the ranks; allow more sharding types (--sharding-types) or add ranks."
+        )
     return "\n".join(lines)
 
 
 def _prefer(so, size: float) -> Tuple[int, bool]:
     """Sort key: size to the MB, and of equal sizes a sharded layout before a replicated one."""
-    return round(size / 2 ** 20), so.sharding_type == "data_parallel"
+    return round(size / 2**20), so.sharding_type == "data_parallel"
 
 
 def _shape(so) -> str:
@@ -559,70 +650,134 @@ def format_report(report: dict, title: str = "") -> str:
     out.append(head)
     out.append("=" * len(head))
     mem = f"{_num(t['hbm_gb'])} GB HBM + {_num(t['ddr_gb'])} GB DDR" if cuda else f"{_num(t['ddr_gb'])} GB DDR"
-    out.append(f"Topology: {hosts} host(s) x {t['local_world_size']} {t['compute_device']} = {t['world_size']} ranks, "
-               f"{mem} per rank; batch {report['batch_size']} per rank")
-    out.append(f"Bandwidths (GB/s): HBM {_num(t['hbm_bw_gbps'])}, DDR {_num(t['ddr_bw_gbps'])}, "
-               f"intra-host {_num(t['intra_host_bw_gbps'])}, inter-host {_num(t['inter_host_bw_gbps'])}")
+    out.append(
+        f"Topology: {hosts} host(s) x {t['local_world_size']} {t['compute_device']} = {t['world_size']} ranks, "
+        f"{mem} per rank; batch {report['batch_size']} per rank"
+    )
+    out.append(
+        f"Bandwidths (GB/s): HBM {_num(t['hbm_bw_gbps'])}, DDR {_num(t['ddr_bw_gbps'])}, "
+        f"intra-host {_num(t['intra_host_bw_gbps'])}, inter-host {_num(t['inter_host_bw_gbps'])}"
+    )
     allowed = ",".join(report["sharding_types"]) or "all the device supports"
-    out.append(f"Sharding types allowed: {allowed}; pooling factors: "
-               f"{'from the config (sequence lengths)' if report['pooling_factors'] else 'TorchRec default (1)'}")
+    out.append(
+        f"Sharding types allowed: {allowed}; pooling factors: "
+        f"{'from the config (sequence lengths)' if report['pooling_factors'] else 'TorchRec default (1)'}"
+    )
     where = "HBM" if cuda else "DDR"
-    out.append(f"Storage reserved per rank ({res['policy']}, {_num(res['percentage'])}%): "
-               f"{_gb(res['margin_hbm_bytes'])} GB margin + {_gb(res['dense_bytes'])} GB dense (6 x params) + "
-               f"{_gb(res['kjt_bytes'])} GB input batches = "
-               f"{_gb(res['margin_hbm_bytes'] + res['dense_bytes'] + res['kjt_bytes'])} GB; "
-               f"{_gb(res['available_hbm_bytes'] if cuda else res['available_ddr_bytes'])} GB {where} left for embeddings")
+    out.append(
+        f"Storage reserved per rank ({res['policy']}, {_num(res['percentage'])}%): "
+        f"{_gb(res['margin_hbm_bytes'])} GB margin + {_gb(res['dense_bytes'])} GB dense (6 x params) + "
+        f"{_gb(res['kjt_bytes'])} GB input batches = "
+        f"{_gb(res['margin_hbm_bytes'] + res['dense_bytes'] + res['kjt_bytes'])} GB; "
+        f"{_gb(res['available_hbm_bytes'] if cuda else res['available_ddr_bytes'])} GB {where} left for embeddings"
+    )
     out.append("")
-    out.append("Tables (GB over all shards: weights + optimizer state + the kernels' I/O buffers; "
-               "cost: the shards' per-step ms, summed)")
+    out.append(
+        "Tables (GB over all shards: weights + optimizer state + the kernels' I/O buffers; "
+        "cost: the shards' per-step ms, summed)"
+    )
     rows = []
     for name, tb in report["tables"].items():
         mem_cols = [_gb(tb["hbm_bytes"]), _gb(tb["ddr_bytes"])] if cuda else [_gb(tb["hbm_bytes"] + tb["ddr_bytes"])]
-        rows.append([name, tb["module"].rsplit(".", 1)[-1], f"{tb['num_embeddings']:,} x {tb['embedding_dim']}",
-                     _gb(tb["weight_bytes"]), *mem_cols, tb["sharding_type"],
-                     tb["compute_kernel"], _ranks(tb["ranks"]), f"{tb['cost_ms']:.3f}"])
+        rows.append(
+            [
+                name,
+                tb["module"].rsplit(".", 1)[-1],
+                f"{tb['num_embeddings']:,} x {tb['embedding_dim']}",
+                _gb(tb["weight_bytes"]),
+                *mem_cols,
+                tb["sharding_type"],
+                tb["compute_kernel"],
+                _ranks(tb["ranks"]),
+                f"{tb['cost_ms']:.3f}",
+            ]
+        )
     mem_head = ["HBM GB", "DDR GB"] if cuda else ["DDR GB"]
-    out += ["  " + ln for ln in _table(["table", "module", "rows x dim", "weights GB", *mem_head, "sharding",
-                                        "kernel", "ranks", "cost ms"], rows)]
+    out += [
+        "  " + ln
+        for ln in _table(
+            ["table", "module", "rows x dim", "weights GB", *mem_head, "sharding", "kernel", "ranks", "cost ms"], rows
+        )
+    ]
     out.append("")
     out.append("Per rank (GB: embedding shards + dense/input reservation; ms per step, planner estimates)")
     rows = []
     for r in report["per_rank"]:
-        mem_cols = ([_gb(r["hbm_bytes"]), _gb(r["hbm_total_bytes"]),
-                     f"{100 * r['hbm_total_bytes'] / t['hbm_cap_bytes']:.0f}%"] if cuda else [])
-        rows.append([str(r["rank"]), str(r["host"]), *mem_cols, _gb(r["ddr_total_bytes"]), str(r["shards"]),
-                     f"{r['fwd_compute']:.3f}", f"{r['fwd_comms']:.3f}", f"{r['bwd_compute']:.3f}",
-                     f"{r['bwd_comms']:.3f}", f"{r['prefetch_compute']:.3f}", f"{r['total']:.3f}",
-                     "*" if r["rank"] == cp["rank"] else ""])
+        mem_cols = (
+            [_gb(r["hbm_bytes"]), _gb(r["hbm_total_bytes"]), f"{100 * r['hbm_total_bytes'] / t['hbm_cap_bytes']:.0f}%"]
+            if cuda
+            else []
+        )
+        rows.append(
+            [
+                str(r["rank"]),
+                str(r["host"]),
+                *mem_cols,
+                _gb(r["ddr_total_bytes"]),
+                str(r["shards"]),
+                f"{r['fwd_compute']:.3f}",
+                f"{r['fwd_comms']:.3f}",
+                f"{r['bwd_compute']:.3f}",
+                f"{r['bwd_comms']:.3f}",
+                f"{r['prefetch_compute']:.3f}",
+                f"{r['total']:.3f}",
+                "*" if r["rank"] == cp["rank"] else "",
+            ]
+        )
     mem_head = ["emb HBM", "HBM used", "of cap"] if cuda else []
-    out += ["  " + ln for ln in _table(["rank", "host", *mem_head, "DDR used", "shards", "fwd comp", "fwd comms",
-                                        "bwd comp", "bwd comms", "prefetch", "total ms", ""], rows)]
+    out += [
+        "  " + ln
+        for ln in _table(
+            [
+                "rank",
+                "host",
+                *mem_head,
+                "DDR used",
+                "shards",
+                "fwd comp",
+                "fwd comms",
+                "bwd comp",
+                "bwd comms",
+                "prefetch",
+                "total ms",
+                "",
+            ],
+            rows,
+        )
+    ]
     out.append("")
     hbm_max = max(report["per_rank"], key=lambda r: r["hbm_total_bytes"] if cuda else r["ddr_total_bytes"])
     used = hbm_max["hbm_total_bytes"] if cuda else hbm_max["ddr_total_bytes"]
     cap = t["hbm_cap_bytes"] if cuda else t["ddr_cap_bytes"]
-    out.append(f"Critical path: rank {cp['rank']} (*), {cp['total_ms']:.3f} ms per step "
-               f"(fwd {cp['fwd_compute_ms']:.3f} compute + {cp['fwd_comms_ms']:.3f} comms, "
-               f"bwd {cp['bwd_compute_ms']:.3f} compute + {cp['bwd_comms_ms']:.3f} comms, "
-               f"prefetch {cp['prefetch_compute_ms']:.3f})")
+    out.append(
+        f"Critical path: rank {cp['rank']} (*), {cp['total_ms']:.3f} ms per step "
+        f"(fwd {cp['fwd_compute_ms']:.3f} compute + {cp['fwd_comms_ms']:.3f} comms, "
+        f"bwd {cp['bwd_compute_ms']:.3f} compute + {cp['bwd_comms_ms']:.3f} comms, "
+        f"prefetch {cp['prefetch_compute_ms']:.3f})"
+    )
     if "torchrec_sync_estimate_ms" in cp:
         s = cp["torchrec_sync_estimate_ms"]
-        out.append(f"TorchRec's synchronized critical path: {s['total']:.3f} ms "
-                   f"({s['comms']:.3f} comms + {s['compute']:.3f} compute)")
+        out.append(
+            f"TorchRec's synchronized critical path: {s['total']:.3f} ms "
+            f"({s['comms']:.3f} comms + {s['compute']:.3f} compute)"
+        )
     global_batch = report["batch_size"] * t["world_size"]
     if cp["total_ms"] > 0:
-        out.append(f"Embedding-bound rate: global batch {global_batch:,} / {cp['total_ms']:.3f} ms = "
-                   f"{global_batch / cp['total_ms'] / 1000:.2f} M examples/s (sparse part only: no dense compute)")
-    out.append(f"Most memory: rank {hbm_max['rank']}, {_gb(used)} of {_gb(cap)} GB {where} "
-               f"({100 * used / cap:.0f}%)")
+        out.append(
+            f"Embedding-bound rate: global batch {global_batch:,} / {cp['total_ms']:.3f} ms = "
+            f"{global_batch / cp['total_ms'] / 1000:.2f} M examples/s (sparse part only: no dense compute)"
+        )
+    out.append(f"Most memory: rank {hbm_max['rank']}, {_gb(used)} of {_gb(cap)} GB {where} ({100 * used / cap:.0f}%)")
     kinds: Dict[str, List[str]] = {}
     for name, tb in report["tables"].items():
         kinds.setdefault(f"{tb['sharding_type']}/{tb['compute_kernel']}", []).append(name)
     out.append("Layouts: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in kinds.items()))
     planner = report["planner"]
     if planner.get("proposals") is not None:
-        out.append(f"(planner: {planner['proposals']} proposals, {planner['plans']} plans that fit, "
-                   f"{planner['seconds']:.1f} s)")
+        out.append(
+            f"(planner: {planner['proposals']} proposals, {planner['plans']} plans that fit, "
+            f"{planner['seconds']:.1f} s)"
+        )
     return "\n".join(out)
 
 
@@ -632,10 +787,14 @@ def format_comparison(a: dict, b: dict, label_a: str, label_b: str) -> str:
     cuda = ta["compute_device"] == "cuda" and tb["compute_device"] == "cuda"
     ra, rb = a["critical_path"], b["critical_path"]
     ga, gb = a["batch_size"] * ta["world_size"], b["batch_size"] * tb["world_size"]
-    out.append(f"Critical path: A rank {ra['rank']} {ra['total_ms']:.3f} ms, B rank {rb['rank']} {rb['total_ms']:.3f} ms")
+    out.append(
+        f"Critical path: A rank {ra['rank']} {ra['total_ms']:.3f} ms, B rank {rb['rank']} {rb['total_ms']:.3f} ms"
+    )
     if ra["total_ms"] > 0 and rb["total_ms"] > 0:
-        out.append(f"Embedding-bound rate: A {ga / ra['total_ms'] / 1000:.2f} M examples/s (global batch {ga:,}), "
-                   f"B {gb / rb['total_ms'] / 1000:.2f} M examples/s (global batch {gb:,})")
+        out.append(
+            f"Embedding-bound rate: A {ga / ra['total_ms'] / 1000:.2f} M examples/s (global batch {ga:,}), "
+            f"B {gb / rb['total_ms'] / 1000:.2f} M examples/s (global batch {gb:,})"
+        )
     key = "hbm_total_bytes" if cuda else "ddr_total_bytes"
     ma, mb = max(r[key] for r in a["per_rank"]), max(r[key] for r in b["per_rank"])
     out.append(f"Most {'HBM' if cuda else 'DDR'} on a rank: A {_gb(ma)} GB   B {_gb(mb)} GB")
@@ -646,8 +805,16 @@ def format_comparison(a: dict, b: dict, label_a: str, label_b: str) -> str:
         x, y = a["tables"].get(name), b["tables"].get(name)
 
         def cell(t):
-            return ("-", "-", "-") if t is None else (f"{t['sharding_type']}/{t['compute_kernel']}",
-                                                     _ranks(t["ranks"]), _gb(t["hbm_bytes"] + t["ddr_bytes"]))
+            return (
+                ("-", "-", "-")
+                if t is None
+                else (
+                    f"{t['sharding_type']}/{t['compute_kernel']}",
+                    _ranks(t["ranks"]),
+                    _gb(t["hbm_bytes"] + t["ddr_bytes"]),
+                )
+            )
+
         cx, cy = cell(x), cell(y)
         changed = x is None or y is None or cx[:2] != cy[:2]
         rows.append([("* " if changed else "  ") + name, *cx, *cy])
@@ -687,8 +854,14 @@ def parse_compare(text: str, base: PlanSpec) -> PlanSpec:
         key = key.replace("-", "_")
         if key not in _SPEC_FIELDS:
             raise ValueError(f"--compare: unknown field {key!r} (fields: {', '.join(_SPEC_FIELDS)})")
-        kind = {"world_size": int, "local_world_size": int, "batch_size": int, "compute_device": str,
-                "sharding_types": list, "pooling_factors": bool}.get(key, float)
+        kind = {
+            "world_size": int,
+            "local_world_size": int,
+            "batch_size": int,
+            "compute_device": str,
+            "sharding_types": list,
+            "pooling_factors": bool,
+        }.get(key, float)
         try:
             if kind is list:
                 changes[key] = [s for s in re.split(r"[,\s]+", value.strip("[]")) if s]
@@ -708,52 +881,116 @@ def parse_compare(text: str, base: PlanSpec) -> PlanSpec:
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m pinads_rec.plan", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="docs/planning.md has worked examples (1 x 8 and 2 x 8 GPUs).")
+    p = argparse.ArgumentParser(
+        prog="python -m pinads_rec.plan",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="docs/planning.md has worked examples (1 x 8 and 2 x 8 GPUs).",
+    )
     p.add_argument("--config", default=DEFAULT_CONFIG, help="experiment YAML (default %(default)s)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override, e.g. --set model.sequence.d_model=256 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override, e.g. --set model.sequence.d_model=256 (repeatable)",
+    )
     g = p.add_argument_group("topology (GB = 2^30 bytes, GB/s = 2^30 bytes/s)")
-    g.add_argument("--world-size", type=int, default=8, metavar="N", help="devices (ranks) in all (default %(default)s)")
-    g.add_argument("--local-world-size", type=int, default=None, metavar="N",
-                   help="devices per host (default: min(world size, 8))")
-    g.add_argument("--compute-device", choices=["cuda", "cpu"], default="cuda",
-                   help="device type planned for (default %(default)s)")
-    g.add_argument("--hbm-gb", type=float, default=80.0, metavar="GB",
-                   help="GPU memory per rank (default %(default)s; unused for cpu)")
-    g.add_argument("--ddr-gb", type=float, default=512.0, metavar="GB", help="host memory per rank (default %(default)s)")
+    g.add_argument(
+        "--world-size", type=int, default=8, metavar="N", help="devices (ranks) in all (default %(default)s)"
+    )
+    g.add_argument(
+        "--local-world-size", type=int, default=None, metavar="N", help="devices per host (default: min(world size, 8))"
+    )
+    g.add_argument(
+        "--compute-device",
+        choices=["cuda", "cpu"],
+        default="cuda",
+        help="device type planned for (default %(default)s)",
+    )
+    g.add_argument(
+        "--hbm-gb",
+        type=float,
+        default=80.0,
+        metavar="GB",
+        help="GPU memory per rank (default %(default)s; unused for cpu)",
+    )
+    g.add_argument(
+        "--ddr-gb", type=float, default=512.0, metavar="GB", help="host memory per rank (default %(default)s)"
+    )
     g.add_argument("--hbm-bw", type=float, default=897.0, metavar="GB/S", help="HBM bandwidth (default %(default)s)")
     g.add_argument("--ddr-bw", type=float, default=51.0, metavar="GB/S", help="DDR bandwidth (default %(default)s)")
-    g.add_argument("--intra-host-bw", type=float, default=600.0, metavar="GB/S",
-                   help="comms bandwidth per rank within a host (default %(default)s)")
-    g.add_argument("--inter-host-bw", type=float, default=12.5, metavar="GB/S",
-                   help="comms bandwidth per rank across hosts (default %(default)s)")
+    g.add_argument(
+        "--intra-host-bw",
+        type=float,
+        default=600.0,
+        metavar="GB/S",
+        help="comms bandwidth per rank within a host (default %(default)s)",
+    )
+    g.add_argument(
+        "--inter-host-bw",
+        type=float,
+        default=12.5,
+        metavar="GB/S",
+        help="comms bandwidth per rank across hosts (default %(default)s)",
+    )
     g = p.add_argument_group("planning")
-    g.add_argument("--batch-size", type=int, default=None, metavar="N", help="per-rank batch size (default: data.batch_size)")
-    g.add_argument("--reserve-pct", type=float, default=15.0, metavar="P",
-                   help="HeuristicalStorageReservation margin, percent of HBM (default %(default)s)")
-    g.add_argument("--sharding-types", default=None, metavar="A,B",
-                   help=f"allowed sharding types, from {','.join(SHARDING_TYPES)} "
-                        "(default: train.sharding_types, or all the device supports; table_wise on CPU)")
-    g.add_argument("--no-pooling-factors", dest="pooling_factors", action="store_false",
-                   help="one lookup per table and row (TorchRec's default) instead of the sequence lengths")
+    g.add_argument(
+        "--batch-size", type=int, default=None, metavar="N", help="per-rank batch size (default: data.batch_size)"
+    )
+    g.add_argument(
+        "--reserve-pct",
+        type=float,
+        default=15.0,
+        metavar="P",
+        help="HeuristicalStorageReservation margin, percent of HBM (default %(default)s)",
+    )
+    g.add_argument(
+        "--sharding-types",
+        default=None,
+        metavar="A,B",
+        help=f"allowed sharding types, from {','.join(SHARDING_TYPES)} "
+        "(default: train.sharding_types, or all the device supports; table_wise on CPU)",
+    )
+    g.add_argument(
+        "--no-pooling-factors",
+        dest="pooling_factors",
+        action="store_false",
+        help="one lookup per table and row (TorchRec's default) instead of the sequence lengths",
+    )
     g = p.add_argument_group("output")
-    g.add_argument("--out", default=None, metavar="PLAN.json", help="write the (first) plan as JSON, for train.plan_file")
+    g.add_argument(
+        "--out", default=None, metavar="PLAN.json", help="write the (first) plan as JSON, for train.plan_file"
+    )
     g.add_argument("--verbose", action="store_true", help="also print TorchRec's planner stats tables")
-    g.add_argument("--compare", default=None, metavar="FIELD=VALUE,...",
-                   help="plan a second topology differing in these fields, e.g. world_size=8,local_world_size=8")
+    g.add_argument(
+        "--compare",
+        default=None,
+        metavar="FIELD=VALUE,...",
+        help="plan a second topology differing in these fields, e.g. world_size=8,local_world_size=8",
+    )
     g.add_argument("--compare-config", default=None, metavar="YAML", help="plan a second config and compare")
     return p.parse_args(argv)
 
 
 def spec_from_args(args: argparse.Namespace) -> PlanSpec:
     types = [s for s in re.split(r"[,\s]+", args.sharding_types.strip("[]")) if s] if args.sharding_types else []
-    return PlanSpec(world_size=args.world_size, local_world_size=args.local_world_size,
-                    compute_device=args.compute_device, hbm_gb=args.hbm_gb, ddr_gb=args.ddr_gb,
-                    batch_size=args.batch_size, hbm_bw=args.hbm_bw, ddr_bw=args.ddr_bw,
-                    intra_host_bw=args.intra_host_bw, inter_host_bw=args.inter_host_bw,
-                    reserve_pct=args.reserve_pct, sharding_types=types, pooling_factors=args.pooling_factors)
+    return PlanSpec(
+        world_size=args.world_size,
+        local_world_size=args.local_world_size,
+        compute_device=args.compute_device,
+        hbm_gb=args.hbm_gb,
+        ddr_gb=args.ddr_gb,
+        batch_size=args.batch_size,
+        hbm_bw=args.hbm_bw,
+        ddr_bw=args.ddr_bw,
+        intra_host_bw=args.intra_host_bw,
+        inter_host_bw=args.inter_host_bw,
+        reserve_pct=args.reserve_pct,
+        sharding_types=types,
+        pooling_factors=args.pooling_factors,
+    )
 
 
 def _label(path: str, spec: PlanSpec) -> str:

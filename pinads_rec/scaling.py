@@ -103,17 +103,57 @@ PHASES = ("data", "forward", "backward", "optimizer")
 
 # CSV columns, in order: the sweep values, then what was measured.
 COLUMNS = [
-    "run", "ranks", "batch_size", "sequence_length", "table_rows", "global_batch", "steps", "warmup",
-    "examples_per_s", "examples_per_s_per_rank", "step_ms",
-    "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "data_p50_ms", "data_max_ms",
-    "comms_ms", "comms_fwd_ms", "comms_bwd_ms", "comms_data_ms", "ddp_allreduce_ms",
-    "peak_rss_mib", "peak_rss_mib_total", "base_rss_mib", "ids_per_example", "requests_per_batch",
-    "embedding_rows", "embedding_mib", "wall_s", "run_seconds", "repeat", "other_load_cores", "best", "plan",
+    "run",
+    "ranks",
+    "batch_size",
+    "sequence_length",
+    "table_rows",
+    "global_batch",
+    "steps",
+    "warmup",
+    "examples_per_s",
+    "examples_per_s_per_rank",
+    "step_ms",
+    "data_ms",
+    "forward_ms",
+    "backward_ms",
+    "optimizer_ms",
+    "data_p50_ms",
+    "data_max_ms",
+    "comms_ms",
+    "comms_fwd_ms",
+    "comms_bwd_ms",
+    "comms_data_ms",
+    "ddp_allreduce_ms",
+    "peak_rss_mib",
+    "peak_rss_mib_total",
+    "base_rss_mib",
+    "ids_per_example",
+    "requests_per_batch",
+    "embedding_rows",
+    "embedding_mib",
+    "wall_s",
+    "run_seconds",
+    "repeat",
+    "other_load_cores",
+    "best",
+    "plan",
 ]
 PROJECTION_COLUMNS = [
-    "gpus", "table_rows", "batch_size_per_rank", "critical_path_ms", "critical_rank",
-    "fwd_compute_ms", "fwd_comms_ms", "bwd_compute_ms", "bwd_comms_ms", "input_dist_ms",
-    "mean_rank_ms", "embedding_examples_per_s", "hbm_gib_max", "sharding",
+    "gpus",
+    "table_rows",
+    "batch_size_per_rank",
+    "critical_path_ms",
+    "critical_rank",
+    "fwd_compute_ms",
+    "fwd_comms_ms",
+    "bwd_compute_ms",
+    "bwd_comms_ms",
+    "input_dist_ms",
+    "mean_rank_ms",
+    "embedding_examples_per_s",
+    "hbm_gib_max",
+    "sharding",
 ]
 
 
@@ -173,12 +213,20 @@ def scaled_table_names(cfg: config.ExperimentConfig, names: Optional[Sequence[st
 def config_values(cfg: config.ExperimentConfig, tables: Sequence[str]) -> Dict[str, Optional[int]]:
     """Each dimension's value in the config itself."""
     rows = {cfg.features.table(t).num_embeddings for t in tables}
-    return {"ranks": None, "batch_size": cfg.data.batch_size, "sequence_length": cfg.synth.sequence_length,
-            "table_rows": rows.pop() if len(rows) == 1 else None}
+    return {
+        "ranks": None,
+        "batch_size": cfg.data.batch_size,
+        "sequence_length": cfg.synth.sequence_length,
+        "table_rows": rows.pop() if len(rows) == 1 else None,
+    }
 
 
-def base_point(cfg: config.ExperimentConfig, sweeps: Dict[str, List[int]], tables: Sequence[str],
-               base: Optional[Dict[str, int]] = None) -> Point:
+def base_point(
+    cfg: config.ExperimentConfig,
+    sweeps: Dict[str, List[int]],
+    tables: Sequence[str],
+    base: Optional[Dict[str, int]] = None,
+) -> Point:
     """Per dimension: --base, else the config's value if the sweep lists it, else the first listed
     value; a dimension not swept keeps the config's value (1 rank, the config's table sizes)."""
     own = config_values(cfg, tables)
@@ -210,18 +258,21 @@ def sweep_points(sweeps: Dict[str, List[int]], base: Point, grid: bool = False) 
     return points
 
 
-def point_config(cfg: config.ExperimentConfig, p: Point, tables: Sequence[str],
-                 data_dir: Optional[Path] = None) -> config.ExperimentConfig:
+def point_config(
+    cfg: config.ExperimentConfig, p: Point, tables: Sequence[str], data_dir: Optional[Path] = None
+) -> config.ExperimentConfig:
     """The config of one run: batch, sequence lengths, table sizes (and the data they index)."""
     cfg = copy.deepcopy(cfg)
     scale = p.sequence_length / cfg.synth.sequence_length
-    groups = [dataclasses.replace(g, max_length=max(1, round(g.max_length * scale)))
-              for g in cfg.features.sequence_groups]
+    groups = [
+        dataclasses.replace(g, max_length=max(1, round(g.max_length * scale))) for g in cfg.features.sequence_groups
+    ]
     synth = dataclasses.replace(cfg.synth, sequence_length=p.sequence_length)
     features_tables = cfg.features.tables
     if p.table_rows is not None:
-        features_tables = [dataclasses.replace(t, num_embeddings=p.table_rows) if t.name in tables else t
-                           for t in cfg.features.tables]
+        features_tables = [
+            dataclasses.replace(t, num_embeddings=p.table_rows) if t.name in tables else t for t in cfg.features.tables
+        ]
         synth = dataclasses.replace(synth, num_users=p.table_rows, num_items=p.table_rows)
     features = dataclasses.replace(cfg.features, tables=features_tables, sequence_groups=groups)
     data = dataclasses.replace(cfg.data, batch_size=p.batch_size)
@@ -257,8 +308,7 @@ def data_key(p: Point) -> Tuple[int, Optional[int]]:
     return p.sequence_length, p.table_rows
 
 
-def data_synth(cfg: config.ExperimentConfig, rows_needed: int, max_ranks: int,
-               max_batch: int) -> config.SynthConfig:
+def data_synth(cfg: config.ExperimentConfig, rows_needed: int, max_ranks: int, max_batch: int) -> config.SynthConfig:
     """Generator settings holding ``rows_needed`` training rows in enough row groups that every rank
     gets its share (row groups are dealt to ranks round-robin)."""
     s = cfg.synth
@@ -267,8 +317,9 @@ def data_synth(cfg: config.ExperimentConfig, rows_needed: int, max_ranks: int,
     rg = int(min(s.row_group_size, max(256, math.ceil(rows_needed / max_ranks / 3))))
     rows = rows_needed + 2 * max_ranks * rg  # uneven row-group split, partial batches dropped
     requests = math.ceil(rows / s.candidates_per_request)
-    return dataclasses.replace(s, train_requests=requests, eval_requests=64, row_group_size=rg,
-                               num_files=max(2, 2 * max_ranks))
+    return dataclasses.replace(
+        s, train_requests=requests, eval_requests=64, row_group_size=rg, num_files=max(2, 2 * max_ranks)
+    )
 
 
 def _cache_ok(summary_path: Path, synth: config.SynthConfig) -> bool:
@@ -278,12 +329,17 @@ def _cache_ok(summary_path: Path, synth: config.SynthConfig) -> bool:
         return False
     want = dataclasses.asdict(synth)
     same = {k: v for k, v in want.items() if k not in ("train_requests", "eval_requests")}
-    return (all(old.get(k) == v for k, v in same.items())
-            and old.get("train_requests", 0) >= want["train_requests"])
+    return all(old.get(k) == v for k, v in same.items()) and old.get("train_requests", 0) >= want["train_requests"]
 
 
-def prepare_data(cfg: config.ExperimentConfig, points: Sequence[Point], tables: Sequence[str], out: Path,
-                 warmup: Optional[int], steps: Optional[int]) -> Dict[Tuple[int, Optional[int]], Path]:
+def prepare_data(
+    cfg: config.ExperimentConfig,
+    points: Sequence[Point],
+    tables: Sequence[str],
+    out: Path,
+    warmup: Optional[int],
+    steps: Optional[int],
+) -> Dict[Tuple[int, Optional[int]], Path]:
     from pinads_rec.data.synth import generate
 
     dirs = {}
@@ -314,8 +370,17 @@ class CommsTimer:
     """Attributes the trainer thread's time inside ``torch.distributed`` collectives (the call and
     its ``Work.wait()``) to the current phase; DDP's all_reduce wall time comes from a comm hook."""
 
-    PATCHED = ("all_to_all_single", "all_to_all", "all_reduce", "all_gather", "all_gather_into_tensor",
-               "reduce_scatter", "reduce_scatter_tensor", "broadcast", "barrier")
+    PATCHED = (
+        "all_to_all_single",
+        "all_to_all",
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "broadcast",
+        "barrier",
+    )
 
     def __init__(self):
         self.phase = "data"
@@ -360,6 +425,7 @@ class CommsTimer:
                 if name != "wait" and isinstance(out, dist.Work):
                     timer._work_op[id(out)] = name
                 return out
+
             timed.__wrapped__ = fn
             return timed
 
@@ -385,6 +451,7 @@ class CommsTimer:
                 def done(f):
                     timer.ddp_seconds += time.perf_counter() - t0
                     return f.value()[0]
+
                 return fut.then(done)
 
             ddp.register_comm_hook(None, hook)
@@ -445,8 +512,7 @@ def measure_rank(cfg: config.ExperimentConfig, warmup: int, steps: int, num_work
             embedding_rows += sum(x.shape[0] for x in local)
             embedding_numel += sum(x.numel() for x in local)
     timer = CommsTimer().install(dmp)
-    loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True,
-                         num_workers=num_workers)
+    loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True, num_workers=num_workers)
     batches = EndTogether(iter(loader), data_group)
     dmp.train()
 
@@ -493,17 +559,27 @@ def measure_rank(cfg: config.ExperimentConfig, warmup: int, steps: int, num_work
     ms = lambda s: 1000.0 * s / steps  # noqa: E731
     data_sorted = sorted(per_step["data"])
     return {
-        "rank": env.rank, "world_size": env.world_size, "steps": steps, "wall_s": wall,
+        "rank": env.rank,
+        "world_size": env.world_size,
+        "steps": steps,
+        "wall_s": wall,
         "batch_rows": batch.batch_size,
         **{f"{k}_ms": ms(v) for k, v in sums.items()},
-        "data_p50_ms": data_sorted[len(data_sorted) // 2], "data_max_ms": data_sorted[-1],
-        "comms_fwd_ms": ms(comms.get("forward", 0.0)), "comms_bwd_ms": ms(comms.get("backward", 0.0)),
-        "comms_data_ms": ms(comms.get("data", 0.0)), "comms_opt_ms": ms(comms.get("optimizer", 0.0)),
+        "data_p50_ms": data_sorted[len(data_sorted) // 2],
+        "data_max_ms": data_sorted[-1],
+        "comms_fwd_ms": ms(comms.get("forward", 0.0)),
+        "comms_bwd_ms": ms(comms.get("backward", 0.0)),
+        "comms_data_ms": ms(comms.get("data", 0.0)),
+        "comms_opt_ms": ms(comms.get("optimizer", 0.0)),
         "ddp_allreduce_ms": ms(ddp),
         "peak_rss_mib": _rss_mib("VmHWM"),
-        "base_rss_mib": base_rss, "ids_per_example": ids / steps, "requests_per_batch": requests / steps,
-        "embedding_rows": embedding_rows, "embedding_mib": embedding_numel * 4 / 2**20,
-        "plan": plan_summary(dmp), "per_step_ms": per_step,
+        "base_rss_mib": base_rss,
+        "ids_per_example": ids / steps,
+        "requests_per_batch": requests / steps,
+        "embedding_rows": embedding_rows,
+        "embedding_mib": embedding_numel * 4 / 2**20,
+        "plan": plan_summary(dmp),
+        "per_step_ms": per_step,
         "comms_per_step": ops,  # "<phase> <op>": [calls per step, ms per step]
     }
 
@@ -526,8 +602,18 @@ def _quiet_logs() -> None:
     log.setLevel(logging.INFO)
 
 
-def _rank_entry(rank: int, world: int, rdzv_file: str, result_dir: str, cfg: config.ExperimentConfig,
-                warmup: int, steps: int, num_workers: int, timeout_s: float, measure=None) -> None:
+def _rank_entry(
+    rank: int,
+    world: int,
+    rdzv_file: str,
+    result_dir: str,
+    cfg: config.ExperimentConfig,
+    warmup: int,
+    steps: int,
+    num_workers: int,
+    timeout_s: float,
+    measure=None,
+) -> None:
     import torch.distributed as dist
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
@@ -540,8 +626,13 @@ def _rank_entry(rank: int, world: int, rdzv_file: str, result_dir: str, cfg: con
     torch.set_num_threads(1)
     _quiet_logs()
     warnings.simplefilter("ignore")  # TorchRec/fbgemm deprecation chatter, once per rank and run
-    dist.init_process_group("gloo", init_method=f"file://{rdzv_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{rdzv_file}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
     try:
         result = (measure or measure_rank)(cfg, warmup, steps, num_workers)
         with open(os.path.join(result_dir, f"rank-{rank}.json"), "w") as f:
@@ -606,8 +697,16 @@ def wait_quiet(max_wait_s: float, threshold: float = 0.25, window_s: float = 2.0
             told = True
 
 
-def launch(cfg: config.ExperimentConfig, world: int, warmup: int, steps: int, result_dir: Path,
-           num_workers: int = 0, timeout_s: float = 600.0, measure=None) -> List[dict]:
+def launch(
+    cfg: config.ExperimentConfig,
+    world: int,
+    warmup: int,
+    steps: int,
+    result_dir: Path,
+    num_workers: int = 0,
+    timeout_s: float = 600.0,
+    measure=None,
+) -> List[dict]:
     """Runs ``measure`` (default ``measure_rank``; a module-level function with its signature) on
     ``world`` fresh gloo processes (file rendezvous); returns per-rank results. Past the deadline,
     or when a rank fails, the survivors are killed and the first error is raised."""
@@ -623,8 +722,13 @@ def launch(cfg: config.ExperimentConfig, world: int, warmup: int, steps: int, re
     saved = os.environ.get("PYTHONHASHSEED")
     os.environ["PYTHONHASHSEED"] = saved or "0"
     try:
-        ctx = mp.start_processes(_rank_entry, args=(world, rdzv, str(result_dir), cfg, warmup, steps, num_workers,
-                                                     timeout_s, measure), nprocs=world, join=False, start_method="spawn")
+        ctx = mp.start_processes(
+            _rank_entry,
+            args=(world, rdzv, str(result_dir), cfg, warmup, steps, num_workers, timeout_s, measure),
+            nprocs=world,
+            join=False,
+            start_method="spawn",
+        )
     finally:
         if saved is None:
             del os.environ["PYTHONHASHSEED"]
@@ -646,8 +750,9 @@ def launch(cfg: config.ExperimentConfig, world: int, warmup: int, steps: int, re
     return [json.loads((result_dir / f"rank-{r}.json").read_text()) for r in range(world)]
 
 
-def aggregate(p: Point, ranks: List[dict], warmup: int, seconds: float, repeat: int = 0,
-              load: Optional[Dict[str, float]] = None) -> dict:
+def aggregate(
+    p: Point, ranks: List[dict], warmup: int, seconds: float, repeat: int = 0, load: Optional[Dict[str, float]] = None
+) -> dict:
     """One CSV row: global examples/s over the slowest rank's measured window; phases averaged over
     ranks; memory: the largest rank and the sum."""
     mean = lambda k: sum(r[k] for r in ranks) / len(ranks)  # noqa: E731
@@ -655,22 +760,35 @@ def aggregate(p: Point, ranks: List[dict], warmup: int, seconds: float, repeat: 
     wall = max(r["wall_s"] for r in ranks)
     global_batch = p.batch_size * p.ranks
     row = {
-        "run": p.name, "ranks": p.ranks, "batch_size": p.batch_size, "sequence_length": p.sequence_length,
-        "table_rows": p.table_rows if p.table_rows is not None else "", "global_batch": global_batch,
-        "steps": steps, "warmup": warmup,
-        "examples_per_s": global_batch * steps / wall, "examples_per_s_per_rank": p.batch_size * steps / wall,
+        "run": p.name,
+        "ranks": p.ranks,
+        "batch_size": p.batch_size,
+        "sequence_length": p.sequence_length,
+        "table_rows": p.table_rows if p.table_rows is not None else "",
+        "global_batch": global_batch,
+        "steps": steps,
+        "warmup": warmup,
+        "examples_per_s": global_batch * steps / wall,
+        "examples_per_s_per_rank": p.batch_size * steps / wall,
         "step_ms": 1000.0 * wall / steps,
         **{f"{k}_ms": mean(f"{k}_ms") for k in PHASES},
-        "data_p50_ms": mean("data_p50_ms"), "data_max_ms": max(r["data_max_ms"] for r in ranks),
-        "comms_fwd_ms": mean("comms_fwd_ms"), "comms_bwd_ms": mean("comms_bwd_ms"),
-        "comms_data_ms": mean("comms_data_ms"), "ddp_allreduce_ms": mean("ddp_allreduce_ms"),
+        "data_p50_ms": mean("data_p50_ms"),
+        "data_max_ms": max(r["data_max_ms"] for r in ranks),
+        "comms_fwd_ms": mean("comms_fwd_ms"),
+        "comms_bwd_ms": mean("comms_bwd_ms"),
+        "comms_data_ms": mean("comms_data_ms"),
+        "ddp_allreduce_ms": mean("ddp_allreduce_ms"),
         "peak_rss_mib": max(r["peak_rss_mib"] for r in ranks),
         "peak_rss_mib_total": sum(r["peak_rss_mib"] for r in ranks),
-        "base_rss_mib": mean("base_rss_mib"), "ids_per_example": mean("ids_per_example"),
+        "base_rss_mib": mean("base_rss_mib"),
+        "ids_per_example": mean("ids_per_example"),
         "requests_per_batch": mean("requests_per_batch"),
         "embedding_rows": sum(r["embedding_rows"] for r in ranks),
         "embedding_mib": sum(r["embedding_mib"] for r in ranks),
-        "wall_s": wall, "run_seconds": seconds, "plan": ranks[0]["plan"], "repeat": repeat,
+        "wall_s": wall,
+        "run_seconds": seconds,
+        "plan": ranks[0]["plan"],
+        "repeat": repeat,
         "other_load_cores": (load or {}).get("other_cores", float("nan")),
     }
     row["comms_ms"] = row["comms_fwd_ms"] + row["comms_bwd_ms"]
@@ -708,8 +826,19 @@ class _BestPlan:
     def __init__(self):
         self.best_plan = None
 
-    def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals, num_plans,
-            run_time, best_plan, *args, **kwargs) -> None:
+    def log(
+        self,
+        sharding_plan,
+        topology,
+        batch_size,
+        storage_reservation,
+        num_proposals,
+        num_plans,
+        run_time,
+        best_plan,
+        *args,
+        **kwargs,
+    ) -> None:
         self.best_plan = best_plan
 
 
@@ -729,8 +858,12 @@ def _quiet_planner():
             lg.setLevel(level)
 
 
-def project(cfg: config.ExperimentConfig, gpus: Iterable[int], pooling: Optional[Dict[str, float]] = None,
-            table_rows: Optional[int] = None) -> List[dict]:
+def project(
+    cfg: config.ExperimentConfig,
+    gpus: Iterable[int],
+    pooling: Optional[Dict[str, float]] = None,
+    table_rows: Optional[int] = None,
+) -> List[dict]:
     """Per GPU count: TorchRec's planner estimate of one step's critical path at the per-rank batch."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
@@ -742,13 +875,18 @@ def project(cfg: config.ExperimentConfig, gpus: Iterable[int], pooling: Optional
     batch = cfg.data.batch_size
     constraints = parallel.constraints(cfg, "cuda")
     if pooling:
-        tables = (embedding_bag_configs(cfg.features) + embedding_bag_configs(cfg.features, user_side=True)
-                  + embedding_configs(cfg.features))
+        tables = (
+            embedding_bag_configs(cfg.features)
+            + embedding_bag_configs(cfg.features, user_side=True)
+            + embedding_configs(cfg.features)
+        )
         for table in tables:
             measured = [pooling.get(name, (1.0, 1.0)) for name in table.feature_names]
             constraints[table.name] = dataclasses.replace(
-                constraints[table.name], pooling_factors=[max(f, 1e-3) for f, _ in measured],
-                batch_sizes=[max(1, round(batch * r)) for _, r in measured])
+                constraints[table.name],
+                pooling_factors=[max(f, 1e-3) for f, _ in measured],
+                batch_sizes=[max(1, round(batch * r)) for _, r in measured],
+            )
     out = []
     for n in gpus:
         model = build_model(cfg.features, cfg.model, device=torch.device("meta"))
@@ -756,12 +894,18 @@ def project(cfg: config.ExperimentConfig, gpus: Iterable[int], pooling: Optional
         stats = _BestPlan()
         with _quiet_planner():
             topology = Topology(world_size=n, compute_device="cuda", hbm_cap=HBM_CAP, local_world_size=min(8, n))
-            planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch, constraints=constraints,
-                                               enumerator=parallel.ordered_enumerator(topology, batch, constraints),
-                                               stats=stats)
+            planner = EmbeddingShardingPlanner(
+                topology=topology,
+                batch_size=batch,
+                constraints=constraints,
+                enumerator=parallel.ordered_enumerator(topology, batch, constraints),
+                stats=stats,
+            )
             planner.plan(TrainTask(model), parallel.sharders())
-        per_rank = [dict(total=0.0, fwd_compute=0.0, fwd_comms=0.0, bwd_compute=0.0, bwd_comms=0.0,
-                         input_dist=0.0, hbm=0.0) for _ in range(n)]
+        per_rank = [
+            dict(total=0.0, fwd_compute=0.0, fwd_comms=0.0, bwd_compute=0.0, bwd_comms=0.0, input_dist=0.0, hbm=0.0)
+            for _ in range(n)
+        ]
         kinds: Dict[str, List[str]] = {}
         for option in stats.best_plan or []:
             kinds.setdefault(option.sharding_type, []).append(option.name)
@@ -777,16 +921,24 @@ def project(cfg: config.ExperimentConfig, gpus: Iterable[int], pooling: Optional
                 r["hbm"] += shard.storage.hbm
         critical = max(range(n), key=lambda i: per_rank[i]["total"])
         c = per_rank[critical]
-        out.append({
-            "gpus": n, "table_rows": table_rows if table_rows is not None else "",
-            "batch_size_per_rank": batch, "critical_path_ms": c["total"], "critical_rank": critical,
-            "fwd_compute_ms": c["fwd_compute"], "fwd_comms_ms": c["fwd_comms"],
-            "bwd_compute_ms": c["bwd_compute"], "bwd_comms_ms": c["bwd_comms"], "input_dist_ms": c["input_dist"],
-            "mean_rank_ms": sum(r["total"] for r in per_rank) / n,
-            "embedding_examples_per_s": n * batch / (c["total"] / 1000.0) if c["total"] > 0 else float("inf"),
-            "hbm_gib_max": max(r["hbm"] for r in per_rank) / 2**30,
-            "sharding": " ".join(f"{k}:{'+'.join(sorted(v))}" for k, v in sorted(kinds.items())),
-        })
+        out.append(
+            {
+                "gpus": n,
+                "table_rows": table_rows if table_rows is not None else "",
+                "batch_size_per_rank": batch,
+                "critical_path_ms": c["total"],
+                "critical_rank": critical,
+                "fwd_compute_ms": c["fwd_compute"],
+                "fwd_comms_ms": c["fwd_comms"],
+                "bwd_compute_ms": c["bwd_compute"],
+                "bwd_comms_ms": c["bwd_comms"],
+                "input_dist_ms": c["input_dist"],
+                "mean_rank_ms": sum(r["total"] for r in per_rank) / n,
+                "embedding_examples_per_s": n * batch / (c["total"] / 1000.0) if c["total"] > 0 else float("inf"),
+                "hbm_gib_max": max(r["hbm"] for r in per_rank) / 2**30,
+                "sharding": " ".join(f"{k}:{'+'.join(sorted(v))}" for k, v in sorted(kinds.items())),
+            }
+        )
     return out
 
 
@@ -805,25 +957,33 @@ def write_csv(path: Path, rows: List[dict], columns: List[str]) -> None:
 
 def _along(rows: List[dict], dim: str, base: Point) -> List[dict]:
     """The runs that differ from the base point in ``dim`` only, ordered by it."""
+
     def key(v):
         return "" if v is None else v
+
     others = [d for d in DIMENSIONS if d != dim]
     sel = [r for r in rows if all(str(r[d]) == str(key(getattr(base, d))) for d in others)]
     return sorted(sel, key=lambda r: r[dim])
 
 
-def plot(rows: List[dict], sweeps: Dict[str, List[int]], base: Point, out: Path,
-         projection: Optional[List[dict]] = None) -> List[Path]:
+def plot(
+    rows: List[dict], sweeps: Dict[str, List[int]], base: Point, out: Path, projection: Optional[List[dict]] = None
+) -> List[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    parts = [("data loading", "data_ms", "comms_data_ms"), ("wait for other ranks", "comms_data_ms", None),
-             ("fwd compute", "forward_ms", "comms_fwd_ms"), ("fwd comms", "comms_fwd_ms", None),
-             ("bwd compute + emb. update", "backward_ms", "comms_bwd_ms"), ("bwd comms", "comms_bwd_ms", None),
-             ("dense optimizer", "optimizer_ms", None)]
+    parts = [
+        ("data loading", "data_ms", "comms_data_ms"),
+        ("wait for other ranks", "comms_data_ms", None),
+        ("fwd compute", "forward_ms", "comms_fwd_ms"),
+        ("fwd comms", "comms_fwd_ms", None),
+        ("bwd compute + emb. update", "backward_ms", "comms_bwd_ms"),
+        ("bwd comms", "comms_bwd_ms", None),
+        ("dense optimizer", "optimizer_ms", None),
+    ]
     colors = ["#9e9e9e", "#d9d9d9", "#1f77b4", "#aec7e8", "#d62728", "#ff9896", "#2ca02c"]
     for dim in DIMENSIONS:
         sel = _along(rows, dim, base)
@@ -857,8 +1017,9 @@ def plot(rows: List[dict], sweeps: Dict[str, List[int]], base: Point, out: Path,
         ax.legend(loc="upper left", fontsize=8)
         for ax in axes:
             ax.set_xlabel(dim)
-        fixed = ", ".join(f"{d}={getattr(base, d) if getattr(base, d) is not None else 'cfg'}"
-                          for d in DIMENSIONS if d != dim)
+        fixed = ", ".join(
+            f"{d}={getattr(base, d) if getattr(base, d) is not None else 'cfg'}" for d in DIMENSIONS if d != dim
+        )
         fig.suptitle(f"{dim} sweep ({fixed})")
         fig.tight_layout()
         path = out / f"scaling_{dim}.png"
@@ -868,22 +1029,40 @@ def plot(rows: List[dict], sweeps: Dict[str, List[int]], base: Point, out: Path,
     ratios = rank_ratios(rows)
     for dim in DIMENSIONS[1:]:
         # Grid sweeps: the rank ratio along another dimension (others at the base point).
-        sel = [q for q in ratios if all(q["at"][d] == str(getattr(base, d) if getattr(base, d) is not None else "")
-                                        for d in DIMENSIONS[1:] if d != dim)]
+        sel = [
+            q
+            for q in ratios
+            if all(
+                q["at"][d] == str(getattr(base, d) if getattr(base, d) is not None else "")
+                for d in DIMENSIONS[1:]
+                if d != dim
+            )
+        ]
         if len({q["at"][dim] for q in sel}) < 2:
             continue
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
         ranks_values = sorted({r["ranks"] for r in rows})
         for n in ranks_values:
-            rs = sorted([r for r in rows if r["ranks"] == n and all(
-                str(r[d]) == str(getattr(base, d) if getattr(base, d) is not None else "")
-                for d in DIMENSIONS[1:] if d != dim)], key=lambda r: r[dim])
+            rs = sorted(
+                [
+                    r
+                    for r in rows
+                    if r["ranks"] == n
+                    and all(
+                        str(r[d]) == str(getattr(base, d) if getattr(base, d) is not None else "")
+                        for d in DIMENSIONS[1:]
+                        if d != dim
+                    )
+                ],
+                key=lambda r: r[dim],
+            )
             axes[0].plot([str(r[dim]) for r in rs], [r["examples_per_s"] for r in rs], "o-", label=f"{n} rank(s)")
         sel = sorted(sel, key=lambda q: int(q["at"][dim]))
         for n in sorted({q["ranks"] for q in sel}):
             qs = [q for q in sel if q["ranks"] == n]
-            axes[1].plot([q["at"][dim] for q in qs], [q["ratio"] for q in qs], "o-",
-                         label=f"{n} vs {qs[0]['base_ranks']} ranks")
+            axes[1].plot(
+                [q["at"][dim] for q in qs], [q["ratio"] for q in qs], "o-", label=f"{n} vs {qs[0]['base_ranks']} ranks"
+            )
             axes[1].axhline(qs[0]["ideal"], color="gray", ls=":", lw=1)
         axes[0].set_title("throughput (global)")
         axes[0].set_ylabel("examples / s")
@@ -931,29 +1110,40 @@ def plot(rows: List[dict], sweeps: Dict[str, List[int]], base: Point, out: Path,
 
 
 def format_table(rows: List[dict]) -> str:
-    head = (f"{'ranks':>5} {'batch':>6} {'seq':>4} {'rows':>8} | {'ex/s':>8} {'ex/s/rk':>8} {'step':>7} | "
-            f"{'data':>6} {'d p50':>6} {'fwd':>6} {'bwd':>6} {'opt':>6} | {'a2a f':>6} {'a2a b':>6} {'ddp':>5} | {'peak MiB':>8} {'other':>5}")
-    lines = ["ms per step, mean over the measured steps and ranks (d p50: median data wait; a2a f/b: "
-             "collectives in forward/backward; ddp: dense all_reduce wall, overlapped; other: cores used by "
-             "other processes during the run)", head, "-" * len(head)]
+    head = (
+        f"{'ranks':>5} {'batch':>6} {'seq':>4} {'rows':>8} | {'ex/s':>8} {'ex/s/rk':>8} {'step':>7} | "
+        f"{'data':>6} {'d p50':>6} {'fwd':>6} {'bwd':>6} {'opt':>6} | {'a2a f':>6} {'a2a b':>6} {'ddp':>5} | {'peak MiB':>8} {'other':>5}"
+    )
+    lines = [
+        "ms per step, mean over the measured steps and ranks (d p50: median data wait; a2a f/b: "
+        "collectives in forward/backward; ddp: dense all_reduce wall, overlapped; other: cores used by "
+        "other processes during the run)",
+        head,
+        "-" * len(head),
+    ]
     for r in rows:
         lines.append(
             f"{r['ranks']:>5} {r['batch_size']:>6} {r['sequence_length']:>4} {str(r['table_rows'] or 'cfg'):>8} | "
             f"{r['examples_per_s']:>8,.0f} {r['examples_per_s_per_rank']:>8,.0f} {r['step_ms']:>7.1f} | "
             f"{r['data_ms']:>6.1f} {r['data_p50_ms']:>6.1f} {r['forward_ms']:>6.1f} {r['backward_ms']:>6.1f} {r['optimizer_ms']:>6.1f} | "
             f"{r['comms_fwd_ms']:>6.1f} {r['comms_bwd_ms']:>6.1f} {r['ddp_allreduce_ms']:>5.1f} | "
-            f"{r['peak_rss_mib']:>8,.0f} {r['other_load_cores']:>5.2f}")
+            f"{r['peak_rss_mib']:>8,.0f} {r['other_load_cores']:>5.2f}"
+        )
     return "\n".join(lines)
 
 
 def format_projection(rows: List[dict]) -> str:
-    head = (f"{'GPUs':>5} {'rows':>8} | {'critical ms':>11} {'fwd cmp':>8} {'fwd com':>8} {'bwd cmp':>8} "
-            f"{'bwd com':>8} | {'emb ex/s':>12} | sharding")
+    head = (
+        f"{'GPUs':>5} {'rows':>8} | {'critical ms':>11} {'fwd cmp':>8} {'fwd com':>8} {'bwd cmp':>8} "
+        f"{'bwd com':>8} | {'emb ex/s':>12} | sharding"
+    )
     lines = ["planner projection (TorchRec cost model, per step at the per-GPU batch)", head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['gpus']:>5} {str(r['table_rows'] or 'cfg'):>8} | {r['critical_path_ms']:>11.3f} "
-                     f"{r['fwd_compute_ms']:>8.3f} {r['fwd_comms_ms']:>8.3f} {r['bwd_compute_ms']:>8.3f} "
-                     f"{r['bwd_comms_ms']:>8.3f} | {r['embedding_examples_per_s']:>12,.0f} | {r['sharding']}")
+        lines.append(
+            f"{r['gpus']:>5} {str(r['table_rows'] or 'cfg'):>8} | {r['critical_path_ms']:>11.3f} "
+            f"{r['fwd_compute_ms']:>8.3f} {r['fwd_comms_ms']:>8.3f} {r['bwd_compute_ms']:>8.3f} "
+            f"{r['bwd_comms_ms']:>8.3f} | {r['embedding_examples_per_s']:>12,.0f} | {r['sharding']}"
+        )
     return "\n".join(lines)
 
 
@@ -967,9 +1157,15 @@ def rank_ratios(rows: List[dict]) -> List[dict]:
     for key, rs in groups.items():
         rs = sorted(rs, key=lambda r: r["ranks"])
         for r in rs[1:]:
-            out.append({"at": dict(zip([d for d in DIMENSIONS if d != "ranks"], key)), "ranks": r["ranks"],
-                        "base_ranks": rs[0]["ranks"], "ratio": r["examples_per_s"] / rs[0]["examples_per_s"],
-                        "ideal": r["ranks"] / rs[0]["ranks"]})
+            out.append(
+                {
+                    "at": dict(zip([d for d in DIMENSIONS if d != "ranks"], key)),
+                    "ranks": r["ranks"],
+                    "base_ranks": rs[0]["ranks"],
+                    "ratio": r["examples_per_s"] / rs[0]["examples_per_s"],
+                    "ideal": r["ranks"] / rs[0]["ranks"],
+                }
+            )
     return out
 
 
@@ -978,8 +1174,9 @@ def ratio_line(rows: List[dict]) -> Optional[str]:
     lines = []
     for q in rank_ratios(rows):
         at = ", ".join(f"{k}={v or 'cfg'}" for k, v in q["at"].items())
-        lines.append(f"{q['ranks']} vs {q['base_ranks']} ranks: {q['ratio']:.2f}x examples/s "
-                     f"(ideal {q['ideal']:.0f}x) at {at}")
+        lines.append(
+            f"{q['ranks']} vs {q['base_ranks']} ranks: {q['ratio']:.2f}x examples/s (ideal {q['ideal']:.0f}x) at {at}"
+        )
     return "\n".join(lines) or None
 
 
@@ -1000,11 +1197,22 @@ def mark_best(rows: List[dict]) -> List[dict]:
     return list(best.values())
 
 
-def run_sweep(cfg: config.ExperimentConfig, sweeps: Dict[str, List[int]], out: Path,
-              warmup: Optional[int] = None, steps: Optional[int] = None, grid: bool = False, base: Optional[Dict[str, int]] = None,
-              gpus: Sequence[int] = DEFAULT_GPUS, scale_tables: Optional[Sequence[str]] = None,
-              num_workers: int = 0, timeout_s: float = 900.0, repeats: int = 1, quiet_wait_s: float = 0.0,
-              echo=print) -> dict:
+def run_sweep(
+    cfg: config.ExperimentConfig,
+    sweeps: Dict[str, List[int]],
+    out: Path,
+    warmup: Optional[int] = None,
+    steps: Optional[int] = None,
+    grid: bool = False,
+    base: Optional[Dict[str, int]] = None,
+    gpus: Sequence[int] = DEFAULT_GPUS,
+    scale_tables: Optional[Sequence[str]] = None,
+    num_workers: int = 0,
+    timeout_s: float = 900.0,
+    repeats: int = 1,
+    quiet_wait_s: float = 0.0,
+    echo=print,
+) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     tables = scaled_table_names(cfg, scale_tables)
     bp = base_point(cfg, sweeps, tables, base)
@@ -1025,9 +1233,11 @@ def run_sweep(cfg: config.ExperimentConfig, sweeps: Dict[str, List[int]], out: P
         load = meter.stop()
         row = aggregate(p, ranks, w, load["seconds"], rep, load)
         rows.append(row)
-        echo(f"[{i + 1}/{len(order)}] {p.name} #{rep}: {row['examples_per_s']:,.0f} examples/s, "
-             f"{row['step_ms']:.1f} ms/step, peak {row['peak_rss_mib']:,.0f} MiB, "
-             f"other load {load['other_cores']:.2f} cores ({load['seconds']:.0f} s)")
+        echo(
+            f"[{i + 1}/{len(order)}] {p.name} #{rep}: {row['examples_per_s']:,.0f} examples/s, "
+            f"{row['step_ms']:.1f} ms/step, peak {row['peak_rss_mib']:,.0f} MiB, "
+            f"other load {load['other_cores']:.2f} cores ({load['seconds']:.0f} s)"
+        )
         mark_best(rows)
         write_csv(out / "scaling.csv", rows, COLUMNS)  # after every run: a partial sweep is kept
     best = mark_best(rows)
@@ -1047,8 +1257,15 @@ def run_sweep(cfg: config.ExperimentConfig, sweeps: Dict[str, List[int]], out: P
     return {"base": bp, "points": points, "rows": rows, "best": best, "projection": projection, "plots": pngs}
 
 
-def report(best: List[dict], projection: List[dict], repeats: int, out: Path, pngs: List[Path], echo=print,
-           replotted: bool = False) -> None:
+def report(
+    best: List[dict],
+    projection: List[dict],
+    repeats: int,
+    out: Path,
+    pngs: List[Path],
+    echo=print,
+    replotted: bool = False,
+) -> None:
     echo("")
     if repeats > 1:
         echo(f"best of {repeats} repeats per point (highest examples/s); every repeat is in scaling.csv")
@@ -1102,36 +1319,83 @@ def _parse_ints(text: str, what: str) -> List[int]:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pinads_rec.scaling", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/demo.yaml")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override applied before the sweep (repeatable)")
-    p.add_argument("--sweep", action="append", default=[], metavar="NAME=V1,V2,...",
-                   help=f"a dimension and its values; NAME one of {', '.join(DIMENSIONS)} (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override applied before the sweep (repeatable)",
+    )
+    p.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2,...",
+        help=f"a dimension and its values; NAME one of {', '.join(DIMENSIONS)} (repeatable)",
+    )
     p.add_argument("--grid", action="store_true", help="full product of the sweeps (default: one at a time)")
-    p.add_argument("--base", action="append", default=[], metavar="NAME=VALUE",
-                   help="base-point value of a dimension (default: the config's if listed, else the first)")
-    p.add_argument("--steps", type=int, default=None,
-                   help="measured steps per run (default: 4 loader periods of max(data.shuffle_buffer_rows, "
-                        "synth.row_group_size) rows, at least 20)")
-    p.add_argument("--warmup", type=int, default=None,
-                   help="untimed steps first (default: the loader's first buffer fill, at least 5)")
+    p.add_argument(
+        "--base",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="base-point value of a dimension (default: the config's if listed, else the first)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="measured steps per run (default: 4 loader periods of max(data.shuffle_buffer_rows, "
+        "synth.row_group_size) rows, at least 20)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="untimed steps first (default: the loader's first buffer fill, at least 5)",
+    )
     p.add_argument("--out", default="runs/scaling")
-    p.add_argument("--gpus", type=lambda s: _parse_ints(s, "--gpus") if s else [], default=list(DEFAULT_GPUS),
-                   help="GPU counts for the planner projection ('' to skip)")
-    p.add_argument("--scale-tables", type=lambda s: [t for t in s.split(",") if t], default=None,
-                   help="tables that table_rows resizes (default: the user and item id tables)")
-    p.add_argument("--num-workers", type=int, default=0,
-                   help="DataLoader workers per rank (default 0: the loader runs in the trainer process, "
-                        "so each rank is exactly one process on one thread)")
+    p.add_argument(
+        "--gpus",
+        type=lambda s: _parse_ints(s, "--gpus") if s else [],
+        default=list(DEFAULT_GPUS),
+        help="GPU counts for the planner projection ('' to skip)",
+    )
+    p.add_argument(
+        "--scale-tables",
+        type=lambda s: [t for t in s.split(",") if t],
+        default=None,
+        help="tables that table_rows resizes (default: the user and item id tables)",
+    )
+    p.add_argument(
+        "--num-workers",
+        type=int,
+        default=0,
+        help="DataLoader workers per rank (default 0: the loader runs in the trainer process, "
+        "so each rank is exactly one process on one thread)",
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run before its ranks are killed")
-    p.add_argument("--replot", action="store_true",
-                   help="no runs: redraw the plots and the table from --out's scaling.csv and sweep.json")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="runs per point, interleaved; the table and plots keep the fastest (default 1)")
-    p.add_argument("--quiet-wait", type=float, default=0.0, metavar="SECONDS",
-                   help="before each run, wait up to this long for other processes to use < 0.25 cores")
+    p.add_argument(
+        "--replot",
+        action="store_true",
+        help="no runs: redraw the plots and the table from --out's scaling.csv and sweep.json",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per point, interleaved; the table and plots keep the fastest (default 1)",
+    )
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each run, wait up to this long for other processes to use < 0.25 cores",
+    )
     args = p.parse_args(argv)
-    if (args.steps is not None and args.steps < 1) or (args.warmup is not None and args.warmup < 1) \
-            or args.repeats < 1:
+    if (args.steps is not None and args.steps < 1) or (args.warmup is not None and args.warmup < 1) or args.repeats < 1:
         p.error("--steps, --warmup and --repeats must be >= 1")
     try:
         args.sweeps = parse_sweeps(args.sweep)
@@ -1160,8 +1424,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     try:
         cfg = config.load(args.config, args.overrides)
-        run_sweep(cfg, args.sweeps, Path(args.out), args.warmup, args.steps, args.grid, args.base_values,
-                  args.gpus, args.scale_tables, args.num_workers, args.timeout, args.repeats, args.quiet_wait)
+        run_sweep(
+            cfg,
+            args.sweeps,
+            Path(args.out),
+            args.warmup,
+            args.steps,
+            args.grid,
+            args.base_values,
+            args.gpus,
+            args.scale_tables,
+            args.num_workers,
+            args.timeout,
+            args.repeats,
+            args.quiet_wait,
+        )
     except (config.ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

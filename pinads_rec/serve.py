@@ -81,8 +81,9 @@ def find_checkpoint(run_dir: Union[str, Path], step: Optional[int] = None) -> Pa
         return path
     path = ckpt_lib.latest(run_dir)
     if path is None:
-        raise ServeError(f"{run_dir}: no checkpoint under {run_dir / 'checkpoints'} (train first, or "
-                         f"point --run at a train.run_dir)")
+        raise ServeError(
+            f"{run_dir}: no checkpoint under {run_dir / 'checkpoints'} (train first, or point --run at a train.run_dir)"
+        )
     return path
 
 
@@ -108,13 +109,14 @@ def load_weights(model: nn.Module, path: Path) -> None:
     from torch.distributed.checkpoint import FileSystemReader
 
     reader = FileSystemReader(str(path))
-    saved = {k[len("model."):] for k in reader.read_metadata().state_dict_metadata if k.startswith("model.")}
+    saved = {k[len("model.") :] for k in reader.read_metadata().state_dict_metadata if k.startswith("model.")}
     own = model.state_dict()
     missing = sorted(k for k in own if CHECKPOINT_PREFIX + k not in saved)
     if missing:
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
-        raise ServeError(f"checkpoint {path} lacks weights of this model ({shown}); was it written by "
-                         f"another model or code version?")
+        raise ServeError(
+            f"checkpoint {path} lacks weights of this model ({shown}); was it written by another model or code version?"
+        )
     state = {CHECKPOINT_PREFIX + k: v for k, v in own.items()}
     # no_dist: read every shard in this one process, even inside an initialized process group.
     with warnings.catch_warnings():
@@ -134,8 +136,12 @@ def prepare(model: nn.Module, precision: str, fp16_overflow: str = "error") -> n
     return model
 
 
-def load_model(run_dir: Union[str, Path], precision: Optional[str] = None, step: Optional[int] = None,
-               fp16_overflow: Optional[str] = None) -> Tuple[nn.Module, config.ExperimentConfig]:
+def load_model(
+    run_dir: Union[str, Path],
+    precision: Optional[str] = None,
+    step: Optional[int] = None,
+    fp16_overflow: Optional[str] = None,
+) -> Tuple[nn.Module, config.ExperimentConfig]:
     """(unsharded model with the trained weights, ready to score; the run's config)."""
     path = find_checkpoint(run_dir, step)
     cfg = run_config(run_dir, path)
@@ -214,8 +220,13 @@ class Predictor(_RowScorer):
         self._batcher = request_batcher(cfg)
 
     @classmethod
-    def from_run(cls, run_dir: Union[str, Path], precision: Optional[str] = None, step: Optional[int] = None,
-                 fp16_overflow: Optional[str] = None) -> "Predictor":
+    def from_run(
+        cls,
+        run_dir: Union[str, Path],
+        precision: Optional[str] = None,
+        step: Optional[int] = None,
+        fp16_overflow: Optional[str] = None,
+    ) -> "Predictor":
         model, cfg = load_model(run_dir, precision, step, fp16_overflow)
         return cls(model, cfg)
 
@@ -257,8 +268,9 @@ class ScoringBatches(ParquetBatches):
         return super().to_batch(table, *args, **kwargs)
 
 
-def score_directory(predictor: _RowScorer, data_dir: str, out: Union[str, Path],
-                    batch_size: Optional[int] = None) -> Dict[str, float]:
+def score_directory(
+    predictor: _RowScorer, data_dir: str, out: Union[str, Path], batch_size: Optional[int] = None
+) -> Dict[str, float]:
     """Scores every row of a Parquet directory; writes request_id, item_id, surface (name) and one
     ``p_<task>`` column per task to ``out``, streaming batch by batch. Padding rows are not written."""
     cfg = predictor.cfg
@@ -299,15 +311,35 @@ def score_directory(predictor: _RowScorer, data_dir: str, out: Union[str, Path],
 # --------------------------------------------------------------------------------------------
 
 # The exported program's positional inputs, in order (``flat_inputs`` builds them from a Batch).
-EXPORT_INPUTS = ("dense", "sparse_values", "sparse_lengths", "user_values", "user_lengths",
-                 "sequence_values", "sequence_lengths", "sequence_time_deltas", "sequence_embeddings",
-                 "request_index", "surface")
+EXPORT_INPUTS = (
+    "dense",
+    "sparse_values",
+    "sparse_lengths",
+    "user_values",
+    "user_lengths",
+    "sequence_values",
+    "sequence_lengths",
+    "sequence_time_deltas",
+    "sequence_embeddings",
+    "request_index",
+    "surface",
+)
 
 
 def flat_inputs(batch: Batch) -> tuple:
-    return (batch.dense, batch.sparse.values(), batch.sparse.lengths(), batch.user_sparse.values(),
-            batch.user_sparse.lengths(), batch.sequences.values(), batch.sequences.lengths(),
-            dict(batch.sequence_time_deltas), dict(batch.sequence_embeddings), batch.request_index, batch.surface)
+    return (
+        batch.dense,
+        batch.sparse.values(),
+        batch.sparse.lengths(),
+        batch.user_sparse.values(),
+        batch.user_sparse.lengths(),
+        batch.sequences.values(),
+        batch.sequences.lengths(),
+        dict(batch.sequence_time_deltas),
+        dict(batch.sequence_embeddings),
+        batch.request_index,
+        batch.surface,
+    )
 
 
 def _kjt(keys: List[str], values: torch.Tensor, lengths: torch.Tensor, rows: int):
@@ -329,18 +361,36 @@ class FlatScorer(nn.Module):
         self.user_keys = [s.name for s in features.user_sparse]
         self.sequence_keys = features.embedding_collection_keys
 
-    def forward(self, dense, sparse_values, sparse_lengths, user_values, user_lengths, sequence_values,
-                sequence_lengths, sequence_time_deltas: Dict[str, torch.Tensor],
-                sequence_embeddings: Dict[str, torch.Tensor], request_index, surface) -> torch.Tensor:
+    def forward(
+        self,
+        dense,
+        sparse_values,
+        sparse_lengths,
+        user_values,
+        user_lengths,
+        sequence_values,
+        sequence_lengths,
+        sequence_time_deltas: Dict[str, torch.Tensor],
+        sequence_embeddings: Dict[str, torch.Tensor],
+        request_index,
+        surface,
+    ) -> torch.Tensor:
         rows = dense.shape[0]
         fields = {f.name for f in dataclasses.fields(Batch)}
         extra = {"source": ""} if "source" in fields else {}
-        batch = Batch(dense=dense, sparse=_kjt(self.row_keys, sparse_values, sparse_lengths, rows),
-                      user_sparse=_kjt(self.user_keys, user_values, user_lengths, rows),
-                      sequences=_kjt(self.sequence_keys, sequence_values, sequence_lengths, rows),
-                      sequence_time_deltas=sequence_time_deltas, sequence_embeddings=sequence_embeddings,
-                      request_index=request_index, surface=surface,
-                      labels=dense.new_empty(0), valid=torch.empty(0, dtype=torch.bool), **extra)
+        batch = Batch(
+            dense=dense,
+            sparse=_kjt(self.row_keys, sparse_values, sparse_lengths, rows),
+            user_sparse=_kjt(self.user_keys, user_values, user_lengths, rows),
+            sequences=_kjt(self.sequence_keys, sequence_values, sequence_lengths, rows),
+            sequence_time_deltas=sequence_time_deltas,
+            sequence_embeddings=sequence_embeddings,
+            request_index=request_index,
+            surface=surface,
+            labels=dense.new_empty(0),
+            valid=torch.empty(0, dtype=torch.bool),
+            **extra,
+        )
         return torch.sigmoid(self.model(batch).float())
 
 
@@ -363,8 +413,10 @@ def export_program(model: nn.Module, cfg: config.ExperimentConfig, example: Batc
     import torch.fx.experimental._config as fx_config
 
     if any(getattr(m, "dtype", None) == torch.float16 for m in model.modules()):
-        raise ServeError("fp16 cannot be exported: its overflow check (inf/NaN -> error or BF16 redo) "
-                         "branches on the output's values; export fp32 or bf16")
+        raise ServeError(
+            "fp16 cannot be exported: its overflow check (inf/NaN -> error or BF16 redo) "
+            "branches on the output's values; export fp32 or bf16"
+        )
     flat = FlatScorer(model, cfg.features).eval()
     args = flat_inputs(example)
     auto = torch.export.Dim.AUTO
@@ -374,24 +426,37 @@ def export_program(model: nn.Module, cfg: config.ExperimentConfig, example: Batc
             return torch.export.export(flat, args, dynamic_shapes=dynamic, strict=False)
     except Exception as e:  # torch.export's errors run to pages: keep the cause, point at the guide
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
-        raise ServeError(f"torch.export of the {cfg.model.kind} model failed: {first} (docs/serving.md, "
-                         f"'Export', lists what the model code must avoid)") from e
+        raise ServeError(
+            f"torch.export of the {cfg.model.kind} model failed: {first} (docs/serving.md, "
+            f"'Export', lists what the model code must avoid)"
+        ) from e
 
 
-def export_run(run_dir: Union[str, Path], out: Union[str, Path], data_dir: Optional[str] = None,
-               precision: Optional[str] = None, example_rows: int = 64) -> Path:
+def export_run(
+    run_dir: Union[str, Path],
+    out: Union[str, Path],
+    data_dir: Optional[str] = None,
+    precision: Optional[str] = None,
+    example_rows: int = 64,
+) -> Path:
     """Exports a run's model to ``out`` (.pt2), traced on the first ``example_rows`` rows of
     ``data_dir`` (default: the run's eval data)."""
     predictor = Predictor.from_run(run_dir, precision)
     cfg = predictor.cfg
-    batches = ParquetBatches(unbounded_users(cfg), data_dir or cfg.data.eval_dir, shuffle=False, batch_size=example_rows,
-                             drop_last=False)
+    batches = ParquetBatches(
+        unbounded_users(cfg), data_dir or cfg.data.eval_dir, shuffle=False, batch_size=example_rows, drop_last=False
+    )
     example = next(iter(batches))
     program = export_program(predictor.model, cfg, example)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"config": config.to_dict(cfg), "inputs": list(EXPORT_INPUTS), "tasks": predictor.tasks,
-            "precision": precision or cfg.model.precision.inference, "run": str(run_dir)}
+    meta = {
+        "config": config.to_dict(cfg),
+        "inputs": list(EXPORT_INPUTS),
+        "tasks": predictor.tasks,
+        "precision": precision or cfg.model.precision.inference,
+        "run": str(run_dir),
+    }
     torch.export.save(program, str(out), extra_files={EXPORT_CONFIG: json.dumps(meta, default=str)})
     return out
 
@@ -432,18 +497,23 @@ def load_exported(path: Union[str, Path]) -> ExportedScorer:
 # --------------------------------------------------------------------------------------------
 
 
-def export_ads(run_dir: Union[str, Path], data_dir: Optional[str], out: Union[str, Path],
-               precision: Optional[str] = None, batch_size: Optional[int] = None) -> int:
+def export_ads(
+    run_dir: Union[str, Path],
+    data_dir: Optional[str],
+    out: Union[str, Path],
+    precision: Optional[str] = None,
+    batch_size: Optional[int] = None,
+) -> int:
     """Writes a two-tower run's ad vectors of every item in ``data_dir`` (models/two_tower.py)."""
     from pinads_rec.models.two_tower import export_ad_embeddings
 
     predictor = Predictor.from_run(run_dir, precision)
     cfg = predictor.cfg
     if cfg.model.kind != "two_tower":
-        raise ServeError(f"{run_dir}: export-ads needs a two_tower run; this one is model.kind "
-                         f"{cfg.model.kind!r}")
-    batches = ParquetBatches(unbounded_users(cfg), data_dir or cfg.data.eval_dir, shuffle=False, batch_size=batch_size,
-                             drop_last=False)
+        raise ServeError(f"{run_dir}: export-ads needs a two_tower run; this one is model.kind {cfg.model.kind!r}")
+    batches = ParquetBatches(
+        unbounded_users(cfg), data_dir or cfg.data.eval_dir, shuffle=False, batch_size=batch_size, drop_last=False
+    )
     return export_ad_embeddings(predictor.model, batches, out)
 
 
@@ -460,17 +530,29 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         s.add_argument("--run", required=True, help="a train.run_dir (holds checkpoints/ and config.json)")
         s.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
         if precision:
-            s.add_argument("--precision", choices=sorted(DTYPES), default=None,
-                           help="large layers' dtype (default: the run's model.precision.inference)")
+            s.add_argument(
+                "--precision",
+                choices=sorted(DTYPES),
+                default=None,
+                help="large layers' dtype (default: the run's model.precision.inference)",
+            )
 
     s = sub.add_parser("score", help="score a Parquet directory of requests, write predictions as Parquet")
     common(s)
     s.add_argument("--data", default=None, help="Parquet file or directory (default: the run's data.eval_dir)")
     s.add_argument("--out", default="predictions.parquet")
-    s.add_argument("--batch-size", type=int, default=4096,
-                   help="rows per batch (default 4096: BF16 pays off on large batches, docs/serving.md)")
-    s.add_argument("--fp16-overflow", choices=["error", "bf16"], default=None,
-                   help="fp16 only: fail on overflow or redo the layer in bf16 (default: the run's setting)")
+    s.add_argument(
+        "--batch-size",
+        type=int,
+        default=4096,
+        help="rows per batch (default 4096: BF16 pays off on large batches, docs/serving.md)",
+    )
+    s.add_argument(
+        "--fp16-overflow",
+        choices=["error", "bf16"],
+        default=None,
+        help="fp16 only: fail on overflow or redo the layer in bf16 (default: the run's setting)",
+    )
 
     s = sub.add_parser("export", help="torch.export the model to a .pt2 archive")
     common(s)
@@ -495,13 +577,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             predictor = Predictor.from_run(args.run, args.precision, args.step, args.fp16_overflow)
             data = args.data or predictor.cfg.data.eval_dir
             stats = score_directory(predictor, data, args.out, args.batch_size)
-            print(f"scored {stats['rows']:,} rows of {data} in {stats['seconds']:.1f}s "
-                  f"({stats['rows_per_s']:,.0f} rows/s) -> {args.out}")
+            print(
+                f"scored {stats['rows']:,} rows of {data} in {stats['seconds']:.1f}s "
+                f"({stats['rows_per_s']:,.0f} rows/s) -> {args.out}"
+            )
         elif args.command == "export":
             started = time.perf_counter()
             out = export_run(args.run, args.out, args.data, args.precision)
-            print(f"exported {args.run} -> {out} ({out.stat().st_size / 2**20:.1f} MiB, "
-                  f"{time.perf_counter() - started:.0f}s); reload with pinads_rec.serve.load_exported")
+            print(
+                f"exported {args.run} -> {out} ({out.stat().st_size / 2**20:.1f} MiB, "
+                f"{time.perf_counter() - started:.0f}s); reload with pinads_rec.serve.load_exported"
+            )
         elif args.command == "export-ads":
             n = export_ads(args.run, args.data, args.out, args.precision, args.batch_size)
             print(f"wrote {n:,} ad embeddings -> {args.out}")

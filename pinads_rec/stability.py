@@ -64,8 +64,10 @@ SPIKE_RATIO = 1.5  # a logged window whose loss exceeds 1.5x the median of the p
 def ensure_data(cfg: config.ExperimentConfig, config_path: str, overrides: List[str]) -> Path:
     root = Path(cfg.data.train_dir).parent
     if Path(cfg.data.train_dir) != root / "train" or Path(cfg.data.eval_dir) != root / "eval":
-        raise SystemExit(f"data.train_dir / data.eval_dir must be <dir>/train and <dir>/eval (the generator's "
-                         f"layout), got {cfg.data.train_dir} and {cfg.data.eval_dir}")
+        raise SystemExit(
+            f"data.train_dir / data.eval_dir must be <dir>/train and <dir>/eval (the generator's "
+            f"layout), got {cfg.data.train_dir} and {cfg.data.eval_dir}"
+        )
     summary = root / "summary.json"
     wanted = json.loads(json.dumps(config.to_dict(cfg)["synth"]))
     if summary.exists() and json.loads(summary.read_text()).get("synth") == wanted:
@@ -94,9 +96,11 @@ def split_days(root: Path) -> Dict[str, object]:
         for f in part:
             src = root / "train" / Path(f["path"]).name
             (d / src.name).symlink_to(os.path.relpath(src, d))
-    return {"dirs": {n: root / "phases" / n for n in phases}, "rows": {n: sum(f["rows"] for f in p)
-                                                                       for n, p in phases.items()},
-            "days": len(files)}
+    return {
+        "dirs": {n: root / "phases" / n for n in phases},
+        "rows": {n: sum(f["rows"] for f in p) for n, p in phases.items()},
+        "days": len(files),
+    }
 
 
 def dense_override(cfg: config.ExperimentConfig, norm: str) -> str:
@@ -118,8 +122,9 @@ def run_phase(cmd_prefix: List[str], config_path: str, sets: List[str], log: Pat
     return time.perf_counter() - started
 
 
-def train_variant(norm: str, cfg: config.ExperimentConfig, config_path: str, overrides: List[str],
-                  days: Dict[str, object], nproc: int) -> Path:
+def train_variant(
+    norm: str, cfg: config.ExperimentConfig, config_path: str, overrides: List[str], days: Dict[str, object], nproc: int
+) -> Path:
     run_dir = Path(cfg.train.run_dir) / norm
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -128,13 +133,24 @@ def train_variant(norm: str, cfg: config.ExperimentConfig, config_path: str, ove
     if nproc == 1:
         prefix = [sys.executable, "-m", "pinads_rec.train"]
     else:
-        prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-                  "pinads_rec/train.py"]
+        prefix = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc),
+            "pinads_rec/train.py",
+        ]
     common = overrides + [dense_override(cfg, norm), f"train.run_dir={run_dir}", f"train.max_steps={max_steps}"]
     print(f"{LABEL[norm]}:", flush=True)
     for phase, epochs in (("before", 1), ("newest", 2)):  # the resumed run's epoch 1 is the newest day
-        seconds = run_phase(prefix, config_path, common + [f"data.train_dir={days['dirs'][phase]}",
-                                                           f"train.epochs={epochs}"], run_dir / f"{phase}.log")
+        seconds = run_phase(
+            prefix,
+            config_path,
+            common + [f"data.train_dir={days['dirs'][phase]}", f"train.epochs={epochs}"],
+            run_dir / f"{phase}.log",
+        )
         print(f"  {phase}: {seconds:.0f} s", flush=True)
     return run_dir
 
@@ -162,7 +178,7 @@ def completed(run_dir: Path) -> bool:
 def loss_spikes(losses: List[float], skip: int = 5) -> List[int]:
     out = []
     for i in range(max(skip, 10), len(losses)):
-        base = statistics.median(losses[i - 10:i])
+        base = statistics.median(losses[i - 10 : i])
         if math.isfinite(losses[i]) and losses[i] > SPIKE_RATIO * base:
             out.append(i)
     return out
@@ -244,8 +260,7 @@ def plot(metrics: Dict[str, dict], path: Path, newest_label: str, task: str) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(9, 8.5), sharex=True,
-                                        gridspec_kw={"height_ratios": [3, 3, 2]})
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(9, 8.5), sharex=True, gridspec_kw={"height_ratios": [3, 3, 2]})
     for norm, m in metrics.items():
         steps = [r["step"] for r in m["steps"]]
         ax1.plot(steps, [r["loss"] for r in m["steps"]], color=COLOR[norm], label=LABEL[norm], lw=1.2)
@@ -253,9 +268,15 @@ def plot(metrics: Dict[str, dict], path: Path, newest_label: str, task: str) -> 
         ev = [(sm["step"], eval_rows(sm)[task]["ne"]) for sm in m["summaries"]]
         ax3.plot(*zip(*ev), color=COLOR[norm], marker="o", lw=1.2)
         for x, ne in ev:
-            ax3.annotate(f"{ne:.3g}", (x, ne), textcoords="offset points", ha="right",
-                         xytext=(-8, 6 if norm == "batch_norm" else -12),
-                         fontsize=8, color=COLOR[norm])
+            ax3.annotate(
+                f"{ne:.3g}",
+                (x, ne),
+                textcoords="offset points",
+                ha="right",
+                xytext=(-8, 6 if norm == "batch_norm" else -12),
+                fontsize=8,
+                color=COLOR[norm],
+            )
     boundary = next(iter(metrics.values()))["boundary"]
     for ax in (ax1, ax2, ax3):
         ax.axvline(boundary, color="gray", ls="--", lw=1)
@@ -281,17 +302,30 @@ def write_csv(metrics: Dict[str, dict], path: Path) -> None:
         w.writerow(["norm", "step", "phase", "loss", "logit_abs_max", "nonfinite_skipped"])
         for norm, m in metrics.items():
             for r in m["steps"]:
-                w.writerow([norm, r["step"], "before" if r["step"] <= m["boundary"] else "newest",
-                            f"{r['loss']:.6g}", f"{r.get('logit_abs_max', float('nan')):.6g}",
-                            r.get("nonfinite_skipped", "")])
+                w.writerow(
+                    [
+                        norm,
+                        r["step"],
+                        "before" if r["step"] <= m["boundary"] else "newest",
+                        f"{r['loss']:.6g}",
+                        f"{r.get('logit_abs_max', float('nan')):.6g}",
+                        r.get("nonfinite_skipped", ""),
+                    ]
+                )
 
 
 def code_version() -> str:
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "outside git"
     return f"commit {head}" + (" with uncommitted changes" if dirty else "")
@@ -310,11 +344,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--config", default="configs/stability.yaml")
     p.add_argument("--out", default="docs/stability.md")
     p.add_argument("--nproc", type=int, default=1, help="trainer processes per run (torchrun when > 1)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override for the generator and both runs (repeatable)")
-    p.add_argument("--reuse-runs", action="store_true",
-                   help="keep a variant's completed run (both evaluations logged) instead of retraining it, "
-                        "e.g. to finish an interrupted experiment")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for the generator and both runs (repeatable)",
+    )
+    p.add_argument(
+        "--reuse-runs",
+        action="store_true",
+        help="keep a variant's completed run (both evaluations logged) instead of retraining it, "
+        "e.g. to finish an interrupted experiment",
+    )
     p.add_argument("--report-only", action="store_true", help="rewrite the report from the existing runs")
     args = p.parse_args(argv)
     started = time.perf_counter()
@@ -343,16 +386,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     stats = {norm: phase_stats(m) for norm, m in metrics.items()}
     feature = faults.zero_fill_column or cfg.features.dense[0].name
     eps = cfg.model.resilient_bn.eps
-    eval_values = np.concatenate([pq.read_table(f, columns=[next(d.column for d in cfg.features.dense
-                                                                 if d.name == feature)]).column(0).to_numpy()
-                                  for f in sorted((root / "eval").glob("*.parquet"))])
-    norms = {norm: norm_stats(run_dirs[norm], [m["boundary"], m["summaries"][1]["step"]], feature, norm)
-             for norm, m in metrics.items()}
+    eval_values = np.concatenate(
+        [
+            pq.read_table(f, columns=[next(d.column for d in cfg.features.dense if d.name == feature)])
+            .column(0)
+            .to_numpy()
+            for f in sorted((root / "eval").glob("*.parquet"))
+        ]
+    )
+    norms = {
+        norm: norm_stats(run_dirs[norm], [m["boundary"], m["summaries"][1]["step"]], feature, norm)
+        for norm, m in metrics.items()
+    }
     report = render(cfg, args, days, metrics, stats, norms, eval_values, feature, eps, asset_dir, out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report)
-    print(f"wrote {out}, {asset_dir}/loss_logits.png, {asset_dir}/metrics.csv "
-          f"({time.perf_counter() - started:.0f} s)")
+    print(f"wrote {out}, {asset_dir}/loss_logits.png, {asset_dir}/metrics.csv ({time.perf_counter() - started:.0f} s)")
     return 0
 
 
@@ -367,77 +416,102 @@ def render(cfg, args, days, metrics, stats, norms, eval_values, feature, eps, as
     L: List[str] = []
     add = L.append
     add("# Model stability: Resilient Batch Norm under a feature outage\n")
-    add("Generated by `python -m pinads_rec.stability"
+    add(
+        "Generated by `python -m pinads_rec.stability"
         + (f" --config {args.config}" if args.config != "configs/stability.yaml" else "")
         + (f" --nproc {args.nproc}" if args.nproc != 1 else "")
-        + "".join(f" --set {o}" for o in args.overrides) + "` "
+        + "".join(f" --set {o}" for o in args.overrides)
+        + "` "
         f"(config [`{args.config}`]({rel(args.config)}); code {code_version()}). The module is "
-        "`pinads_rec/modules/resilient_bn.py`; a dense feature uses it with `norm: resilient_bn`.\n")
+        "`pinads_rec/modules/resilient_bn.py`; a dense feature uses it with `norm: resilient_bn`.\n"
+    )
 
     add("## What breaks plain batch norm, exactly\n")
-    add("`nn.BatchNorm1d` normalizes a **training** batch with that batch's own mean and variance. A "
+    add(
+        "`nn.BatchNorm1d` normalizes a **training** batch with that batch's own mean and variance. A "
         "column that is all zeros (an absent feature filled with its default) gives (0 - 0)/sqrt(0 + eps) "
         "= 0: nothing explodes in training. Nor can a training batch produce a value beyond "
         "sqrt(B - 1) standard deviations (22.6 at B = 512), whatever its variance: the largest "
         "training-mode output comes from a low-coverage batch (almost all rows at the default, a few "
-        "real values).\n")
-    add("The explosion happens **after** the outage, with the running statistics. Every training batch "
+        "real values).\n"
+    )
+    add(
+        "The explosion happens **after** the outage, with the running statistics. Every training batch "
         "of the outage pulls the running mean and variance towards the batch's (0, 0) with BatchNorm's "
         "momentum: after k such batches the running variance is 0.9^k of what it was, so a day of them "
         "takes it to about 0. The model is then evaluated or served -- BatchNorm switches to its running "
         "statistics -- on data where the feature is back: a value x becomes (x - ~0)/sqrt(~0 + eps), "
         "x times ~316 (eps = 1e-5), and the dense arch, which never saw such inputs, turns them into "
         "extreme logits. Stale (near-constant) stretches collapse the running variance the same way; "
-        "a low-coverage shift adds the sqrt(B - 1) training outliers.\n")
-    add("Resilient Batch Norm normalizes with the running statistics in training too, and leaves a "
+        "a low-coverage shift adds the sqrt(B - 1) training outliers.\n"
+    )
+    add(
+        "Resilient Batch Norm normalizes with the running statistics in training too, and leaves a "
         "column out of their update when its batch variance is at most `minimal_variance` or differs "
         "from the running variance by more than `variance_shift_threshold` either way, so the outage "
-        "leaves them as they were.\n")
+        "leaves them as they were.\n"
+    )
 
     add("## The experiment\n")
-    add(f"- **Data**: planted-truth synthetic data (`synth` in the config): {cfg.synth.train_requests:,} train "
-        f"requests in {n} files, each a consecutive time range (\"day\"), then {cfg.synth.eval_requests:,} "
+    add(
+        f"- **Data**: planted-truth synthetic data (`synth` in the config): {cfg.synth.train_requests:,} train "
+        f'requests in {n} files, each a consecutive time range ("day"), then {cfg.synth.eval_requests:,} '
         f"held-out requests later in time. Rows: {before} {days['rows']['before']:,}, {newest} "
-        f"{days['rows']['newest']:,}.")
+        f"{days['rows']['newest']:,}."
+    )
     if f.zero_fill_column:
         a, b = f.zero_fill_window
-        add(f"- **Fault**: `synth.faults.zero_fill_column: {f.zero_fill_column}`, window [{a}, {b}) of the "
+        add(
+            f"- **Fault**: `synth.faults.zero_fill_column: {f.zero_fill_column}`, window [{a}, {b}) of the "
             f"time span = exactly {newest}: every {newest} row has `{f.zero_fill_column} = 0.0` (an upstream "
             f"feature job failed and the default was filled in). The held-out data has the feature again. "
-            f"Labels are untouched.")
+            f"Labels are untouched."
+        )
     if f.shift_column:
         add(f"- **Shift**: `{f.shift_column}` x {f.shift_scale} + {f.shift_offset} from time {f.shift_after}.")
     if f.stale_fraction:
         add(f"- **Stale rows**: {f.stale_fraction:.0%} of rows copy their dense values from an earlier row.")
-    add(f"- **Schedule** (a daily-updated model): one pass over {before}, evaluation; the trainer then resumes "
+    add(
+        f"- **Schedule** (a daily-updated model): one pass over {before}, evaluation; the trainer then resumes "
         f"from that checkpoint for one pass over {newest} (the daily update) and evaluates again. One LR "
         f"schedule spans both. Both runs use the same seed, data order, model and optimizer; only "
         f"`features.dense[*].norm` differs (`batch_norm` vs `resilient_bn`, momentum "
         f"{cfg.model.resilient_bn.momentum}, eps {eps} for both; `minimal_variance` "
         f"{cfg.model.resilient_bn.minimal_variance}, `variance_shift_threshold` "
-        f"{cfg.model.resilient_bn.variance_shift_threshold}). `train.nonfinite: {cfg.train.nonfinite}`.")
-    add(f"- The dense features are fed raw to the batch norms (no log / min-max first), so that they "
+        f"{cfg.model.resilient_bn.variance_shift_threshold}). `train.nonfinite: {cfg.train.nonfinite}`."
+    )
+    add(
+        f"- The dense features are fed raw to the batch norms (no log / min-max first), so that they "
         f"are what is normalized. {args.nproc} trainer process(es) per run, batch {cfg.data.batch_size}. "
         f"Training time (both phases, evaluation excluded): "
-        + ", ".join(f"{LABEL[n]} {sum(x['train_seconds'] for x in metrics[n]['summaries']):.0f} s"
-                    for n in (bn, rbn))
-        + " (" + "; ".join(f"{LABEL[n]} " + " / ".join(f"{x['train_examples_per_s']:,.0f}"
-                                                         for x in metrics[n]["summaries"]) for n in (bn, rbn))
-        + " examples/s in the two phases: the CPU was shared with other jobs).\n")
+        + ", ".join(f"{LABEL[n]} {sum(x['train_seconds'] for x in metrics[n]['summaries']):.0f} s" for n in (bn, rbn))
+        + " ("
+        + "; ".join(
+            f"{LABEL[n]} " + " / ".join(f"{x['train_examples_per_s']:,.0f}" for x in metrics[n]["summaries"])
+            for n in (bn, rbn)
+        )
+        + " examples/s in the two phases: the CPU was shared with other jobs).\n"
+    )
 
     add("## Results\n")
     add(f"![loss and max |logit| per step]({rel(asset_dir / 'loss_logits.png')})\n")
-    add(f"Per {cfg.train.log_every}-step window (`metrics.jsonl`; all points in "
+    add(
+        f"Per {cfg.train.log_every}-step window (`metrics.jsonl`; all points in "
         f"[`{rel(asset_dir / 'metrics.csv')}`]({rel(asset_dir / 'metrics.csv')})). A spike is a window "
-        f"whose loss exceeds {SPIKE_RATIO}x the median of the 10 before it.\n")
-    add("| run | phase | steps | loss (last 5 windows) | max loss | loss spikes | max \\|logit\\| | median "
-        "window max \\|logit\\| | non-finite skipped |")
+        f"whose loss exceeds {SPIKE_RATIO}x the median of the 10 before it.\n"
+    )
+    add(
+        "| run | phase | steps | loss (last 5 windows) | max loss | loss spikes | max \\|logit\\| | median "
+        "window max \\|logit\\| | non-finite skipped |"
+    )
     add("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for norm in (bn, rbn):
         for phase, name in (("before", before), ("newest", newest)):
             s = stats[norm][phase]
-            add(f"| {LABEL[norm]} | {name} | {s['steps']} | {fmt(s['loss_last'])} | {fmt(s['loss_max'])} | "
-                f"{s['spikes']} | {fmt(s['logit_max'], 3)} | {fmt(s['logit_median'], 3)} | {s['skipped']} |")
+            add(
+                f"| {LABEL[norm]} | {name} | {s['steps']} | {fmt(s['loss_last'])} | {fmt(s['loss_max'])} | "
+                f"{s['spikes']} | {fmt(s['logit_max'], 3)} | {fmt(s['logit_median'], 3)} | {s['skipped']} |"
+            )
     add("")
 
     add(f"**Held-out evaluation** (all surfaces; after each phase; oracle = the true probabilities):\n")
@@ -448,8 +522,10 @@ def render(cfg, args, days, metrics, stats, norms, eval_values, feature, eps, as
             rows = eval_rows(metrics[norm]["summaries"][i])
             for t in tasks:
                 r = rows[t]
-                add(f"| {LABEL[norm]} | {name} | {t} | {fmt(r['auc'])} | {fmt(r['ne'])} | {fmt(r['log_loss'])} | "
-                    f"{fmt(r['calibration'], 3)} | {fmt(r.get('oracle_auc'))} | {fmt(r.get('oracle_ne'))} |")
+                add(
+                    f"| {LABEL[norm]} | {name} | {t} | {fmt(r['auc'])} | {fmt(r['ne'])} | {fmt(r['log_loss'])} | "
+                    f"{fmt(r['calibration'], 3)} | {fmt(r.get('oracle_auc'))} | {fmt(r.get('oracle_ne'))} |"
+                )
     add("")
     add("Per surface (click):\n")
     add("| run | after | surface | AUC | NE | calibration |")
@@ -458,23 +534,31 @@ def render(cfg, args, days, metrics, stats, norms, eval_values, feature, eps, as
         for i, name in enumerate((before, newest)):
             for surface in cfg.features.surfaces:
                 r = eval_rows(metrics[norm]["summaries"][i], surface)[tasks[0]]
-                add(f"| {LABEL[norm]} | {name} | {surface} | {fmt(r['auc'])} | {fmt(r['ne'])} | "
-                    f"{fmt(r['calibration'], 3)} |")
+                add(
+                    f"| {LABEL[norm]} | {name} | {surface} | {fmt(r['auc'])} | {fmt(r['ne'])} | "
+                    f"{fmt(r['calibration'], 3)} |"
+                )
     add("")
 
-    add(f"**`{feature}`'s running statistics** (read from each phase's checkpoint) and what they make of "
+    add(
+        f"**`{feature}`'s running statistics** (read from each phase's checkpoint) and what they make of "
         f"the held-out `{feature}` values in eval (gamma (x - mean)/sqrt(var + eps) + beta; held-out "
-        f"values: median {np.median(eval_values):.2f}, max {eval_values.max():.1f}):\n")
-    add("| run | after | running mean | running var | batches left out | median \\|normalized\\| "
-        "| max \\|normalized\\| |")
+        f"values: median {np.median(eval_values):.2f}, max {eval_values.max():.1f}):\n"
+    )
+    add(
+        "| run | after | running mean | running var | batches left out | median \\|normalized\\| "
+        "| max \\|normalized\\| |"
+    )
     add("|---|---|---:|---:|---:|---:|---:|")
     for norm in (bn, rbn):
         for i, name in enumerate((before, newest)):
             s = norms[norm][i]
             y = eval_normalized(s, eval_values, eps)
             masked = "-" if s["num_masked"] is None else str(s["num_masked"])
-            add(f"| {LABEL[norm]} | {name} | {fmt(float(s['running_mean'][0]))} | "
-                f"{fmt(float(s['running_var'][0]))} | {masked} | {fmt(y['median_abs'], 3)} | {fmt(y['max_abs'], 3)} |")
+            add(
+                f"| {LABEL[norm]} | {name} | {fmt(float(s['running_mean'][0]))} | "
+                f"{fmt(float(s['running_var'][0]))} | {masked} | {fmt(y['median_abs'], 3)} | {fmt(y['max_abs'], 3)} |"
+            )
     add("")
     L += findings(cfg, days, metrics, stats, norms, eval_values, feature, eps, before, newest)
     return "\n".join(L) + "\n"
@@ -489,8 +573,9 @@ def findings(cfg, days, metrics, stats, norms, eval_values, feature, eps, before
     s = stats
     newest_steps = s[bn]["newest"]["steps"]
     r0 = norms[rbn][0]
-    outage_input = float((0.0 - r0["running_mean"][0]) / torch.sqrt(r0["running_var"][0] + eps) * r0["weight"][0]
-                         + r0["bias"][0])
+    outage_input = float(
+        (0.0 - r0["running_mean"][0]) / torch.sqrt(r0["running_var"][0] + eps) * r0["weight"][0] + r0["bias"][0]
+    )
     out = ["## Findings\n"]
     out.append(
         f"- **Training did not blow up, in either run.** Over {newest} (the outage) the max \\|logit\\| per "
@@ -502,7 +587,8 @@ def findings(cfg, days, metrics, stats, norms, eval_values, feature, eps, before
         f"{s[rbn]['newest']['skipped']}. In training BatchNorm1d normalizes the zero column with the "
         f"batch's own statistics to exactly 0 (its bias beta); Resilient BN normalizes it with the "
         f"pre-outage statistics to a constant {outage_input:.2f}. Either way the column carries no "
-        f"information for a day, and nothing explodes.")
+        f"information for a day, and nothing explodes."
+    )
     out.append(
         f"- **Evaluation after the update did blow up with BatchNorm1d** (the plot's last panel). Held-out {task} AUC "
         f"{fmt(ev[bn][0]['auc'])} -> {fmt(ev[bn][1]['auc'])}, NE {fmt(ev[bn][0]['ne'])} -> "
@@ -510,14 +596,15 @@ def findings(cfg, days, metrics, stats, norms, eval_values, feature, eps, before
         f"{fmt(ev[bn][1]['calibration'], 3)}. Resilient BN: AUC {fmt(ev[rbn][0]['auc'])} -> "
         f"{fmt(ev[rbn][1]['auc'])}, NE {fmt(ev[rbn][0]['ne'])} -> {fmt(ev[rbn][1]['ne'])}, calibration "
         f"{fmt(ev[rbn][0]['calibration'], 3)} -> {fmt(ev[rbn][1]['calibration'], 3)}."
-        if ev[bn][1]["ne"] > 1.5 * ev[rbn][1]["ne"] else
-        f"- **Evaluation after the update**: held-out {task} NE {fmt(ev[bn][1]['ne'])} with BatchNorm1d, "
+        if ev[bn][1]["ne"] > 1.5 * ev[rbn][1]["ne"]
+        else f"- **Evaluation after the update**: held-out {task} NE {fmt(ev[bn][1]['ne'])} with BatchNorm1d, "
         f"{fmt(ev[rbn][1]['ne'])} with Resilient BN (AUC {fmt(ev[bn][1]['auc'])} vs {fmt(ev[rbn][1]['auc'])}); "
-        f"before the update {fmt(ev[bn][0]['ne'])} vs {fmt(ev[rbn][0]['ne'])}: no blow-up at this size.")
+        f"before the update {fmt(ev[bn][0]['ne'])} vs {fmt(ev[rbn][0]['ne'])}: no blow-up at this size."
+    )
     out.append(
         f"- **Cause, measured**: the {newest_steps} zero-variance batches of {newest} took BatchNorm1d's "
         f"running variance of `{feature}` from {fmt(float(norms[bn][0]['running_var'][0]))} to "
-        f"{fmt(float(norms[bn][1]['running_var'][0]))} (0.9^{newest_steps} = {0.9 ** newest_steps:.1e}) and its "
+        f"{fmt(float(norms[bn][1]['running_var'][0]))} (0.9^{newest_steps} = {0.9**newest_steps:.1e}) and its "
         f"running mean from {fmt(float(norms[bn][0]['running_mean'][0]))} to "
         f"{fmt(float(norms[bn][1]['running_mean'][0]))}. In eval, the returning values are divided by "
         f"sqrt({fmt(float(norms[bn][1]['running_var'][0]))} + eps): median \\|normalized\\| "
@@ -526,20 +613,23 @@ def findings(cfg, days, metrics, stats, norms, eval_values, feature, eps, before
         f"left `{feature}` out of {norms[rbn][1]['num_masked'] - (norms[rbn][0]['num_masked'] or 0)} of its "
         f"{s[rbn]['newest']['steps']} {newest} batches (batch variance 0 <= minimal_variance) and kept its statistics "
         f"({fmt(float(norms[rbn][1]['running_mean'][0]))}, {fmt(float(norms[rbn][1]['running_var'][0]))}): "
-        f"median \\|normalized\\| {fmt(y[rbn][1]['median_abs'], 3)}, max {fmt(y[rbn][1]['max_abs'], 3)}.")
+        f"median \\|normalized\\| {fmt(y[rbn][1]['median_abs'], 3)}, max {fmt(y[rbn][1]['max_abs'], 3)}."
+    )
     out.append(
         "- **When plain batch norm survives**: the collapse needs the outage's batches to be the last "
         "ones before the checkpoint that is evaluated or served. After k healthy batches the collapsed "
         "state weighs 0.9^k (10% after 22 batches), so an outage in the middle of a run, or one whose "
         "row groups the loader shuffles among healthy ones, heals before the end. Time-ordered "
         "incremental updates -- the production pattern this experiment follows -- are exactly the case "
-        "where it does not.")
+        "where it does not."
+    )
     out.append(
         "- **Limits of Resilient Batch Norm** (as the article defines it): the variance-ratio check freezes "
         "a column whose variance changes for good by more than `variance_shift_threshold` (it keeps "
         "normalizing with the old statistics; `tests/test_resilient_bn.py::test_variance_shift_mask_fires_both_ways`); "
         "a shift of the mean alone is followed like BatchNorm's; and under data parallelism each rank "
-        "keeps its own running statistics, like `nn.BatchNorm1d` under DDP.")
+        "keeps its own running statistics, like `nn.BatchNorm1d` under DDP."
+    )
     out.append("")
     return out
 

@@ -73,8 +73,9 @@ def pipelined_module_names(dmp, pipeline) -> List[str]:
     return [name for name, m in dmp.named_modules() if id(m) in chosen]
 
 
-def build(cfg: config.ExperimentConfig, env: parallel.Distributed, plan=None,
-          group: Optional[dist.ProcessGroup] = None):
+def build(
+    cfg: config.ExperimentConfig, env: parallel.Distributed, plan=None, group: Optional[dist.ProcessGroup] = None
+):
     """The sharded train task; ``group`` (gloo) lets the non-finite guard's ranks agree."""
     torch.manual_seed(cfg.train.seed)
     # Embedding tables are created on the meta device: DMP allocates each rank's shards only.
@@ -88,8 +89,9 @@ def guard_of(dmp) -> NonFiniteGuard:
     return next(m for m in dmp.modules() if isinstance(m, NonFiniteGuard))
 
 
-def scoring_pass(dmp, env: parallel.Distributed, group, loader, what: str,
-                 spare: Optional[Batch] = None) -> Iterator[Tuple[Batch, torch.Tensor]]:
+def scoring_pass(
+    dmp, env: parallel.Distributed, group, loader, what: str, spare: Optional[Batch] = None
+) -> Iterator[Tuple[Batch, torch.Tensor]]:
     """Yields (batch, logits [B, T] on CPU) over one no-grad pass of ``loader``. Ranks that run out
     early replay their last batch (or ``spare``, when they had none) with every row marked invalid,
     so every rank takes part in every sharded forward; use ``batch.valid``."""
@@ -106,8 +108,9 @@ def scoring_pass(dmp, env: parallel.Distributed, group, loader, what: str,
                     break
                 if batch is None:
                     if last is None:
-                        raise ContractError(f"rank {env.rank} got no {what} rows: fewer row groups than the "
-                                            f"{env.world_size} ranks")
+                        raise ContractError(
+                            f"rank {env.rank} got no {what} rows: fewer row groups than the {env.world_size} ranks"
+                        )
                     batch = dataclasses.replace(last, valid=torch.zeros_like(last.valid))
                 last = batch
                 _, (_, logits, _) = dmp(batch.to(env.device))
@@ -141,21 +144,32 @@ def calibrate(dmp, cfg: config.ExperimentConfig, env: parallel.Distributed, grou
         loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=False, part="holdout")
     # The split may have fewer row groups than there are ranks: those without one replay a
     # (masked) training batch in the collective forwards.
-    spare = next(iter(ParquetBatches(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=False,
-                                     drop_last=False, part="train")))
-    parts = [torch.cat([logits, batch.labels, batch.surface.unsqueeze(1).float()], dim=1)[batch.valid]
-             for batch, logits in scoring_pass(dmp, env, group, loader, "calibration", spare)]
+    spare = next(
+        iter(
+            ParquetBatches(
+                cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=False, drop_last=False, part="train"
+            )
+        )
+    )
+    parts = [
+        torch.cat([logits, batch.labels, batch.surface.unsqueeze(1).float()], dim=1)[batch.valid]
+        for batch, logits in scoring_pass(dmp, env, group, loader, "calibration", spare)
+    ]
     rows = torch.cat(parts)
     if group is not None:
         gathered = [None] * env.world_size
         dist.all_gather_object(gathered, rows, group=group)
         rows = torch.cat(gathered)
     T = len(cfg.features.tasks)
-    layer.fit(rows[:, :T], rows[:, T:2 * T], rows[:, 2 * T].long())
+    layer.fit(rows[:, :T], rows[:, T : 2 * T], rows[:, 2 * T].long())
     if env.is_main:
-        log.info("calibration (%s) fit on %d unseen rows: scale %s, bias %s", layer.mode, rows.shape[0],
-                 [[round(v, 3) for v in r] for r in layer.scale.tolist()],
-                 [[round(v, 3) for v in r] for r in layer.bias.tolist()])
+        log.info(
+            "calibration (%s) fit on %d unseen rows: scale %s, bias %s",
+            layer.mode,
+            rows.shape[0],
+            [[round(v, 3) for v in r] for r in layer.scale.tolist()],
+            [[round(v, 3) for v in r] for r in layer.bias.tolist()],
+        )
 
 
 def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
@@ -167,12 +181,20 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
         if cfg.train.plan_file is None:
             # Same sharding types and kernels as the checkpoint: its optimizer state then loads even
             # on another world size (TorchRec cannot reshard optimizer state across sharding types).
-            cfg = dataclasses.replace(cfg, train=dataclasses.replace(
-                cfg.train, plan_file=str(latest / checkpoint.PLAN_FILE)))
+            cfg = dataclasses.replace(
+                cfg, train=dataclasses.replace(cfg.train, plan_file=str(latest / checkpoint.PLAN_FILE))
+            )
     dmp = build(cfg, env, group=data_group)
     guard = guard_of(dmp)
-    loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True,
-                         pin_memory=env.device.type == "cuda", part="train")
+    loader = make_loader(
+        cfg,
+        cfg.data.train_dir,
+        env.rank,
+        env.world_size,
+        shuffle=True,
+        pin_memory=env.device.type == "cuda",
+        part="train",
+    )
     dataset = loader.dataset
     for later in (cfg.data.eval_dir, cfg.data.calibration_dir):  # their errors before training, not after it
         if later:
@@ -198,8 +220,14 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(config.to_dict(cfg), indent=1))
-    bar = tqdm(total=total_steps, initial=state.step, disable=not env.is_main, unit="step",
-               mininterval=1.0 if sys.stderr.isatty() else 15.0, dynamic_ncols=True)
+    bar = tqdm(
+        total=total_steps,
+        initial=state.step,
+        disable=not env.is_main,
+        unit="step",
+        mininterval=1.0 if sys.stderr.isatty() else 15.0,
+        dynamic_ncols=True,
+    )
     global_batch = cfg.data.batch_size * env.world_size
     begun, started = time.perf_counter(), None
     examples, window_loss, window_n, logit_abs_max = 0, 0.0, 0, 0.0
@@ -240,10 +268,16 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
             bar.update(1)
             if state.step % cfg.train.log_every == 0:
                 rate = examples / (time.perf_counter() - started) if examples else 0.0
-                record = {"step": state.step, "epoch": epoch, "loss": window_loss / window_n,
-                          "logit_abs_max": logit_abs_max, "nonfinite_skipped": guard.skipped,
-                          "fp16_fallbacks": fallback_count(dmp), "lr": schedule.get_last_lr()[0],
-                          "examples_per_s": rate}
+                record = {
+                    "step": state.step,
+                    "epoch": epoch,
+                    "loss": window_loss / window_n,
+                    "logit_abs_max": logit_abs_max,
+                    "nonfinite_skipped": guard.skipped,
+                    "fp16_fallbacks": fallback_count(dmp),
+                    "lr": schedule.get_last_lr()[0],
+                    "examples_per_s": rate,
+                }
                 bar.set_postfix(loss=f"{record['loss']:.4f}", ex_s=f"{rate:,.0f}")
                 if env.is_main:
                     with metrics_log.open("a") as f:
@@ -265,10 +299,17 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
     calibrate(dmp, cfg, env, data_group)
     checkpoint.save(run_dir, state, dmp, optimizer, schedule, cfg)
     rows = evaluate(dmp, cfg, env, data_group)
-    summary = {"step": state.step, "train_examples_per_s": throughput, "train_seconds": elapsed,
-               "pipelined_modules": pipelined or [], "nonfinite_skipped": guard.skipped,
-               "fp16_fallbacks": fallback_count(dmp),
-               "world_size": env.world_size, "global_batch": global_batch, "eval": rows}
+    summary = {
+        "step": state.step,
+        "train_examples_per_s": throughput,
+        "train_seconds": elapsed,
+        "pipelined_modules": pipelined or [],
+        "nonfinite_skipped": guard.skipped,
+        "fp16_fallbacks": fallback_count(dmp),
+        "world_size": env.world_size,
+        "global_batch": global_batch,
+        "eval": rows,
+    }
     if env.is_main:
         print(f"\ntrained {state.step} steps on {env.world_size} rank(s): {throughput:,.0f} examples/s")
         print(format_table(rows))
@@ -281,11 +322,20 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("config_path", nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--config", default=None, help=f"experiment YAML (default {DEFAULT_CONFIG})")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override any config field, e.g. --set train.max_steps=100 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config field, e.g. --set train.max_steps=100 (repeatable)",
+    )
     args = p.parse_args(argv)
-    args.config = args.config or (args.config_path if args.config_path and args.config_path.endswith(
-        (".yaml", ".yml")) else None) or DEFAULT_CONFIG
+    args.config = (
+        args.config
+        or (args.config_path if args.config_path and args.config_path.endswith((".yaml", ".yml")) else None)
+        or DEFAULT_CONFIG
+    )
     return args
 
 
@@ -309,7 +359,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         # A DataLoader worker's error arrives wrapped with its traceback; the user needs the last line.
         message = str(e).strip().splitlines()[-1]
         kind = {ContractError: "data error", checkpoint.IncompatibleCheckpoint: "checkpoint error"}.get(
-            type(e), "numerics error")
+            type(e), "numerics error"
+        )
         print(f"[rank {env.rank}] {kind}: {message}", file=sys.stderr, flush=True)
         # Exit at once: the launcher then stops the other ranks instead of leaving them in a collective.
         os._exit(2)

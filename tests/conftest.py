@@ -11,16 +11,26 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "demo.yaml")
 
 # Small enough to generate in about a second, big enough for several row groups per file.
-TINY_SYNTH = ["synth.train_requests=400", "synth.eval_requests=160", "synth.calibration_requests=100",
-              "synth.row_group_size=600",
-              "synth.num_files=2", "synth.sequence_length=20"]
+TINY_SYNTH = [
+    "synth.train_requests=400",
+    "synth.eval_requests=160",
+    "synth.calibration_requests=100",
+    "synth.row_group_size=600",
+    "synth.num_files=2",
+    "synth.sequence_length=20",
+]
 
 
 def tiny_overrides(data_dir, run_dir=None):
     """Overrides (also usable as train.py --set arguments) pointing the demo config at tiny data."""
-    out = TINY_SYNTH + [f"data.train_dir={data_dir}/train", f"data.eval_dir={data_dir}/eval",
-                        f"data.calibration_dir={data_dir}/calibration",
-                        "data.batch_size=128", "data.shuffle_buffer_rows=1024", "data.num_workers=0"]
+    out = TINY_SYNTH + [
+        f"data.train_dir={data_dir}/train",
+        f"data.eval_dir={data_dir}/eval",
+        f"data.calibration_dir={data_dir}/calibration",
+        "data.batch_size=128",
+        "data.shuffle_buffer_rows=1024",
+        "data.num_workers=0",
+    ]
     if run_dir is not None:
         out.append(f"train.run_dir={run_dir}")
     return out

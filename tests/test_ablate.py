@@ -25,8 +25,11 @@ def test_ablation_trains_variants_and_writes_the_report(tiny_data, tmp_path, cap
         "variants": [
             {"name": "surface", "overrides": ["model.calibration=surface"]},
             {"name": "none", "overrides": ["model.calibration=none"]},
-            {"name": "surface on shopping", "eval_of": "surface",
-             "overrides": ["data.row_filter={column: ad_type, values: [1]}"]},
+            {
+                "name": "surface on shopping",
+                "eval_of": "surface",
+                "overrides": ["data.row_filter={column: ad_type, values: [1]}"],
+            },
         ],
     }
     path = tmp_path / "tiny.yaml"
@@ -48,11 +51,13 @@ def test_ablation_trains_variants_and_writes_the_report(tiny_data, tmp_path, cap
 
 def test_ablation_file_errors_name_the_problem(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({"title": "x", "base": DEMO, "variants": [
-        {"name": "a", "eval_of": "b"}, {"name": "b"}]}))
+    bad.write_text(
+        yaml.safe_dump({"title": "x", "base": DEMO, "variants": [{"name": "a", "eval_of": "b"}, {"name": "b"}]})
+    )
     with pytest.raises(ablate.config.ConfigError, match="eval_of 'b' is not an earlier variant"):
         ablate.load_ablation(str(bad))
-    bad.write_text(yaml.safe_dump({"title": "x", "base": DEMO, "metrics": ["auc", "accuracy"],
-                                   "variants": [{"name": "a"}]}))
+    bad.write_text(
+        yaml.safe_dump({"title": "x", "base": DEMO, "metrics": ["auc", "accuracy"], "variants": [{"name": "a"}]})
+    )
     with pytest.raises(ablate.config.ConfigError, match="metric 'accuracy'"):
         ablate.load_ablation(str(bad))

@@ -16,8 +16,19 @@ pytestmark = pytest.mark.slow
 
 def test_train_throughput_measures_every_mode_and_the_utilization(tiny_data, tmp_path):
     _, data = tiny_data
-    args = [sys.executable, os.path.join(REPO, "benchmarks", "train_throughput.py"),
-            "--ranks", "1", "--steps", "2", "--warmup", "1", "--profile", "--out", str(tmp_path)]
+    args = [
+        sys.executable,
+        os.path.join(REPO, "benchmarks", "train_throughput.py"),
+        "--ranks",
+        "1",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--profile",
+        "--out",
+        str(tmp_path),
+    ]
     for o in tiny_overrides(data) + ["model.calibration=none"]:
         args += ["--set", o]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=REPO)
@@ -56,18 +67,31 @@ def test_training_efficiency_switches_run(tiny_data, tmp_path, monkeypatch):
     import train_throughput as tt
     from pinads_rec import config, scaling
 
-    cfg = config.load(os.path.join(REPO, "configs", "demo.yaml"),
-                      tiny_overrides(tiny_data[1]) + ["model.calibration=none"] + tt.REFERENCE["full"])
+    cfg = config.load(
+        os.path.join(REPO, "configs", "demo.yaml"),
+        tiny_overrides(tiny_data[1]) + ["model.calibration=none"] + tt.REFERENCE["full"],
+    )
     for kwargs in ({"attention": "math", "dense_adamw": "for_loop"}, {"dense_adamw": "foreach", "prefetch_factor": 1}):
-        (r,) = scaling.launch(cfg, 1, 1, 2, tmp_path / "switch", num_workers=1,
-                              measure=functools.partial(tt.measure_pipeline, **kwargs))
+        (r,) = scaling.launch(
+            cfg, 1, 1, 2, tmp_path / "switch", num_workers=1, measure=functools.partial(tt.measure_pipeline, **kwargs)
+        )
         assert r["steps"] == 2 and r["valid_rows_per_step"] > 0
 
 
 def test_equal_auc_trains_both_and_evaluates_both(tiny_data, tmp_path):
     _, data = tiny_data
-    args = [sys.executable, os.path.join(REPO, "benchmarks", "equal_auc.py"), "--steps", "3", "--ranks", "1",
-            "--models", "no_sequence", "--out", str(tmp_path)]
+    args = [
+        sys.executable,
+        os.path.join(REPO, "benchmarks", "equal_auc.py"),
+        "--steps",
+        "3",
+        "--ranks",
+        "1",
+        "--models",
+        "no_sequence",
+        "--out",
+        str(tmp_path),
+    ]
     for o in tiny_overrides(data) + ["model.calibration=none"]:
         args += ["--set", o]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=REPO)
@@ -82,9 +106,21 @@ def test_equal_auc_trains_both_and_evaluates_both(tiny_data, tmp_path):
 
 
 def test_collective_latency_reports_each_compute_setting():
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "collective_latency.py"),
-                           "--calls", "10", "--compute-us", "0", "200"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "benchmarks", "collective_latency.py"),
+            "--calls",
+            "10",
+            "--compute-us",
+            "0",
+            "200",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if "of compute:" in line]
     assert [line.split()[1] for line in lines] == ["0", "200"]

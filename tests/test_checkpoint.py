@@ -24,15 +24,17 @@ def test_same_model_other_training_settings_is_compatible(tmp_path):
     _write_state(tmp_path / "ckpt", cfg)
     other = load_tiny(tmp_path, ["train.lr=0.5", "data.batch_size=64"])
     assert checkpoint.check_compatible(tmp_path / "ckpt", other) is None  # no IncompatibleCheckpoint
-    assert checkpoint.config_differences(config.to_dict(cfg), config.to_dict(other)) == [
-        "data.batch_size", "train.lr"]
+    assert checkpoint.config_differences(config.to_dict(cfg), config.to_dict(other)) == ["data.batch_size", "train.lr"]
 
 
-@pytest.mark.parametrize("override,key", [
-    ("model.dcn.num_layers=3", "model.dcn.num_layers"),
-    ("model.sequence.d_model=64", "model.sequence.d_model"),
-    ("features.surfaces=[home_feed, search]", "features.surfaces"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("model.dcn.num_layers=3", "model.dcn.num_layers"),
+        ("model.sequence.d_model=64", "model.sequence.d_model"),
+        ("features.surfaces=[home_feed, search]", "features.surfaces"),
+    ],
+)
 def test_different_model_is_refused_naming_the_keys(tmp_path, override, key):
     _write_state(tmp_path / "ckpt", load_tiny(tmp_path))
     with pytest.raises(checkpoint.IncompatibleCheckpoint, match=rf"{tmp_path}/ckpt .*{key.replace('.', '[.]')}"):

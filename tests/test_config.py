@@ -40,13 +40,16 @@ def assert_config_error(pattern: str, raw: dict = None, overrides=()):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("override,key", [
-    ("foo=1", "foo"),
-    ("model.dcn.foo=1", "model.dcn.foo"),
-    ("data.batchsize=64", "data.batchsize"),
-    ("synth.faults.zero_fil_column=x", "synth.faults.zero_fil_column"),
-    ("features.columns.query=q", "features.columns.query"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("foo=1", "foo"),
+        ("model.dcn.foo=1", "model.dcn.foo"),
+        ("data.batchsize=64", "data.batchsize"),
+        ("synth.faults.zero_fil_column=x", "synth.faults.zero_fil_column"),
+        ("features.columns.query=q", "features.columns.query"),
+    ],
+)
 def test_unknown_key_override(override, key):
     msg = assert_config_error("^" + re.escape(key) + ": unknown key", overrides=[override])
     assert "valid keys here" in msg
@@ -75,18 +78,21 @@ def test_unknown_key_via_load_names_file_and_key(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("override,pattern", [
-    ("train.lr=abc", r"^train\.lr: expected a number, got 'abc'"),
-    ("train.lr=true", r"^train\.lr: expected a number, got True"),
-    ("data.batch_size=1.5", r"^data\.batch_size: expected an integer, got 1\.5"),
-    ("data.batch_size=true", r"^data\.batch_size: expected an integer, got True"),
-    ("data.batch_size='64'", r"^data\.batch_size: expected an integer, got '64'"),
-    ("train.run_dir=5", r"^train\.run_dir: expected a string, got 5"),
-    ("features.surfaces=home_feed", r"^features\.surfaces: expected a list"),
-    ("model.mmoe.expert_dims=[64, x]", r"^model\.mmoe\.expert_dims\[1\]: expected an integer, got 'x'"),
-    ("model.dcn=3", r"^model\.dcn: expected a mapping"),
-    ("synth.faults.zero_fill_column=3", r"^synth\.faults\.zero_fill_column: expected a string, got 3"),
-])
+@pytest.mark.parametrize(
+    "override,pattern",
+    [
+        ("train.lr=abc", r"^train\.lr: expected a number, got 'abc'"),
+        ("train.lr=true", r"^train\.lr: expected a number, got True"),
+        ("data.batch_size=1.5", r"^data\.batch_size: expected an integer, got 1\.5"),
+        ("data.batch_size=true", r"^data\.batch_size: expected an integer, got True"),
+        ("data.batch_size='64'", r"^data\.batch_size: expected an integer, got '64'"),
+        ("train.run_dir=5", r"^train\.run_dir: expected a string, got 5"),
+        ("features.surfaces=home_feed", r"^features\.surfaces: expected a list"),
+        ("model.mmoe.expert_dims=[64, x]", r"^model\.mmoe\.expert_dims\[1\]: expected an integer, got 'x'"),
+        ("model.dcn=3", r"^model\.dcn: expected a mapping"),
+        ("synth.faults.zero_fill_column=3", r"^synth\.faults\.zero_fill_column: expected a string, got 3"),
+    ],
+)
 def test_wrong_type(override, pattern):
     assert_config_error(pattern, overrides=[override])
 
@@ -120,36 +126,46 @@ def test_required_key_missing():
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("field,value,pattern", [
-    ("num_embeddings", -5, r"^features\.tables\[2\]\.num_embeddings: must be > 0, got -5"),
-    ("num_embeddings", 0, r"^features\.tables\[2\]\.num_embeddings: must be > 0, got 0"),
-    ("embedding_dim", -1, r"^features\.tables\[2\]\.embedding_dim: must be > 0, got -1"),
-])
+@pytest.mark.parametrize(
+    "field,value,pattern",
+    [
+        ("num_embeddings", -5, r"^features\.tables\[2\]\.num_embeddings: must be > 0, got -5"),
+        ("num_embeddings", 0, r"^features\.tables\[2\]\.num_embeddings: must be > 0, got 0"),
+        ("embedding_dim", -1, r"^features\.tables\[2\]\.embedding_dim: must be > 0, got -1"),
+    ],
+)
 def test_negative_table_size(field, value, pattern):
     raw = demo_raw()
     raw["features"]["tables"][2][field] = value
     assert_config_error(pattern, raw)
 
 
-@pytest.mark.parametrize("override,pattern", [
-    ("data.batch_size=-1", r"^data\.batch_size: must be > 0, got -1"),
-    ("data.batch_size=0", r"^data\.batch_size: must be > 0, got 0"),
-    ("data.shuffle_buffer_rows=-1", r"^data\.shuffle_buffer_rows: must be >= 0, got -1"),
-    ("data.num_workers=-2", r"^data\.num_workers: must be >= 0, got -2"),
-    ("synth.num_files=0", r"^synth\.num_files: must be > 0"),
-    ("model.mmoe.expert_dims=[64, -1]", r"^model\.mmoe\.expert_dims\[1\]: must be > 0, got -1"),
-    ("model.sequence.num_heads=3", r"^model\.sequence\.num_heads: 3 does not divide d_model 32"),
-    ("train.lr=-0.1", r"^train\.lr: must be > 0"),
-])
+@pytest.mark.parametrize(
+    "override,pattern",
+    [
+        ("data.batch_size=-1", r"^data\.batch_size: must be > 0, got -1"),
+        ("data.batch_size=0", r"^data\.batch_size: must be > 0, got 0"),
+        ("data.shuffle_buffer_rows=-1", r"^data\.shuffle_buffer_rows: must be >= 0, got -1"),
+        ("data.num_workers=-2", r"^data\.num_workers: must be >= 0, got -2"),
+        ("synth.num_files=0", r"^synth\.num_files: must be > 0"),
+        ("model.mmoe.expert_dims=[64, -1]", r"^model\.mmoe\.expert_dims\[1\]: must be > 0, got -1"),
+        ("model.sequence.num_heads=3", r"^model\.sequence\.num_heads: 3 does not divide d_model 32"),
+        ("train.lr=-0.1", r"^train\.lr: must be > 0"),
+    ],
+)
 def test_bad_size(override, pattern):
     assert_config_error(pattern, overrides=[override])
 
 
 def test_calibration_needs_exactly_one_source_of_unseen_rows():
-    assert_config_error(r"^data\.calibration_holdout: 0\.05 rows held out of training would go unused",
-                        overrides=["data.calibration_holdout=0.05"])
-    assert_config_error(r"^data\.calibration_holdout: model\.calibration 'surface' is fit on unseen rows",
-                        overrides=["data.calibration_dir=null"])
+    assert_config_error(
+        r"^data\.calibration_holdout: 0\.05 rows held out of training would go unused",
+        overrides=["data.calibration_holdout=0.05"],
+    )
+    assert_config_error(
+        r"^data\.calibration_holdout: model\.calibration 'surface' is fit on unseen rows",
+        overrides=["data.calibration_dir=null"],
+    )
     assert config.load(DEMO, ["data.calibration_dir=null", "model.calibration=none"]).data.calibration_dir is None
     assert_config_error(r"^synth\.calibration_requests: must be >= 0", overrides=["synth.calibration_requests=-1"])
 
@@ -199,12 +215,15 @@ def test_reserved_group_name():
     assert_config_error(r"^features\.sequence_groups\[0\]\.name: 'candidate' is reserved", raw)
 
 
-@pytest.mark.parametrize("override,key", [
-    ("data.nonfinite_dense=drop", "data.nonfinite_dense"),
-    ("data.overlong_sequence=keep", "data.overlong_sequence"),
-    ("train.embedding_optimizer=lamb", "train.embedding_optimizer"),
-    ("model.kind=tower", "model.kind"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("data.nonfinite_dense=drop", "data.nonfinite_dense"),
+        ("data.overlong_sequence=keep", "data.overlong_sequence"),
+        ("train.embedding_optimizer=lamb", "train.embedding_optimizer"),
+        ("model.kind=tower", "model.kind"),
+    ],
+)
 def test_invalid_literal(override, key):
     msg = assert_config_error("^" + re.escape(key) + ": must be one of", overrides=[override])
     assert repr(override.split("=")[1]) in msg
@@ -220,13 +239,21 @@ def test_invalid_literal_inside_a_list_item():
 
 
 def test_invalid_sharding_type():
-    assert_config_error(r"^train\.sharding_types\[1\]: 'grid' is not one of", overrides=["train.sharding_types=[row_wise, grid]"])
+    assert_config_error(
+        r"^train\.sharding_types\[1\]: 'grid' is not one of", overrides=["train.sharding_types=[row_wise, grid]"]
+    )
 
 
-@pytest.mark.parametrize("section,index,name", [
-    ("tables", 4, "user"), ("sparse", 3, "item_id"), ("dense", 2, "user_activity"),
-    ("sequence_groups", 2, "pins"), ("tasks", 2, "click"),
-])
+@pytest.mark.parametrize(
+    "section,index,name",
+    [
+        ("tables", 4, "user"),
+        ("sparse", 3, "item_id"),
+        ("dense", 2, "user_activity"),
+        ("sequence_groups", 2, "pins"),
+        ("tasks", 2, "click"),
+    ],
+)
 def test_duplicate_names(section, index, name):
     raw = demo_raw()
     raw["features"][section][index]["name"] = name
@@ -280,17 +307,20 @@ def test_load_prefixes_the_file():
 
 
 def test_overrides_apply():
-    cfg = config.load(DEMO, [
-        "model.dcn.num_layers=3",  # nested, section absent from demo.yaml
-        "train.lr=0.01",
-        "model.mmoe.expert_dims=[64, 32, 16]",  # list value
-        "train.sharding_types=[row_wise, table_wise]",
-        "features.surfaces=[home_feed, search]",
-        "synth.faults.zero_fill_column=user_activity",  # two levels below an absent key
-        "train.run_dir=runs/a=b",  # '=' inside the value
-        "data.batch_size=64",
-        "data.batch_size=128",  # the last one wins
-    ])
+    cfg = config.load(
+        DEMO,
+        [
+            "model.dcn.num_layers=3",  # nested, section absent from demo.yaml
+            "train.lr=0.01",
+            "model.mmoe.expert_dims=[64, 32, 16]",  # list value
+            "train.sharding_types=[row_wise, table_wise]",
+            "features.surfaces=[home_feed, search]",
+            "synth.faults.zero_fill_column=user_activity",  # two levels below an absent key
+            "train.run_dir=runs/a=b",  # '=' inside the value
+            "data.batch_size=64",
+            "data.batch_size=128",  # the last one wins
+        ],
+    )
     assert cfg.model.dcn.num_layers == 3
     assert cfg.model.dcn.low_rank == config.DCNConfig().low_rank  # siblings keep their defaults
     assert cfg.train.lr == 0.01
@@ -304,18 +334,23 @@ def test_overrides_apply():
 
 
 def test_override_can_set_null():
-    cfg = config.load(DEMO, ["features.tasks=[{name: click, label_column: click}]",
-                             "features.sequence_groups=[]"])
+    cfg = config.load(DEMO, ["features.tasks=[{name: click, label_column: click}]", "features.sequence_groups=[]"])
     assert [t.name for t in cfg.features.tasks] == ["click"]
     assert cfg.features.tasks[0].true_probability_column is None
     assert cfg.features.sequence_groups == []
 
 
-@pytest.mark.parametrize("override,pattern", [
-    ("nokey", r"override 'nokey': expected key\.path=value"),
-    ("features.tables.0.num_embeddings=5", r"override features\.tables\.0\.num_embeddings: features\.tables is not a mapping"),
-    ("data.batch_size.x=1", r"override data\.batch_size\.x: data\.batch_size is not a mapping"),
-])
+@pytest.mark.parametrize(
+    "override,pattern",
+    [
+        ("nokey", r"override 'nokey': expected key\.path=value"),
+        (
+            "features.tables.0.num_embeddings=5",
+            r"override features\.tables\.0\.num_embeddings: features\.tables is not a mapping",
+        ),
+        ("data.batch_size.x=1", r"override data\.batch_size\.x: data\.batch_size is not a mapping"),
+    ],
+)
 def test_bad_override(override, pattern):
     assert_config_error(pattern, overrides=[override])
 

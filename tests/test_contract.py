@@ -29,8 +29,11 @@ RG = 500  # rows per row group of the rewritten files
 BAD = 700  # the row we spoil: row group 1, row 200 within it
 BAD_RG, BAD_ROW = BAD // RG, BAD % RG
 PINS = ["seq_pin_ts", "seq_pin_item", "seq_pin_action", "seq_pin_topic", "seq_pin_emb"]
-ALL_GROUPS = {"pins": PINS, "ads": ["seq_ad_ts", "seq_ad_item", "seq_ad_action", "seq_ad_topic"],
-              "queries": ["seq_query_ts", "seq_query_token", "seq_query_topic"]}
+ALL_GROUPS = {
+    "pins": PINS,
+    "ads": ["seq_ad_ts", "seq_ad_item", "seq_ad_action", "seq_ad_topic"],
+    "queries": ["seq_query_ts", "seq_query_token", "seq_query_topic"],
+}
 HANG_S = 120.0  # a single case never takes close to this: past it, it is hung
 
 
@@ -57,8 +60,9 @@ def base(tiny_data):
     return cfg, Path(data_dir), table
 
 
-def demo_cfg(data_dir, tables: Optional[Dict[str, dict]] = None, groups: Optional[Dict[str, dict]] = None,
-             overrides=()):
+def demo_cfg(
+    data_dir, tables: Optional[Dict[str, dict]] = None, groups: Optional[Dict[str, dict]] = None, overrides=()
+):
     """The tiny config with some tables / sequence groups edited (lists cannot be overridden)."""
     raw = yaml.safe_load(Path(DEMO).read_text())
     for t in raw["features"]["tables"]:
@@ -140,7 +144,7 @@ def lists(jt) -> List[list]:
     """A JaggedTensor as a list of python lists."""
     values, out, at = jt.values().tolist(), [], 0
     for n in jt.lengths().tolist():
-        out.append(values[at:at + n])
+        out.append(values[at : at + n])
         at += n
     return out
 
@@ -179,9 +183,23 @@ def test_untouched_file_loads(base, tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("column", ["request_id", "surface", "timestamp", "item_id", "query_tokens",
-                                    "user_activity", "item_embedding", "seq_pin_item", "seq_pin_ts",
-                                    "seq_pin_emb", "click", "true_p_click"])
+@pytest.mark.parametrize(
+    "column",
+    [
+        "request_id",
+        "surface",
+        "timestamp",
+        "item_id",
+        "query_tokens",
+        "user_activity",
+        "item_embedding",
+        "seq_pin_item",
+        "seq_pin_ts",
+        "seq_pin_emb",
+        "click",
+        "true_p_click",
+    ],
+)
 def test_missing_column(base, tmp_path, column):
     cfg, _, table = base
     d, path = write(tmp_path, table.drop_columns([column]), name="b_bad.parquet", good=table)
@@ -238,8 +256,10 @@ def test_negative_id(base, tmp_path, column):
     assert_rejected(cfg, d, where(path, BAD_RG, column) + ": negative id -3")
 
 
-@pytest.mark.parametrize("column,size", [("ad_type", 2), ("advertiser_id", 2000), ("query_tokens", 1024),
-                                         ("seq_pin_action", 8), ("seq_ad_topic", 33)])
+@pytest.mark.parametrize(
+    "column,size",
+    [("ad_type", 2), ("advertiser_id", 2000), ("query_tokens", 1024), ("seq_pin_action", 8), ("seq_ad_topic", 33)],
+)
 def test_id_beyond_table_without_hash(base, tmp_path, column, size):
     cfg, _, table = base
     if pa.types.is_list(table.schema.field(column).type):
@@ -271,8 +291,9 @@ def test_id_beyond_table_with_hash_sparse(base, tmp_path):
     np.testing.assert_array_equal(got, written % 2)
     np.testing.assert_array_equal(got, original)
     # query_tokens is user-side: once per request in user_sparse, broadcast to rows by request_index
-    got_tokens = [lists(b.user_sparse["query_tokens"])[i] for b in batches
-                  for i in b.request_index[: int(b.valid.sum())].tolist()]
+    got_tokens = [
+        lists(b.user_sparse["query_tokens"])[i] for b in batches for i in b.request_index[: int(b.valid.sum())].tolist()
+    ]
     assert got_tokens == tokens.to_pylist()  # (x + 3 * 1024) mod 1024 == x
     assert not ds.checker.repairs  # hashing is the table's declared behaviour, not a repair
 
@@ -351,16 +372,22 @@ def test_nonfinite_dense_replace(base, tmp_path, column, value):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("group,column", [("pins", "seq_pin_action"), ("pins", "seq_pin_emb"),
-                                          ("ads", "seq_ad_item"), ("queries", "seq_query_topic")])
+@pytest.mark.parametrize(
+    "group,column",
+    [("pins", "seq_pin_action"), ("pins", "seq_pin_emb"), ("ads", "seq_ad_item"), ("queries", "seq_query_topic")],
+)
 def test_ragged_sequence_group(base, tmp_path, group, column):
     cfg, _, table = base
     row = a_row(table, column)
     values = table[column][row].as_py()
     bad = replace_rows(table, column, {row: values[:-1]})
     d, path = write(tmp_path, bad)
-    msg = assert_rejected(cfg, d, where(path, BAD_RG) + f": ragged sequence group '{group}' at row {row - RG}: "
-                 f"column '{column}' has {len(values) - 1} events")
+    msg = assert_rejected(
+        cfg,
+        d,
+        where(path, BAD_RG) + f": ragged sequence group '{group}' at row {row - RG}: "
+        f"column '{column}' has {len(values) - 1} events",
+    )
     assert f"has {len(values)}" in msg
 
 
@@ -374,8 +401,9 @@ def test_sequence_embedding_of_wrong_width(base, tmp_path):
     bad = replace_rows(table, "seq_pin_emb", {row: [e[: width // 2] for e in events]}, type=narrow)
     d, path = write(tmp_path, bad)
     assert col.type != narrow
-    assert_rejected(cfg, d, where(path, BAD_RG, "seq_pin_emb")
-           + f": event embeddings of width {width // 2}, config says {width}")
+    assert_rejected(
+        cfg, d, where(path, BAD_RG, "seq_pin_emb") + f": event embeddings of width {width // 2}, config says {width}"
+    )
 
 
 LONG = 120  # events written for one request; the pins group keeps max_length = 100
@@ -386,9 +414,13 @@ def _overlong(table: pa.Table):
     a, b = a_request(table)
     t0 = int(table["timestamp"][a].as_py())
     j = np.arange(LONG)
-    new = {"seq_pin_item": (1000 + j).tolist(), "seq_pin_ts": (t0 - 10 * (j + 1)).tolist(),
-           "seq_pin_action": (j % 8).tolist(), "seq_pin_topic": (j % 33).tolist(),
-           "seq_pin_emb": [[float(x)] * len(table["seq_pin_emb"][a].as_py()[0]) for x in j]}
+    new = {
+        "seq_pin_item": (1000 + j).tolist(),
+        "seq_pin_ts": (t0 - 10 * (j + 1)).tolist(),
+        "seq_pin_action": (j % 8).tolist(),
+        "seq_pin_topic": (j % 33).tolist(),
+        "seq_pin_emb": [[float(x)] * len(table["seq_pin_emb"][a].as_py()[0]) for x in j],
+    }
     for name, value in new.items():
         table = replace_rows(table, name, {r: value for r in range(a, b)})
     return table, a, b, new
@@ -399,8 +431,12 @@ def test_overlong_sequence_error(base, tmp_path):
     cfg = load_tiny(data_dir, ["data.overlong_sequence=error"])
     bad, a, _, _ = _overlong(table)
     d, path = write(tmp_path, bad)
-    assert_rejected(cfg, d, where(path, BAD_RG) + r", column 'seq_pin_\w+': "
-           f"row {a - RG} has a sequence of {LONG} events, more than the group's max_length 100")
+    assert_rejected(
+        cfg,
+        d,
+        where(path, BAD_RG) + r", column 'seq_pin_\w+': "
+        f"row {a - RG} has a sequence of {LONG} events, more than the group's max_length 100",
+    )
 
 
 def test_overlong_sequence_truncate_keeps_newest(base, tmp_path):
@@ -412,13 +448,16 @@ def test_overlong_sequence_truncate_keeps_newest(base, tmp_path):
     assert_file_order(batches, table)
     for row in (a, b - 1):  # first and last row of the request (it may straddle a batch boundary)
         batch, slot, at = slot_of(batches, row)
-        for key, column in [("pins.item", "seq_pin_item"), ("pins.action", "seq_pin_action"),
-                            ("pins.topic", "seq_pin_topic")]:
+        for key, column in [
+            ("pins.item", "seq_pin_item"),
+            ("pins.action", "seq_pin_action"),
+            ("pins.topic", "seq_pin_topic"),
+        ]:
             assert lists(batch.sequences[key])[slot] == new[column][:100]  # the head = the newest
         t0 = float(table["timestamp"][a].as_py())
-        deltas = batch.sequence_time_deltas["pins"][at:at + 100].numpy()
+        deltas = batch.sequence_time_deltas["pins"][at : at + 100].numpy()
         np.testing.assert_allclose(deltas, t0 - np.asarray(new["seq_pin_ts"][:100], np.float64))
-        emb = batch.sequence_embeddings["pins"][at:at + 100].numpy()
+        emb = batch.sequence_embeddings["pins"][at : at + 100].numpy()
         np.testing.assert_array_equal(emb[:, 0], np.arange(100, dtype=np.float32))
     for bt in batches:
         assert int(bt.sequences["pins.item"].lengths().max()) <= 100
@@ -462,8 +501,11 @@ def test_empty_sequences_are_fine(base, tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value,as_type", [(2, None), (-1, None), (0.5, pa.float64()),
-                                           (float("nan"), pa.float64())], ids=["2", "-1", "0.5", "nan"])
+@pytest.mark.parametrize(
+    "value,as_type",
+    [(2, None), (-1, None), (0.5, pa.float64()), (float("nan"), pa.float64())],
+    ids=["2", "-1", "0.5", "nan"],
+)
 def test_label_not_binary(base, tmp_path, value, as_type):
     cfg, _, table = base
     d, path = write(tmp_path, replace_rows(table, "good_click", {BAD: value}, type=as_type))
@@ -474,7 +516,9 @@ def test_label_not_binary(base, tmp_path, value, as_type):
 def test_probability_outside_unit_interval(base, tmp_path, value):
     cfg, _, table = base
     d, path = write(tmp_path, replace_rows(table, "true_p_save", {BAD: value}))
-    assert_rejected(cfg, d, where(path, BAD_RG, "true_p_save") + f": probability .* at row {BAD_ROW} is outside \\[0, 1\\]")
+    assert_rejected(
+        cfg, d, where(path, BAD_RG, "true_p_save") + f": probability .* at row {BAD_ROW} is outside \\[0, 1\\]"
+    )
 
 
 @pytest.mark.parametrize("encoding", ["string", "dictionary", "index"])
@@ -563,7 +607,7 @@ def test_corrupt_column_chunk(base, tmp_path, column):
     cc = pq.ParquetFile(path).metadata.row_group(1).column(table.schema.get_field_index(column))
     start = cc.dictionary_page_offset if cc.has_dictionary_page else cc.data_page_offset
     data = bytearray(Path(path).read_bytes())
-    data[start:start + cc.total_compressed_size] = b"\xab" * cc.total_compressed_size
+    data[start : start + cc.total_compressed_size] = b"\xab" * cc.total_compressed_size
     Path(path).write_bytes(bytes(data))
     assert_rejected(cfg, d, where(path, 1) + ": cannot be read")
 
@@ -589,7 +633,7 @@ def _non_contiguous(table: pa.Table):
     """Moves the first row of a request of row group 1 to the end of that row group."""
     a, b = a_request(table)
     order = np.arange(table.num_rows)
-    order = np.concatenate([order[:a], order[a + 1:2 * RG], [a], order[2 * RG:]])
+    order = np.concatenate([order[:a], order[a + 1 : 2 * RG], [a], order[2 * RG :]])
     return table.take(pa.array(order))
 
 

@@ -12,12 +12,14 @@ from pinads_rec.modules.resilient_bn import ResilientBatchNorm1d
 
 
 def _features():
-    return [DenseFeatureConfig(name="a", column="a", norm="log"),
-            DenseFeatureConfig(name="b", column="b", norm="minmax", clip_min=0.0, clip_max=2.0),
-            DenseFeatureConfig(name="c", column="c", dim=3, norm="layer_norm"),
-            DenseFeatureConfig(name="d", column="d", norm="none"),
-            DenseFeatureConfig(name="e", column="e", dim=2, norm="batch_norm"),
-            DenseFeatureConfig(name="f", column="f", dim=2, norm="resilient_bn")]
+    return [
+        DenseFeatureConfig(name="a", column="a", norm="log"),
+        DenseFeatureConfig(name="b", column="b", norm="minmax", clip_min=0.0, clip_max=2.0),
+        DenseFeatureConfig(name="c", column="c", dim=3, norm="layer_norm"),
+        DenseFeatureConfig(name="d", column="d", norm="none"),
+        DenseFeatureConfig(name="e", column="e", dim=2, norm="batch_norm"),
+        DenseFeatureConfig(name="f", column="f", dim=2, norm="resilient_bn"),
+    ]
 
 
 def _input(n=64):
@@ -57,8 +59,10 @@ def test_batch_norm_and_resilient_bn_in_config_order():
 def test_zero_filled_batch_norm_features_in_eval():
     """After a stretch of zero-filled batches, healthy eval inputs blow up through batch_norm and stay
     bounded through resilient_bn."""
-    feats = [DenseFeatureConfig(name="bn", column="bn", norm="batch_norm"),
-             DenseFeatureConfig(name="rbn", column="rbn", norm="resilient_bn")]
+    feats = [
+        DenseFeatureConfig(name="bn", column="bn", norm="batch_norm"),
+        DenseFeatureConfig(name="rbn", column="rbn", norm="resilient_bn"),
+    ]
     norm = DenseNormalization(feats, ResilientBNConfig())
     healthy = torch.randn(256, 2, generator=torch.Generator().manual_seed(1)) + 5.0
     norm(healthy)
@@ -74,8 +78,12 @@ def test_batch_norm_state_in_state_dict():
     norm = DenseNormalization(_features(), ResilientBNConfig())
     norm(_input())
     state = norm.state_dict()
-    assert {"batch_norms.e.running_var", "resilient_bns.f.running_var",
-            "resilient_bns.f.initialized", "resilient_bns.f.num_masked"} <= set(state)
+    assert {
+        "batch_norms.e.running_var",
+        "resilient_bns.f.running_var",
+        "resilient_bns.f.initialized",
+        "resilient_bns.f.num_masked",
+    } <= set(state)
     other = DenseNormalization(_features(), ResilientBNConfig())
     other.load_state_dict(state)
     x = _input(8)

@@ -24,11 +24,9 @@ from pinads_rec.evaluate import (
 )
 
 
-
 def T(x):
     """float64 tensor, so hand-computed decimals (0.8, 0.4, ...) are represented exactly enough."""
     return torch.tensor(x, dtype=torch.float64)
-
 
 
 def _pairwise_auc(scores, labels) -> float:
@@ -188,9 +186,7 @@ def test_accumulator_groups_by_surface():
         )
     assert acc.num_examples == 14
     rows = acc.compute()
-    assert [(r["surface"], r["task"]) for r in rows] == [
-        (s, t) for s in surfaces + ["all"] for t in tasks
-    ]
+    assert [(r["surface"], r["task"]) for r in rows] == [(s, t) for s in surfaces + ["all"] for t in tasks]
 
     assert _row(rows, "home", "click")["auc"] == pytest.approx(1.0)
     assert _row(rows, "search", "click")["auc"] == pytest.approx(0.0)
@@ -325,6 +321,7 @@ def test_expected_calibration_error_hand_example():
     labels = torch.tensor([0.0, 1.0, 1.0, 1.0])
     assert expected_calibration_error(probs, labels, bins=2) == pytest.approx((0.8 + 0.2) / 4)
     # perfectly calibrated bins give 0, whatever the ranking quality
-    assert expected_calibration_error(torch.full((10,), 0.3), torch.tensor([1.0] * 3 + [0.0] * 7), bins=1) \
-        == pytest.approx(0.0, abs=1e-7)
+    assert expected_calibration_error(
+        torch.full((10,), 0.3), torch.tensor([1.0] * 3 + [0.0] * 7), bins=1
+    ) == pytest.approx(0.0, abs=1e-7)
     assert math.isnan(expected_calibration_error(torch.empty(0), torch.empty(0)))

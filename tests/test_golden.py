@@ -37,8 +37,11 @@ TOLERANCE = float(os.environ.get("PINADS_GOLDEN_TOLERANCE", 1e-4))
 
 
 def data_overrides(data_dir):
-    return [f"data.train_dir={data_dir}/train", f"data.eval_dir={data_dir}/eval",
-            f"data.calibration_dir={data_dir}/calibration"]
+    return [
+        f"data.train_dir={data_dir}/train",
+        f"data.eval_dir={data_dir}/eval",
+        f"data.calibration_dir={data_dir}/calibration",
+    ]
 
 
 def make_data(data_dir):
@@ -58,8 +61,9 @@ def train_run(data_dir, run_dir, work_dir):
     """Runs train.py's main on 2 gloo ranks; returns the parsed metrics.jsonl."""
     from multiprocess import run_ranks
 
-    argv = ["--config", str(CONFIG)] + [a for o in data_overrides(data_dir) + [f"train.run_dir={run_dir}"]
-                                        for a in ("--set", o)]
+    argv = ["--config", str(CONFIG)] + [
+        a for o in data_overrides(data_dir) + [f"train.run_dir={run_dir}"] for a in ("--set", o)
+    ]
     run_ranks(_train_main, 2, str(work_dir), argv, timeout_s=300)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]
@@ -79,12 +83,30 @@ def serve_scores(run_dir, data_dir, out):
     the file's order, keyed by request and item (a request may show an item twice)."""
     from pinads_rec import serve
 
-    assert serve.main(["score", "--run", str(run_dir), "--step", str(RESUME_STEP), "--precision", "fp32",
-                       "--data", f"{data_dir}/eval", "--out", str(out)]) == 0
+    assert (
+        serve.main(
+            [
+                "score",
+                "--run",
+                str(run_dir),
+                "--step",
+                str(RESUME_STEP),
+                "--precision",
+                "fp32",
+                "--data",
+                f"{data_dir}/eval",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     table = pq.read_table(out).to_pydict()
     tasks = sorted(k for k in table if k.startswith("p_"))
-    return [[f"{r}/{i}"] + [table[t][n] for t in tasks]
-            for n, (r, i) in enumerate(zip(table["request_id"], table["item_id"]))]
+    return [
+        [f"{r}/{i}"] + [table[t][n] for t in tasks]
+        for n, (r, i) in enumerate(zip(table["request_id"], table["item_id"]))
+    ]
 
 
 def assert_close(actual, expected, where):
@@ -123,8 +145,7 @@ def test_checkpoint_of_the_golden_code_resumes_and_serves(golden_data, tmp_path)
     shutil.copytree(SAVED_RUN, run_dir)
     assert_close(serve_scores(run_dir, golden_data, tmp_path / "scores.parquet"), golden["serve"], "serve")
     resumed = figures(train_run(golden_data, run_dir, tmp_path / "work"))
-    expected = dict(golden["run"], losses={k: v for k, v in golden["run"]["losses"].items()
-                                           if int(k) > RESUME_STEP})
+    expected = dict(golden["run"], losses={k: v for k, v in golden["run"]["losses"].items() if int(k) > RESUME_STEP})
     assert_close(resumed, expected, "resumed")
 
 
@@ -137,8 +158,7 @@ def write(work_dir):
     shutil.rmtree(SAVED_RUN, ignore_errors=True)
     (SAVED_RUN / "checkpoints").mkdir(parents=True)
     shutil.copy(run_dir / "config.json", SAVED_RUN / "config.json")
-    shutil.copytree(run_dir / "checkpoints" / f"step-{RESUME_STEP}",
-                    SAVED_RUN / "checkpoints" / f"step-{RESUME_STEP}")
+    shutil.copytree(run_dir / "checkpoints" / f"step-{RESUME_STEP}", SAVED_RUN / "checkpoints" / f"step-{RESUME_STEP}")
     serve = serve_scores(SAVED_RUN, data_dir, work_dir / "scores.parquet")
     FIGURES.write_text(json.dumps({"run": run, "serve": serve}, indent=1, sort_keys=True) + "\n")
     print(f"wrote {FIGURES}: {len(run['losses'])} steps, {len(run['eval'])} eval cells, {len(serve)} served rows")

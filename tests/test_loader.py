@@ -54,7 +54,7 @@ def test_round_trip_equals_parquet(tiny_data):
         assert batch.surface[:n].tolist() == surfaces
         emb = np.stack(part.column("item_embedding").to_pylist())
         at = sum(d.dim for d in f.dense[:2])
-        np.testing.assert_allclose(batch.dense[:n, at:at + 32].numpy(), emb, rtol=0, atol=0)
+        np.testing.assert_allclose(batch.dense[:n, at : at + 32].numpy(), emb, rtol=0, atol=0)
         # pooled sparse features, including the multi-hot query tokens
         jt = batch.sparse.to_dict()
         for s in f.row_sparse:
@@ -77,8 +77,8 @@ def test_round_trip_equals_parquet(tiny_data):
         users = batch.user_sparse.to_dict()
         for s in f.user_sparse:  # user-side features: once per request, from its first row
             got = [x.tolist() for x in users[s.name].to_dense()]
-            assert not any(got[len(first):])
-            got = got[:len(first)]
+            assert not any(got[len(first) :])
+            got = got[: len(first)]
             want = [part.column(s.column)[int(i)].as_py() for i in first]
             want = [w if isinstance(w, list) else [w] for w in want]
             assert got == [[v % f.table(s.table).num_embeddings for v in w] for w in want], s.name
@@ -152,8 +152,12 @@ def test_a_batch_with_a_variable_batch_kjt_crosses_whole(tiny_data):
 
     cfg, data = tiny_data
     local = next(iter(ParquetBatches(cfg, f"{data}/train", shuffle=False)))
-    vbe = KeyedJaggedTensor(keys=["a", "b"], values=torch.arange(5), lengths=torch.tensor([2, 1, 2], dtype=torch.int32),
-                            stride_per_key_per_rank=[[2], [1]])
+    vbe = KeyedJaggedTensor(
+        keys=["a", "b"],
+        values=torch.arange(5),
+        lengths=torch.tensor([2, 1, 2], dtype=torch.int32),
+        stride_per_key_per_rank=[[2], [1]],
+    )
     batch = dataclasses.replace(local, sequences=vbe)
     back = pickle.loads(pickle.dumps(batch))
     assert back.sequences.variable_stride_per_key() and back.sequences.stride_per_key() == [2, 1]
@@ -243,7 +247,7 @@ def test_calibration_holdout_is_the_last_row_groups_whatever_the_world_size(tiny
     for world in (1, 2):
         train = ParquetBatches(held, f"{data}/train", world_size=world, part="train").row_groups
         holdout = ParquetBatches(held, f"{data}/train", world_size=world, part="holdout").row_groups
-        assert train + holdout == every and holdout == every[-round(0.25 * len(every)):]
+        assert train + holdout == every and holdout == every[-round(0.25 * len(every)) :]
     tiny_fraction = load_tiny(data, ["data.calibration_holdout=0.01", "data.calibration_dir=null"])
     assert ParquetBatches(tiny_fraction, f"{data}/train", part="holdout").row_groups == every[-1:]  # at least one
 
@@ -255,8 +259,9 @@ def test_calibration_split_is_unseen_and_from_the_end_of_training(tiny_data):
     assert train.row_groups == ParquetBatches(cfg, f"{data}/train", shuffle=False).row_groups  # nothing held out
 
     def column(directory, name):
-        return np.concatenate([pq.read_table(f, columns=[name])[name].to_numpy()
-                               for f in sorted(glob.glob(f"{directory}/*.parquet"))])
+        return np.concatenate(
+            [pq.read_table(f, columns=[name])[name].to_numpy() for f in sorted(glob.glob(f"{directory}/*.parquet"))]
+        )
 
     ids = {s: column(f"{data}/{s}", "request_id") for s in ("train", "eval", "calibration")}
     assert not set(ids["calibration"]) & (set(ids["train"]) | set(ids["eval"]))

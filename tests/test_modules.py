@@ -35,10 +35,12 @@ def test_mmoe_in_bf16_matches_autocast_layer_by_layer():
 
 
 def test_dense_normalizations():
-    feats = [DenseFeatureConfig(name="a", column="a", norm="log"),
-             DenseFeatureConfig(name="b", column="b", norm="minmax", clip_min=0.0, clip_max=2.0),
-             DenseFeatureConfig(name="c", column="c", dim=3, norm="layer_norm"),
-             DenseFeatureConfig(name="d", column="d", norm="none")]
+    feats = [
+        DenseFeatureConfig(name="a", column="a", norm="log"),
+        DenseFeatureConfig(name="b", column="b", norm="minmax", clip_min=0.0, clip_max=2.0),
+        DenseFeatureConfig(name="c", column="c", dim=3, norm="layer_norm"),
+        DenseFeatureConfig(name="d", column="d", norm="none"),
+    ]
     norm = DenseNormalization(feats)
     x = torch.tensor([[-(math.e - 1), 3.0, 1.0, 2.0, 3.0, 7.0]])
     y = norm(x)

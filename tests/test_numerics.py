@@ -65,8 +65,9 @@ def test_masked_loss_ignores_invalid_rows():
     valid = torch.tensor([True, True, True, False, False, False])
     weights = torch.tensor([1.0, 0.5])
     garbage = torch.cat([logits[:3], torch.full((3, 2), 50.0)])
-    assert torch.allclose(engagement_loss(garbage, labels, valid, weights),
-                          engagement_loss(logits[:3], labels[:3], valid[:3], weights))
+    assert torch.allclose(
+        engagement_loss(garbage, labels, valid, weights), engagement_loss(logits[:3], labels[:3], valid[:3], weights)
+    )
 
 
 def test_bf16_large_layers_stay_close_to_fp32(tiny_data):

@@ -22,7 +22,7 @@ from multiprocess import run_ranks
 
 PROD = os.path.join(REPO, "configs", "prod_8gpu.yaml")
 DEMO = os.path.join(REPO, "configs", "demo.yaml")
-GB = 1024 ** 3
+GB = 1024**3
 
 
 def run_main(argv):
@@ -72,8 +72,24 @@ def test_prod_config_plans_on_8_cuda_ranks(tmp_path):
     from pinads_rec.parallel import load_plan
 
     out_json = tmp_path / "plan.json"
-    rc, out, err = run_main(["--config", PROD, "--world-size", "8", "--local-world-size", "8", "--hbm-gb", "80",
-                             "--ddr-gb", "512", "--batch-size", "4096", "--out", str(out_json)])
+    rc, out, err = run_main(
+        [
+            "--config",
+            PROD,
+            "--world-size",
+            "8",
+            "--local-world-size",
+            "8",
+            "--hbm-gb",
+            "80",
+            "--ddr-gb",
+            "512",
+            "--batch-size",
+            "4096",
+            "--out",
+            str(out_json),
+        ]
+    )
     assert rc == 0, err
     tables = config_tables(PROD)
     for name in tables:
@@ -92,9 +108,25 @@ def test_prod_config_plans_on_8_cuda_ranks(tmp_path):
 
 def test_acceptance_command_as_a_subprocess(tmp_path):
     """The issue's command, 2 x 8 GPUs of 80 GB, through `python -m`: well under a minute here."""
-    cmd = [sys.executable, "-m", "pinads_rec.plan", "--config", "configs/prod_8gpu.yaml", "--world-size", "16",
-           "--local-world-size", "8", "--hbm-gb", "80", "--ddr-gb", "512", "--batch-size", "4096",
-           "--out", str(tmp_path / "plan.json")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pinads_rec.plan",
+        "--config",
+        "configs/prod_8gpu.yaml",
+        "--world-size",
+        "16",
+        "--local-world-size",
+        "8",
+        "--hbm-gb",
+        "80",
+        "--ddr-gb",
+        "512",
+        "--batch-size",
+        "4096",
+        "--out",
+        str(tmp_path / "plan.json"),
+    ]
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     elapsed = time.perf_counter() - started
@@ -109,8 +141,20 @@ def test_acceptance_command_as_a_subprocess(tmp_path):
 
 def test_a_topology_that_cannot_fit_fails_clearly(tmp_path):
     # One GPU whose host memory cannot hold the 72 GB user table either: no layout fits.
-    rc, out, err = run_main(["--config", PROD, "--world-size", "1", "--hbm-gb", "80", "--ddr-gb", "64",
-                             "--out", str(tmp_path / "plan.json")])
+    rc, out, err = run_main(
+        [
+            "--config",
+            PROD,
+            "--world-size",
+            "1",
+            "--hbm-gb",
+            "80",
+            "--ddr-gb",
+            "64",
+            "--out",
+            str(tmp_path / "plan.json"),
+        ]
+    )
     assert rc == 1
     assert "Traceback" not in err and "Traceback" not in out
     assert err.startswith("error: no sharding plan fits 1 host(s) x 1 cuda device(s)")
@@ -137,8 +181,18 @@ def test_bad_arguments_are_usage_errors():
 
 
 def test_sharding_types_constrain_the_plan(tmp_path):
-    rc, out, err = run_main(["--config", DEMO, "--world-size", "4", "--sharding-types", "table_wise,column_wise",
-                             "--out", str(tmp_path / "p.json")])
+    rc, out, err = run_main(
+        [
+            "--config",
+            DEMO,
+            "--world-size",
+            "4",
+            "--sharding-types",
+            "table_wise,column_wise",
+            "--out",
+            str(tmp_path / "p.json"),
+        ]
+    )
     assert rc == 0, err
     plan = json.loads((tmp_path / "p.json").read_text())
     assert {t["sharding_type"] for t in plan["tables"].values()} <= {"table_wise", "column_wise"}
@@ -146,12 +200,22 @@ def test_sharding_types_constrain_the_plan(tmp_path):
 
 
 def test_compare_prints_both_plans_side_by_side():
-    rc, out, err = run_main(["--config", PROD, "--world-size", "16", "--local-world-size", "8",
-                             "--compare", "world_size=8,local_world_size=8"])
+    rc, out, err = run_main(
+        [
+            "--config",
+            PROD,
+            "--world-size",
+            "16",
+            "--local-world-size",
+            "8",
+            "--compare",
+            "world_size=8,local_world_size=8",
+        ]
+    )
     assert rc == 0, err
     assert "Plan for " in out and "(A)" in out and "(B)" in out
     assert "2 host(s) x 8 cuda = 16 ranks" in out and "1 host(s) x 8 cuda = 8 ranks" in out
-    side = out[out.index("Side by side"):]
+    side = out[out.index("Side by side") :]
     for name in config_tables(PROD):
         assert re.search(rf"^\s+\*?\s*{name}\s", side, re.M), name
     # Ranks 8-15 exist only in A.
@@ -182,9 +246,23 @@ def test_component_runs_the_plan_module():
         with get_runner() as runner:
             info = runner.dryrun_component(
                 "components/plan.py:plan",
-                ["--config", "configs/prod_8gpu.yaml", "--world_size", "16", "--local_world_size", "8",
-                 "--hbm_gb", "80", "--set", "train.lr=0.1,train.sharding_types=[row_wise,table_wise]",
-                 "--compare", "world_size=8"], "local_cwd", cfg={})
+                [
+                    "--config",
+                    "configs/prod_8gpu.yaml",
+                    "--world_size",
+                    "16",
+                    "--local_world_size",
+                    "8",
+                    "--hbm_gb",
+                    "80",
+                    "--set",
+                    "train.lr=0.1,train.sharding_types=[row_wise,table_wise]",
+                    "--compare",
+                    "world_size=8",
+                ],
+                "local_cwd",
+                cfg={},
+            )
     finally:
         os.chdir(cwd)
     (role,) = info._app.roles
@@ -213,8 +291,11 @@ def _build_with_plan_file(rank, world, result_dir, data_dir, plan_file):
     env = parallel.init_distributed()
     cfg = load_tiny(data_dir, [f"train.plan_file={plan_file}"])
     dmp = train.build(cfg, env)
-    actual = {name: [ps.sharding_type, ps.compute_kernel, list(ps.ranks or [])]
-              for module, params in dmp.plan.plan.items() for name, ps in params.items()}
+    actual = {
+        name: [ps.sharding_type, ps.compute_kernel, list(ps.ranks or [])]
+        for module, params in dmp.plan.plan.items()
+        for name, ps in params.items()
+    }
     batch = next(iter(ParquetBatches(cfg, cfg.data.eval_dir, rank, world, shuffle=False)))
     with torch.no_grad():
         loss = float(dmp(batch)[0])
@@ -231,8 +312,20 @@ def test_plan_json_round_trip_into_2_rank_training(tiny_data, tmp_path):
     plan_file = tmp_path / "plan.json"
     # This plan (every sharding type allowed; the CPU default is table-wise alone) differs from what
     # the 2-rank run's own planner picks, so matching types show the plan file at work.
-    rc, out, err = run_main(["--config", DEMO, "--world-size", "2", "--compute-device", "cpu",
-                             "--sharding-types", ",".join(SHARDING_TYPES), "--out", str(plan_file)])
+    rc, out, err = run_main(
+        [
+            "--config",
+            DEMO,
+            "--world-size",
+            "2",
+            "--compute-device",
+            "cpu",
+            "--sharding-types",
+            ",".join(SHARDING_TYPES),
+            "--out",
+            str(plan_file),
+        ]
+    )
     assert rc == 0, err
     planned = json.loads(plan_file.read_text())["tables"]
     assert len({t["sharding_type"] for t in planned.values()}) >= 2, planned  # some variety to check

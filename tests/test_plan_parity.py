@@ -29,8 +29,13 @@ def _train_each_plan(rank, world, result_dir, data_dir, run_root):
     env = parallel.init_distributed()
     losses, types = {}, {}
     for name, overrides in PLANS.items():
-        common = ["train.max_steps=20", "train.epochs=3", "train.log_every=1", f"train.run_dir={run_root}/{name}",
-                  "train.embedding_optimizer=rowwise_adagrad"]
+        common = [
+            "train.max_steps=20",
+            "train.epochs=3",
+            "train.log_every=1",
+            f"train.run_dir={run_root}/{name}",
+            "train.embedding_optimizer=rowwise_adagrad",
+        ]
         cfg = load_tiny(data_dir, overrides + common)
         plan = train.build(cfg, env).plan.plan
         types[name] = sorted({p.sharding_type for module in plan.values() for p in module.values()})
@@ -53,8 +58,12 @@ def losses(tiny_data, tmp_path_factory):
 
 
 def test_the_plans_really_differ(losses):
-    assert losses["types"] == {"table_wise": ["table_wise"], "row_wise": ["row_wise"],
-                               "column_wise": ["column_wise"], "data_parallel": ["data_parallel", "row_wise"]}
+    assert losses["types"] == {
+        "table_wise": ["table_wise"],
+        "row_wise": ["row_wise"],
+        "column_wise": ["column_wise"],
+        "data_parallel": ["data_parallel", "row_wise"],
+    }
 
 
 @pytest.mark.parametrize("plan", [p for p in PLANS if p != "table_wise"])

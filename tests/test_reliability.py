@@ -123,11 +123,23 @@ def test_crash_while_saving_keeps_the_previous_checkpoint(tiny_data, tmp_path):
 
 
 def _torchrun(run_dir, data_dir, max_restarts):
-    overrides = tiny_overrides(data_dir, run_dir) + ["train.epochs=3", "train.checkpoint_every=5",
-                                                     "train.log_every=1"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--max-restarts", str(max_restarts), "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
-           "pinads_rec/train.py", "--config", "configs/demo.yaml"]
+    overrides = tiny_overrides(data_dir, run_dir) + ["train.epochs=3", "train.checkpoint_every=5", "train.log_every=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        str(max_restarts),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "localhost:0",
+        "pinads_rec/train.py",
+        "--config",
+        "configs/demo.yaml",
+    ]
     for o in overrides:
         cmd += ["--set", o]
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
@@ -204,8 +216,9 @@ def test_bad_row_group_on_one_rank_stops_every_rank_with_a_clear_error(tiny_data
     shutil.copytree(tiny_data[1], data)
     bad_file = sorted((data / "train").glob("*.parquet"))[-1]
     table = pq.read_table(bad_file)
-    table = table.set_column(table.schema.get_field_index("advertiser_id"), "advertiser_id",
-                             pc.multiply(table["advertiser_id"], -1))
+    table = table.set_column(
+        table.schema.get_field_index("advertiser_id"), "advertiser_id", pc.multiply(table["advertiser_id"], -1)
+    )
     pq.write_table(table, bad_file, row_group_size=600)
 
     started = time.time()

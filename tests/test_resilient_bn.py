@@ -74,8 +74,10 @@ def test_ordinary_columns_update_exactly_like_batchnorm1d():
 def test_eval_normalizes_with_running_stats_and_does_not_update():
     rbn = _warm(ResilientBatchNorm1d(3)).eval()
     bn = nn.BatchNorm1d(3).eval()
-    bn.load_state_dict({k: v for k, v in rbn.state_dict().items()
-                        if k in ("weight", "bias", "running_mean", "running_var")}, strict=False)
+    bn.load_state_dict(
+        {k: v for k, v in rbn.state_dict().items() if k in ("weight", "bias", "running_mean", "running_var")},
+        strict=False,
+    )
     state = {k: v.clone() for k, v in rbn.state_dict().items()}
     x = _batch(seed=5, scale=4.0, shift=-2.0)
     y = rbn(x)
@@ -115,8 +117,9 @@ def test_state_dict_round_trip():
     x[:, 1] = 0.0
     rbn(x)
     state = rbn.state_dict()
-    assert {"running_mean", "running_var", "initialized", "num_batches_tracked", "num_masked",
-            "weight", "bias"} <= set(state)
+    assert {"running_mean", "running_var", "initialized", "num_batches_tracked", "num_masked", "weight", "bias"} <= set(
+        state
+    )
     other = ResilientBatchNorm1d(3)
     other.load_state_dict(state)
     assert all(torch.equal(v, other.state_dict()[k]) for k, v in state.items())

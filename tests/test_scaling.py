@@ -10,8 +10,7 @@ import torch.distributed as dist
 from conftest import DEMO, load_tiny, tiny_overrides
 from pinads_rec import config, scaling
 
-BRIEF_SWEEPS = ["ranks=1,2", "batch_size=256,512,1024", "sequence_length=25,50,100",
-                "table_rows=10000,100000,1000000"]
+BRIEF_SWEEPS = ["ranks=1,2", "batch_size=256,512,1024", "sequence_length=25,50,100", "table_rows=10000,100000,1000000"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -21,10 +20,17 @@ def demo():
 
 def test_parse_sweeps():
     assert scaling.parse_sweeps(["ranks=1,2", "batch_size=256, 512", "ranks=2,4"]) == {
-        "ranks": [1, 2, 4], "batch_size": [256, 512]}
+        "ranks": [1, 2, 4],
+        "batch_size": [256, 512],
+    }
     assert scaling.parse_sweeps(["table_rows=1_000_000"]) == {"table_rows": [1000000]}
-    for bad, words in (("ranks", "NAME=v1"), ("gpus=8", "unknown dimension"), ("ranks=0,1", "> 0"),
-                       ("batch_size=a", "integers"), ("ranks=", "> 0")):
+    for bad, words in (
+        ("ranks", "NAME=v1"),
+        ("gpus=8", "unknown dimension"),
+        ("ranks=0,1", "> 0"),
+        ("batch_size=a", "integers"),
+        ("ranks=", "> 0"),
+    ):
         with pytest.raises(ValueError, match=words):
             scaling.parse_sweeps([bad])
 
@@ -88,8 +94,12 @@ def test_comms_timer_restores_torch_distributed():
 
 
 def test_cli_rejects_bad_arguments(capsys):
-    for argv in ([], ["--sweep", "gpus=8"], ["--sweep", "ranks=1", "--steps", "0"],
-                 ["--sweep", "ranks=1", "--base", "ranks=1,2"]):
+    for argv in (
+        [],
+        ["--sweep", "gpus=8"],
+        ["--sweep", "ranks=1", "--steps", "0"],
+        ["--sweep", "ranks=1", "--base", "ranks=1,2"],
+    ):
         with pytest.raises(SystemExit):
             scaling.parse_args(argv)
 
@@ -97,8 +107,22 @@ def test_cli_rejects_bad_arguments(capsys):
 @pytest.mark.slow
 def test_tiny_sweep_end_to_end(tmp_path, capsys):
     out = tmp_path / "scaling"
-    argv = ["--config", DEMO, "--sweep", "ranks=1,2", "--warmup", "3", "--steps", "3", "--gpus", "8,16",
-            "--out", str(out), "--timeout", "180"]
+    argv = [
+        "--config",
+        DEMO,
+        "--sweep",
+        "ranks=1,2",
+        "--warmup",
+        "3",
+        "--steps",
+        "3",
+        "--gpus",
+        "8,16",
+        "--out",
+        str(out),
+        "--timeout",
+        "180",
+    ]
     for o in tiny_overrides(tmp_path / "unused"):
         argv += ["--set", o]
     assert scaling.main(argv) == 0
@@ -114,9 +138,20 @@ def test_tiny_sweep_end_to_end(tmp_path, capsys):
         ranks = int(r["ranks"])
         assert int(r["batch_size"]) == 128 and int(r["global_batch"]) == 128 * ranks
         assert int(r["sequence_length"]) == 20 and int(r["steps"]) == 3 and r["best"] == "1"
-        for col in ("examples_per_s", "examples_per_s_per_rank", "step_ms", "data_ms", "forward_ms",
-                    "backward_ms", "optimizer_ms", "peak_rss_mib", "base_rss_mib", "ids_per_example",
-                    "embedding_rows", "wall_s"):
+        for col in (
+            "examples_per_s",
+            "examples_per_s_per_rank",
+            "step_ms",
+            "data_ms",
+            "forward_ms",
+            "backward_ms",
+            "optimizer_ms",
+            "peak_rss_mib",
+            "base_rss_mib",
+            "ids_per_example",
+            "embedding_rows",
+            "wall_s",
+        ):
             assert float(r[col]) > 0, (col, r)
         assert float(r["examples_per_s"]) == pytest.approx(float(r["examples_per_s_per_rank"]) * ranks, rel=1e-4)
         phases = sum(float(r[k]) for k in ("data_ms", "forward_ms", "backward_ms", "optimizer_ms"))

@@ -75,14 +75,13 @@ def test_transformer_encoder_shapes_padding_and_empty_sequences():
     torch.testing.assert_close(again, pooled)
     torch.testing.assert_close(again_encoded[mask], encoded[mask])
     # empty sequence: TransAct's max-pool and latest tokens are zeros
-    assert (pooled[1, 2 * W:] == 0).all()
+    assert (pooled[1, 2 * W :] == 0).all()
     # the extra tokens are attended to
     assert not torch.allclose(enc(events, mask, torch.randn(4, 2, W))[0], pooled)
 
 
 def test_sum_and_period_sum_pooling_boundaries():
-    deltas = torch.tensor([[-1.0, 0.0, 3599.0, 3600.0, 86399.0, 86400.0],
-                           [1e9, 10.0, 0.0, 0.0, 0.0, 0.0]])
+    deltas = torch.tensor([[-1.0, 0.0, 3599.0, 3600.0, 86399.0, 86400.0], [1e9, 10.0, 0.0, 0.0, 0.0, 0.0]])
     mask = torch.tensor([[True] * 6, [True, True, False, False, False, False]])
     pool = PeriodSumPooling([3600.0, 86400.0])
     assert pool.periods(deltas[0]).tolist() == [0, 0, 0, 1, 1, 2]
@@ -107,8 +106,15 @@ def _din_reference(din, query, events, mask, request_index):
         x = torch.cat([qq, k, qq - k, qq * k], dim=1)
         # from_query = q and q - k blocks' q part, from_key = k and q - k blocks' k part: one weight
         # on the concatenation that gives the same first layer.
-        w = torch.cat([din.from_query.weight, din.from_key.weight, torch.zeros_like(din.from_key.weight),
-                       din.from_product.weight], dim=1)
+        w = torch.cat(
+            [
+                din.from_query.weight,
+                din.from_key.weight,
+                torch.zeros_like(din.from_key.weight),
+                din.from_product.weight,
+            ],
+            dim=1,
+        )
         s = din.score(F.linear(x, w, din.from_query.bias)).squeeze(-1)
         weights = torch.cat([s, torch.zeros(1)]).softmax(0)[:-1]
         out.append(weights @ k if len(k) else torch.zeros(events.shape[-1]))
@@ -159,8 +165,13 @@ def test_cosine_features_match_a_direct_computation():
     reps = {"candidate": torch.randn(2, 5), "user": torch.randn(2, 3)}
     out, tokens = early(events, mask, reps)
     for u in range(2):
-        cos = torch.stack([F.cosine_similarity(events[u], early.cosine_projections[n](reps[n][u]).expand(L, W), dim=1)
-                           for n in ("candidate", "user")], dim=1)  # [L, 2]
+        cos = torch.stack(
+            [
+                F.cosine_similarity(events[u], early.cosine_projections[n](reps[n][u]).expand(L, W), dim=1)
+                for n in ("candidate", "user")
+            ],
+            dim=1,
+        )  # [L, 2]
         expected = events[u] + early.cosine_attributes(cos) * mask[u].unsqueeze(-1)
         torch.testing.assert_close(out[u], expected, rtol=1e-5, atol=1e-6)
     assert (out[~mask] == 0).all(), "padding stays zero"
@@ -168,9 +179,17 @@ def test_cosine_features_match_a_direct_computation():
 
 
 def _group(cfg: SequenceEncoderConfig):
-    group = SequenceGroupConfig(name="g", timestamp_column="ts", max_length=L, embedding_column="emb", embedding_dim=4,
-                                features=[SequenceFeatureConfig(name="a", column="a", table="t"),
-                                          SequenceFeatureConfig(name="b", column="b", table="t")])
+    group = SequenceGroupConfig(
+        name="g",
+        timestamp_column="ts",
+        max_length=L,
+        embedding_column="emb",
+        embedding_dim=4,
+        features=[
+            SequenceFeatureConfig(name="a", column="a", table="t"),
+            SequenceFeatureConfig(name="b", column="b", table="t"),
+        ],
+    )
     torch.manual_seed(0)
     return GroupEncoder(group, cfg, attr_dim=8, query_dim=5, user_dim=3).eval()
 
@@ -186,15 +205,27 @@ def _group_inputs(lengths, seed=0):
 
 
 EVERYTHING = SequenceEncoderConfig(
-    d_model=8, num_layers=2, num_heads=2, ffn_dim=16, encoders=["transformer", "sum", "period_sum", "din", "long_short"],
-    poolings=["summary", "mean", "transact", "target"], transact_recent=2, short_length=2,
+    d_model=8,
+    num_layers=2,
+    num_heads=2,
+    ffn_dim=16,
+    encoders=["transformer", "sum", "period_sum", "din", "long_short"],
+    poolings=["summary", "mean", "transact", "target"],
+    transact_recent=2,
+    short_length=2,
     early_interaction=config.EarlyInteractionConfig(cosine=["candidate", "user"], tokens=["candidate", "user"]),
-    projection=config.SequenceProjectionConfig(dim=6, num_layers=1, low_rank=4))
+    projection=config.SequenceProjectionConfig(dim=6, num_layers=1, low_rank=4),
+)
 
 
-@pytest.mark.parametrize("cfg", [EVERYTHING, SequenceEncoderConfig(d_model=8, encoders=["transformer", "sum", "din"],
-                                                                   combine="concat", num_heads=2)],
-                         ids=["everything", "concat"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        EVERYTHING,
+        SequenceEncoderConfig(d_model=8, encoders=["transformer", "sum", "din"], combine="concat", num_heads=2),
+    ],
+    ids=["everything", "concat"],
+)
 def test_group_encoder_empty_and_length_one_sequences_are_finite(cfg):
     enc = _group(cfg)
     lengths = [0, 1, L]
@@ -214,28 +245,37 @@ def test_group_encoder_rows_do_not_see_other_requests():
     request_index = torch.tensor([0, 0, 1, 2, 2])
     together = enc(events, deltas, pre, request_index, query, user)
     from torchrec.sparse.jagged_tensor import JaggedTensor
+
     alone_events = {k: JaggedTensor(values=v.values()[2:7], offsets=torch.tensor([0, 5])) for k, v in events.items()}
     alone = enc(alone_events, deltas[2:7], pre[2:7], torch.tensor([0]), query[2:3], user[1:2])
     torch.testing.assert_close(together[2:3], alone, rtol=1e-4, atol=1e-5)
 
 
 def test_per_group_encoder_configs_merge_over_model_sequence():
-    cfg = config.load(os.path.join(REPO, "configs", "demo.yaml"),
-                      ["model.sequence.num_layers=2", "model.sequence_groups={queries: {encoders: [sum], d_model: 16}}"])
+    cfg = config.load(
+        os.path.join(REPO, "configs", "demo.yaml"),
+        ["model.sequence.num_layers=2", "model.sequence_groups={queries: {encoders: [sum], d_model: 16}}"],
+    )
     queries, pins = cfg.model.sequence_for("queries"), cfg.model.sequence_for("pins")
     assert queries.encoders == ["sum"] and queries.d_model == 16 and queries.num_layers == 2
     assert pins.encoders == ["transformer"] and pins.d_model == 32
     with pytest.raises(config.ConfigError, match=r"^.*model\.sequence_groups\.nope: no sequence group named 'nope'"):
         config.load(os.path.join(REPO, "configs", "demo.yaml"), ["model.sequence_groups={nope: {}}"])
-    with pytest.raises(config.ConfigError, match=r"model\.sequence_groups\.pins\.num_heads: 3 does not divide the "
-                                                 r"concatenated event width 104"):
-        config.load(os.path.join(REPO, "configs", "demo.yaml"),
-                    ["model.sequence_groups={pins: {combine: concat, num_heads: 3}}"])
+    with pytest.raises(
+        config.ConfigError,
+        match=r"model\.sequence_groups\.pins\.num_heads: 3 does not divide the "
+        r"concatenated event width 104",
+    ):
+        config.load(
+            os.path.join(REPO, "configs", "demo.yaml"),
+            ["model.sequence_groups={pins: {combine: concat, num_heads: 3}}"],
+        )
 
 
 # ---------------------------------------------------------------------------------------------
 # Every variant of configs/ablations/sequence.yaml trains a few steps on 2 gloo ranks.
 # ---------------------------------------------------------------------------------------------
+
 
 def _variants():
     with open(ABLATION) as f:
@@ -250,11 +290,17 @@ def _train_variants(rank, world, result_dir, data_dir, run_root):
     env = parallel.init_distributed()
     out = {}
     for i, (name, overrides) in enumerate(_variants()):
-        cfg = load_tiny(data_dir, overrides + [f"train.run_dir={run_root}/{i}", "train.max_steps=3",
-                                               "train.log_every=1", "model.calibration=none"])
+        cfg = load_tiny(
+            data_dir,
+            overrides
+            + [f"train.run_dir={run_root}/{i}", "train.max_steps=3", "train.log_every=1", "model.calibration=none"],
+        )
         summary = train.train(cfg, env)
-        out[name] = {"steps": summary["step"], "pipelined": summary["pipelined_modules"],
-                     "finite": all(r["ne"] == r["ne"] for r in summary["eval"])}
+        out[name] = {
+            "steps": summary["step"],
+            "pipelined": summary["pipelined_modules"],
+            "finite": all(r["ne"] == r["ne"] for r in summary["eval"]),
+        }
     if rank == 0:
         with open(os.path.join(result_dir, "variants.json"), "w") as f:
             json.dump(out, f)
@@ -281,11 +327,19 @@ def test_attention_mlps_need_a_hidden_width():
 def test_early_interaction_keeps_only_the_representations_the_model_has():
     """The two-tower user tower has no candidate query and may have no user features: the early
     interaction then uses what exists instead of failing inside the forward."""
-    cfg = SequenceEncoderConfig(d_model=8, early_interaction=config.EarlyInteractionConfig(
-        cosine=["candidate", "user"], tokens=["candidate", "user"]))
-    group = SequenceGroupConfig(name="g", timestamp_column="ts", max_length=L,
-                                features=[SequenceFeatureConfig(name="a", column="a", table="t"),
-                                          SequenceFeatureConfig(name="b", column="b", table="t")])
+    cfg = SequenceEncoderConfig(
+        d_model=8,
+        early_interaction=config.EarlyInteractionConfig(cosine=["candidate", "user"], tokens=["candidate", "user"]),
+    )
+    group = SequenceGroupConfig(
+        name="g",
+        timestamp_column="ts",
+        max_length=L,
+        features=[
+            SequenceFeatureConfig(name="a", column="a", table="t"),
+            SequenceFeatureConfig(name="b", column="b", table="t"),
+        ],
+    )
     enc = GroupEncoder(group, cfg, attr_dim=8, query_dim=0, user_dim=0).eval()
     assert enc.early is None and not enc.per_candidate and not enc.uses_user
     events, deltas, _ = _group_inputs([2, 0])

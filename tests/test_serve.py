@@ -27,8 +27,16 @@ pytestmark = pytest.mark.slow
 def _train(rank, world, result_dir, data_dir, run_dir):
     from pinads_rec import parallel, train
 
-    cfg = load_tiny(data_dir, [f"train.run_dir={run_dir}", "train.max_steps=8", "train.lr=0.003",
-                               "train.warmup_steps=2", "train.sharding_types=[row_wise]"])
+    cfg = load_tiny(
+        data_dir,
+        [
+            f"train.run_dir={run_dir}",
+            "train.max_steps=8",
+            "train.lr=0.003",
+            "train.warmup_steps=2",
+            "train.sharding_types=[row_wise]",
+        ],
+    )
     summary = train.train(cfg, parallel.init_distributed())
     if rank == 0:
         with open(os.path.join(result_dir, "eval.json"), "w") as f:
@@ -115,7 +123,11 @@ def test_checkpoint_loads_unsharded_and_reproduces_the_trainers_eval(trained, fp
     ours = _metrics(fp32.cfg, *fp32_eval[:3])
     assert len(ours) == len(trainer_rows) == 12
     for mine, theirs in zip(ours, trainer_rows):
-        assert (mine["surface"], mine["task"], mine["examples"]) == (theirs["surface"], theirs["task"], theirs["examples"])
+        assert (mine["surface"], mine["task"], mine["examples"]) == (
+            theirs["surface"],
+            theirs["task"],
+            theirs["examples"],
+        )
         assert mine["auc"] == pytest.approx(theirs["auc"], abs=1e-4, nan_ok=True), mine
         assert mine["log_loss"] == pytest.approx(theirs["log_loss"], rel=1e-5), mine
         assert mine["calibration"] == pytest.approx(theirs["calibration"], rel=1e-5, nan_ok=True), mine
@@ -135,24 +147,50 @@ def test_score_request_equals_batch_scoring_and_the_cli_output(trained, fp32, tm
 
     run_dir, _, data_dir = trained
     out = tmp_path / "predictions.parquet"
-    assert serve.main(["score", "--run", run_dir, "--data", os.path.join(data_dir, "eval"), "--out", str(out),
-                       "--precision", "fp32"]) == 0
+    assert (
+        serve.main(
+            [
+                "score",
+                "--run",
+                run_dir,
+                "--data",
+                os.path.join(data_dir, "eval"),
+                "--out",
+                str(out),
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 0
+    )
     written = pq.read_table(out)
     total = sum(pq.ParquetFile(p.path).metadata.num_rows for p in os.scandir(os.path.join(data_dir, "eval")))
     assert written.num_rows == total, "every row once, padding rows not written"
     assert written.column_names == ["request_id", "item_id", "surface", "p_click", "p_good_click", "p_save"]
     assert set(written.column("surface").to_pylist()) <= set(fp32.cfg.features.surfaces)
-    by_key = {(r, i): row for r, i, row in zip(written.column("request_id").to_pylist(), written.column("item_id").to_pylist(),
-                                              np.stack([written.column(f"p_{t}").to_numpy() for t in fp32.tasks], 1))}
+    by_key = {
+        (r, i): row
+        for r, i, row in zip(
+            written.column("request_id").to_pylist(),
+            written.column("item_id").to_pylist(),
+            np.stack([written.column(f"p_{t}").to_numpy() for t in fp32.tasks], 1),
+        )
+    }
     for request in _request_rows(data_dir, 4):
-        labels = [t.label_column for t in fp32.cfg.features.tasks] + [t.true_probability_column for t in fp32.cfg.features.tasks]
+        labels = [t.label_column for t in fp32.cfg.features.tasks] + [
+            t.true_probability_column for t in fp32.cfg.features.tasks
+        ]
         served = request.drop_columns(labels)  # a live request has no labels
         probs = fp32.score_request(served)
         assert probs.shape == (request.num_rows, 3)
         batch = fp32.request_batch(served)
         assert batch.num_requests == 1, "U = 1: the user-side work runs once for the request"
-        expected = np.stack([by_key[(r, i)] for r, i in zip(request.column("request_id").to_pylist(),
-                                                            request.column("item_id").to_pylist())])
+        expected = np.stack(
+            [
+                by_key[(r, i)]
+                for r, i in zip(request.column("request_id").to_pylist(), request.column("item_id").to_pylist())
+            ]
+        )
         assert np.abs(probs.numpy() - expected).max() < 1e-5
     with pytest.raises(ValueError, match="one request"):
         fp32.score_request(pa.concat_tables(_request_rows(data_dir, 2)))
@@ -174,10 +212,10 @@ import json, sys, torch, pyarrow.parquet as pq
 sys.path.insert(0, {REPO!r})
 from pinads_rec.serve import load_exported
 scorer = load_exported({str(path)!r})
-out = {{"batch": scorer.score_batch(torch.load({str(tmp_path / 'batch.pt')!r}, weights_only=False)).tolist(),
+out = {{"batch": scorer.score_batch(torch.load({str(tmp_path / "batch.pt")!r}, weights_only=False)).tolist(),
         "requests": [scorer.score_request(pq.read_table({str(tmp_path)!r} + f"/request-{{i}}.parquet")).tolist()
                      for i in range({len(requests)})]}}
-json.dump(out, open({str(tmp_path / 'out.json')!r}, "w"))
+json.dump(out, open({str(tmp_path / "out.json")!r}, "w"))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -16,19 +16,46 @@ from pinads_rec.data import synth as S
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
-TINY = ["synth.train_requests=300", "synth.eval_requests=100", "synth.num_users=5000",
-        "synth.num_items=800", "synth.num_advertisers=50", "synth.sequence_length=20",
-        "synth.event_embedding_dim=16", "synth.num_files=2", "synth.row_group_size=500"]
+TINY = [
+    "synth.train_requests=300",
+    "synth.eval_requests=100",
+    "synth.num_users=5000",
+    "synth.num_items=800",
+    "synth.num_advertisers=50",
+    "synth.sequence_length=20",
+    "synth.event_embedding_dim=16",
+    "synth.num_files=2",
+    "synth.row_group_size=500",
+]
 # Large enough for label rates and AUCs, small enough to write in about a second.
-MEDIUM = ["synth.train_requests=8000", "synth.eval_requests=2000", "synth.num_users=40000",
-          "synth.num_items=5000", "synth.num_files=3", "synth.row_group_size=4096"]
+MEDIUM = [
+    "synth.train_requests=8000",
+    "synth.eval_requests=2000",
+    "synth.num_users=40000",
+    "synth.num_items=5000",
+    "synth.num_files=3",
+    "synth.row_group_size=4096",
+]
 
-INT_LISTS = ["query_tokens", "seq_pin_item", "seq_pin_ts", "seq_pin_action", "seq_pin_topic",
-             "seq_ad_item", "seq_ad_ts", "seq_ad_action", "seq_ad_topic",
-             "seq_query_token", "seq_query_ts", "seq_query_topic"]
-GROUPS = {"pins": ["seq_pin_item", "seq_pin_ts", "seq_pin_action", "seq_pin_topic", "seq_pin_emb"],
-          "ads": ["seq_ad_item", "seq_ad_ts", "seq_ad_action", "seq_ad_topic"],
-          "queries": ["seq_query_token", "seq_query_ts", "seq_query_topic"]}
+INT_LISTS = [
+    "query_tokens",
+    "seq_pin_item",
+    "seq_pin_ts",
+    "seq_pin_action",
+    "seq_pin_topic",
+    "seq_ad_item",
+    "seq_ad_ts",
+    "seq_ad_action",
+    "seq_ad_topic",
+    "seq_query_token",
+    "seq_query_ts",
+    "seq_query_topic",
+]
+GROUPS = {
+    "pins": ["seq_pin_item", "seq_pin_ts", "seq_pin_action", "seq_pin_topic", "seq_pin_emb"],
+    "ads": ["seq_ad_item", "seq_ad_ts", "seq_ad_action", "seq_ad_topic"],
+    "queries": ["seq_query_token", "seq_query_ts", "seq_query_topic"],
+}
 
 
 def _cfg(*overrides):
@@ -50,8 +77,12 @@ def _flat(col) -> np.ndarray:
 def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
     """Type equality ignoring list child field names (Parquet round trips rename them)."""
     if pa.types.is_fixed_size_list(a) or pa.types.is_fixed_size_list(b):
-        return (pa.types.is_fixed_size_list(a) and pa.types.is_fixed_size_list(b)
-                and a.list_size == b.list_size and _same_type(a.value_type, b.value_type))
+        return (
+            pa.types.is_fixed_size_list(a)
+            and pa.types.is_fixed_size_list(b)
+            and a.list_size == b.list_size
+            and _same_type(a.value_type, b.value_type)
+        )
     if pa.types.is_list(a) or pa.types.is_list(b):
         return pa.types.is_list(a) and pa.types.is_list(b) and _same_type(a.value_type, b.value_type)
     return a == b
@@ -98,12 +129,25 @@ def test_schema_and_types(tiny):
     E = cfg.synth.event_embedding_dim
     lst = pa.list_(pa.int64())
     expected = {
-        "request_id": pa.int64(), "user_id": pa.int64(), "item_id": pa.int64(), "advertiser_id": pa.int64(),
-        "ad_type": pa.int64(), "surface": pa.string(), "timestamp": pa.int64(), "item_topic": pa.int64(),
-        "context_topic": pa.int64(), "user_activity": pa.float32(), "item_ctr_prior": pa.float32(),
-        "item_embedding": pa.list_(pa.float32(), 32), "seq_pin_emb": pa.list_(pa.list_(pa.float32(), E)),
-        "click": pa.int64(), "good_click": pa.int64(), "save": pa.int64(),
-        "true_p_click": pa.float64(), "true_p_good_click": pa.float64(), "true_p_save": pa.float64(),
+        "request_id": pa.int64(),
+        "user_id": pa.int64(),
+        "item_id": pa.int64(),
+        "advertiser_id": pa.int64(),
+        "ad_type": pa.int64(),
+        "surface": pa.string(),
+        "timestamp": pa.int64(),
+        "item_topic": pa.int64(),
+        "context_topic": pa.int64(),
+        "user_activity": pa.float32(),
+        "item_ctr_prior": pa.float32(),
+        "item_embedding": pa.list_(pa.float32(), 32),
+        "seq_pin_emb": pa.list_(pa.list_(pa.float32(), E)),
+        "click": pa.int64(),
+        "good_click": pa.int64(),
+        "save": pa.int64(),
+        "true_p_click": pa.float64(),
+        "true_p_good_click": pa.float64(),
+        "true_p_save": pa.float64(),
         **{c: lst for c in INT_LISTS},
     }
     for t in (train, evl):
@@ -116,8 +160,12 @@ def test_value_ranges_and_item_functions(tiny):
     cfg, _, _, train, evl = tiny
     s = cfg.synth
     t = pa.concat_tables([train, evl])
-    for name, hi in (("user_id", s.num_users), ("item_id", s.num_items), ("advertiser_id", s.num_advertisers),
-                     ("ad_type", 2)):
+    for name, hi in (
+        ("user_id", s.num_users),
+        ("item_id", s.num_items),
+        ("advertiser_id", s.num_advertisers),
+        ("ad_type", 2),
+    ):
         v = _np(t, name)
         assert v.min() >= 0 and v.max() < hi, name
     topic = _np(t, "item_topic")
@@ -180,8 +228,9 @@ def test_sequences_newest_first_aligned_and_per_request(tiny):
         v = _flat(train.column(c))
         assert v.min() >= 1 and v.max() <= s.num_topics, c
     K = S.query_tokens_per_topic(s.num_topics)
-    np.testing.assert_array_equal((_flat(train.column("seq_query_token")) - 1) // K + 1,
-                                  _flat(train.column("seq_query_topic")))
+    np.testing.assert_array_equal(
+        (_flat(train.column("seq_query_token")) - 1) // K + 1, _flat(train.column("seq_query_topic"))
+    )
     emb = _flat(train.column("seq_pin_emb"))
     assert len(emb) == _lengths(train.column("seq_pin_item")).sum()
     assert len(emb[0]) == s.event_embedding_dim
@@ -275,9 +324,9 @@ def test_short_term_intent_only_in_newest_events():
     topics = b.pins.cols["seq_pin_topic"]
     newest, older, n = 0, 0, 0
     for r in np.flatnonzero(b.pins.lengths >= 2 * S.RECENT_EVENTS):
-        ev = topics[off[r]:off[r + 1]]
-        newest += np.bincount(ev[:S.RECENT_EVENTS]).argmax() == b.intent[r]
-        older += np.bincount(ev[S.RECENT_EVENTS:]).argmax() == b.intent[r]
+        ev = topics[off[r] : off[r + 1]]
+        newest += np.bincount(ev[: S.RECENT_EVENTS]).argmax() == b.intent[r]
+        older += np.bincount(ev[S.RECENT_EVENTS :]).argmax() == b.intent[r]
         n += 1
     assert n > 200
     assert newest / n > 0.85 and older / n < 0.35, (newest / n, older / n)
@@ -288,9 +337,15 @@ def test_short_term_intent_only_in_newest_events():
 
 def test_faults_applied_and_probabilities_unchanged(tmp_path, tiny):
     _, _, _, clean, _ = tiny
-    faults = ["synth.faults.zero_fill_column=item_ctr_prior", "synth.faults.zero_fill_window=[0.2, 0.5]",
-              "synth.faults.shift_column=user_activity", "synth.faults.shift_after=0.6",
-              "synth.faults.shift_scale=5.0", "synth.faults.shift_offset=3.0", "synth.faults.stale_fraction=0.1"]
+    faults = [
+        "synth.faults.zero_fill_column=item_ctr_prior",
+        "synth.faults.zero_fill_window=[0.2, 0.5]",
+        "synth.faults.shift_column=user_activity",
+        "synth.faults.shift_after=0.6",
+        "synth.faults.shift_scale=5.0",
+        "synth.faults.shift_offset=3.0",
+        "synth.faults.stale_fraction=0.1",
+    ]
     cfg = _cfg(*TINY, *faults)
     S.generate(cfg, tmp_path)
     t = _read(tmp_path, "train")
@@ -307,7 +362,7 @@ def test_faults_applied_and_probabilities_unchanged(tmp_path, tiny):
     act, act0 = _np(t, "user_activity"), _np(clean, "user_activity")
     after, before = lo >= 0.6, hi <= 0.6
     assert act[after].mean() > 3 * act0[after].mean()
-    stale = (act[before] != act0[before])
+    stale = act[before] != act0[before]
     assert 0.03 < stale.mean() < 0.2  # ~10% of rows copy an earlier row's dense values
     emb, emb0 = (np.stack(x.column("item_embedding").to_numpy(zero_copy_only=False)) for x in (t, clean))
     changed = (emb != emb0).any(axis=1)
@@ -333,8 +388,21 @@ def test_auc_and_ne_helpers():
 
 
 def test_cli(tmp_path, capsys):
-    rc = S.main(["--config", str(DEMO), "--out", str(tmp_path), "--seed", "3", "--train-requests", "200",
-                 "--eval-requests", "60", *[x for o in TINY[2:] for x in ("--set", o)]])
+    rc = S.main(
+        [
+            "--config",
+            str(DEMO),
+            "--out",
+            str(tmp_path),
+            "--seed",
+            "3",
+            "--train-requests",
+            "200",
+            "--eval-requests",
+            "60",
+            *[x for o in TINY[2:] for x in ("--set", o)],
+        ]
+    )
     assert rc == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["seed"] == 3 and summary["splits"]["train"]["requests"] == 200

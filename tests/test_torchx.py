@@ -81,7 +81,9 @@ def test_split_overrides():
     assert m.split_overrides("a.b=1,c=2 d.e=x") == ["a.b=1", "c=2", "d.e=x"]
     # a comma or space inside a value stays: a split happens only before another key=
     assert m.split_overrides("train.sharding_types=[table_wise, row_wise],data.train_dir=/x y/z") == [
-        "train.sharding_types=[table_wise, row_wise]", "data.train_dir=/x y/z"]
+        "train.sharding_types=[table_wise, row_wise]",
+        "data.train_dir=/x y/z",
+    ]
 
 
 def test_with_nproc():
@@ -104,14 +106,30 @@ def test_repeated_set_guard():
 
 
 def test_component_command_line():
-    role = _dryrun("components/train.py:train", "-j", "1x8", "--config", "configs/demo.yaml",
-                   "--set", "train.max_steps=50,data.batch_size=256", "--", "--set=train.lr=0.01")
+    role = _dryrun(
+        "components/train.py:train",
+        "-j",
+        "1x8",
+        "--config",
+        "configs/demo.yaml",
+        "--set",
+        "train.max_steps=50,data.batch_size=256",
+        "--",
+        "--set=train.lr=0.01",
+    )
     argv = _torchrun_argv(role)
     assert argv[argv.index("--nnodes") + 1] == "1"
     assert argv[argv.index("--nproc_per_node") + 1] == "8"
     assert _script_and_args(argv) == [
-        "pinads_rec/train.py", "--config", "configs/demo.yaml",
-        "--set", "train.max_steps=50", "--set", "data.batch_size=256", "--set=train.lr=0.01"]
+        "pinads_rec/train.py",
+        "--config",
+        "configs/demo.yaml",
+        "--set",
+        "train.max_steps=50",
+        "--set",
+        "data.batch_size=256",
+        "--set=train.lr=0.01",
+    ]
     assert role.env["OMP_NUM_THREADS"] == "1" and role.env["PYTHONPATH"] == "."
     assert role.num_replicas == 1
     assert (role.resource.gpu, role.resource.cpu, role.resource.memMB) == (8, 32, 8 * 16 * 1024)
@@ -190,11 +208,24 @@ def test_torchx_launch_trains_two_ranks(tmp_path):
     env.pop("TORCHXCONFIG", None)
     # local_cwd runs `bash -c "torchrun ..."`: torchrun must be the one of this interpreter.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    cmd = [_torchx_executable(), "run", "-s", "local_cwd", "-cfg", f"log_dir={tmp_path / 'logs'}",
-           "components/train.py:train", "-j", "1x2", "--config", "configs/demo.yaml",
-           "--set", ",".join(overrides)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    cmd = [
+        _torchx_executable(),
+        "run",
+        "-s",
+        "local_cwd",
+        "-cfg",
+        f"log_dir={tmp_path / 'logs'}",
+        "components/train.py:train",
+        "-j",
+        "1x2",
+        "--config",
+        "configs/demo.yaml",
+        "--set",
+        ",".join(overrides),
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -26,7 +26,7 @@ def copy_full_weights(dmp, full_state):
             if isinstance(value, ShardedTensor):
                 for shard in value.local_shards():
                     (r, c), (h, w) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-                    shard.tensor.copy_(full[r:r + h, c:c + w])
+                    shard.tensor.copy_(full[r : r + h, c : c + w])
             else:
                 value.copy_(full)
 
@@ -51,7 +51,9 @@ def _checks(rank, world, result_dir, data_dir, run_root):
     # 1. Sharded logits equal the unsharded model's with the same weights, under several plans, and
     #    without request-level broadcasting (the sharded model fed per-row user data).
     for plan in ("default", "table_wise", "row_wise", "column_wise", "broadcast_off"):
-        extra = {"default": [], "broadcast_off": ["model.broadcast=false"]}.get(plan, [f"train.sharding_types=[{plan}]"])
+        extra = {"default": [], "broadcast_off": ["model.broadcast=false"]}.get(
+            plan, [f"train.sharding_types=[{plan}]"]
+        )
         cfg = load_tiny(data_dir, extra)
         torch.manual_seed(0)
         full = TrainTask(UnifiedRanker(cfg.features, cfg.model))
@@ -73,8 +75,16 @@ def _checks(rank, world, result_dir, data_dir, run_root):
         out[f"logit_diff_{plan}"] = float((sharded - reference).abs().max())
 
     # 2. Training: pipelined modules, falling loss.
-    cfg = load_tiny(data_dir, [f"train.run_dir={run_root}/long", "train.epochs=3", "train.log_every=1",
-                               "train.lr=0.003", "train.warmup_steps=5"])
+    cfg = load_tiny(
+        data_dir,
+        [
+            f"train.run_dir={run_root}/long",
+            "train.epochs=3",
+            "train.log_every=1",
+            "train.lr=0.003",
+            "train.warmup_steps=5",
+        ],
+    )
     summary = train.train(cfg, env)
     out["pipelined"] = summary["pipelined_modules"]
     out["eval_rows"] = len(summary["eval"])

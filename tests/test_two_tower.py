@@ -15,8 +15,13 @@ from multiprocess import run_ranks
 from pinads_rec import config
 from pinads_rec.data.loader import ParquetBatches
 from pinads_rec.models import build_model
-from pinads_rec.models.two_tower import (TwoTowerRanker, export_ad_embeddings, item_ids, load_ad_table,
-                                         score_with_ad_table)
+from pinads_rec.models.two_tower import (
+    TwoTowerRanker,
+    export_ad_embeddings,
+    item_ids,
+    load_ad_table,
+    score_with_ad_table,
+)
 from pinads_rec.modules.precision import set_precision
 
 TWO_TOWER = os.path.join(REPO, "configs", "two_tower.yaml")
@@ -45,8 +50,11 @@ def test_config_is_the_demo_with_request_features_in_the_user_tower():
         for a, b in zip(getattr(demo.features, kind), getattr(tt.features, kind), strict=True):
             assert dataclasses.replace(b, user_side=a.user_side) == a
             assert b.user_side == (a.user_side or a.name in moved), a.name
-    strip = lambda f: {k: v for k, v in config.to_dict(config.ExperimentConfig(features=f))["features"].items()
-                       if k not in ("sparse", "dense")}
+    strip = lambda f: {
+        k: v
+        for k, v in config.to_dict(config.ExperimentConfig(features=f))["features"].items()
+        if k not in ("sparse", "dense")
+    }
     assert strip(tt.features) == strip(demo.features)
     assert tt.model.kind == "two_tower" and tt.train.run_dir == "runs/two_tower"
 
@@ -118,11 +126,14 @@ def test_exported_ad_embeddings_reproduce_scores(model_and_cfg, tmp_path):
             worst = max(worst, float((calibrated_t - calibrated).abs().max()), float((raw_t - raw).abs().max()))
     assert worst < 1e-4, worst
     with pytest.raises(KeyError, match="missing from the ad table"):
-        ads.lookup(torch.tensor([10 ** 9]))
+        ads.lookup(torch.tensor([10**9]))
 
 
-@pytest.mark.parametrize("sequence", [[], ["model.sequence.num_layers=1", "model.sequence.poolings=[summary,mean]"]],
-                         ids=["light_pooling", "transformer"])
+@pytest.mark.parametrize(
+    "sequence",
+    [[], ["model.sequence.num_layers=1", "model.sequence.poolings=[summary,mean]"]],
+    ids=["light_pooling", "transformer"],
+)
 def test_pipeline_tracer_sees_each_collection_fed_from_the_batch(tiny_data, sequence):
     """TrainPipelineSparseDist traces the train task with every child holding no sharded table as a
     leaf; it pipelines a collection only when its input is a plain attribute of the batch."""
@@ -134,21 +145,32 @@ def test_pipeline_tracer_sees_each_collection_fed_from_the_batch(tiny_data, sequ
     task = TrainTask(build_model(cfg.features, cfg.model))
     leaves = [f"model.{name}" for name, _ in task.model.named_children()]
     graph = Tracer(leaf_modules=leaves).trace(task)
-    inputs = {n.target: n.args[0] for n in graph.nodes if n.op == "call_module" and n.target in
-              ("model.ebc", "model.user_ebc", "model.ec")}
+    inputs = {
+        n.target: n.args[0]
+        for n in graph.nodes
+        if n.op == "call_module" and n.target in ("model.ebc", "model.user_ebc", "model.ec")
+    }
     assert {k: (v.op, v.target) for k, v in inputs.items()} == {
-        "model.ebc": ("call_function", getattr), "model.user_ebc": ("call_function", getattr),
-        "model.ec": ("call_function", getattr)}
+        "model.ebc": ("call_function", getattr),
+        "model.user_ebc": ("call_function", getattr),
+        "model.ec": ("call_function", getattr),
+    }
     assert {k: v.args[1] for k, v in inputs.items()} == {
-        "model.ebc": "sparse", "model.user_ebc": "user_sparse", "model.ec": "sequences"}
+        "model.ebc": "sparse",
+        "model.user_ebc": "user_sparse",
+        "model.ec": "sequences",
+    }
 
 
 def _train_two_tower(rank, world, result_dir, data_dir, run_dir):
     from pinads_rec import parallel, train
 
     env = parallel.init_distributed()
-    cfg = config.load(TWO_TOWER, tiny_overrides(data_dir, run_dir) + [
-        "train.epochs=2", "train.log_every=1", "train.lr=0.003", "train.warmup_steps=5"])
+    cfg = config.load(
+        TWO_TOWER,
+        tiny_overrides(data_dir, run_dir)
+        + ["train.epochs=2", "train.log_every=1", "train.lr=0.003", "train.warmup_steps=5"],
+    )
     summary = train.train(cfg, env)
     if rank == 0:
         with open(os.path.join(result_dir, "summary.json"), "w") as f:

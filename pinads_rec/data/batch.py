@@ -84,8 +84,19 @@ class Batch(Pipelineable):
         spec = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, KeyedJaggedTensor) and not v.variable_stride_per_key() and v.inverse_indices_or_none() is None:
-                spec[f.name] = ("kjt", v.keys(), put(v.values()), put(v.lengths()), put(v.weights_or_none()), v.stride())
+            if (
+                isinstance(v, KeyedJaggedTensor)
+                and not v.variable_stride_per_key()
+                and v.inverse_indices_or_none() is None
+            ):
+                spec[f.name] = (
+                    "kjt",
+                    v.keys(),
+                    put(v.values()),
+                    put(v.lengths()),
+                    put(v.weights_or_none()),
+                    v.stride(),
+                )
             elif isinstance(v, KeyedJaggedTensor):  # variable batch per key: torch's own pickling keeps it whole
                 spec[f.name] = ("value", v)
             elif isinstance(v, torch.Tensor):
@@ -117,14 +128,15 @@ def _unpack_batch(buffer: torch.Tensor, layout: List[tuple], spec: dict) -> Batc
     tensors = []
     for dtype, shape, offset in layout:
         n = torch.Size(shape).numel() * dtype.itemsize
-        tensors.append(buffer[offset:offset + n].view(dtype).view(shape))
+        tensors.append(buffer[offset : offset + n].view(dtype).view(shape))
     get = lambda i: None if i is None else tensors[i]  # noqa: E731
     out = {}
     for name, (kind, *args) in spec.items():
         if kind == "kjt":
             keys, values, lengths, weights, stride = args
-            out[name] = KeyedJaggedTensor(keys=keys, values=get(values), lengths=get(lengths), weights=get(weights),
-                                          stride=stride)
+            out[name] = KeyedJaggedTensor(
+                keys=keys, values=get(values), lengths=get(lengths), weights=get(weights), stride=stride
+            )
         elif kind == "tensor":
             out[name] = get(args[0])
         elif kind == "dict":

@@ -34,9 +34,19 @@ class ContractError(ValueError):
 
 # Column roles: what the loader does with each column and which Arrow types it accepts.
 ID, SHARED_ID, FLOAT, FLOAT_LIST, SEQ_ID, SEQ_TS, SEQ_EMB, LABEL, PROB, SURFACE, TIME, REQUEST = (
-    "id", "single id (its table is shared with sequences)", "float", "fixed-size float list",
-    "sequence id list", "sequence timestamp list", "sequence embedding list", "0/1 label", "probability",
-    "surface", "timestamp", "request id")
+    "id",
+    "single id (its table is shared with sequences)",
+    "float",
+    "fixed-size float list",
+    "sequence id list",
+    "sequence timestamp list",
+    "sequence embedding list",
+    "0/1 label",
+    "probability",
+    "surface",
+    "timestamp",
+    "request id",
+)
 
 
 @dataclass(frozen=True)
@@ -112,10 +122,20 @@ def _type_ok(c: Column, t: pa.DataType) -> bool:
     raise AssertionError(c.role)
 
 
-_EXPECTED = {ID: "int64 or list<int64>", SHARED_ID: "int64", REQUEST: "integer", FLOAT: "float", LABEL: "integer or float 0/1",
-             PROB: "float", TIME: "integer or float seconds", FLOAT_LIST: "list<float>",
-             SEQ_ID: "list<int64>", SEQ_TS: "list<int64>", SEQ_EMB: "list<fixed_size_list<float>>",
-             SURFACE: "string (or integer index)"}
+_EXPECTED = {
+    ID: "int64 or list<int64>",
+    SHARED_ID: "int64",
+    REQUEST: "integer",
+    FLOAT: "float",
+    LABEL: "integer or float 0/1",
+    PROB: "float",
+    TIME: "integer or float seconds",
+    FLOAT_LIST: "list<float>",
+    SEQ_ID: "list<int64>",
+    SEQ_TS: "list<int64>",
+    SEQ_EMB: "list<fixed_size_list<float>>",
+    SURFACE: "string (or integer index)",
+}
 
 
 def check_schema(path: str, schema: pa.Schema, columns: List[Column]) -> None:
@@ -179,9 +199,10 @@ class RowGroupChecker:
                         bad = int(np.argmax(ids >= c.table_size))
                         raise ContractError(
                             f"{place}: id {ids[bad]} is beyond its table's size {c.table_size} "
-                            f"(value #{bad}); enlarge the table or set hash: true")
+                            f"(value #{bad}); enlarge the table or set hash: true"
+                        )
                     hashed = pa.array(ids % c.table_size)
-                    fixed = (pa.ListArray.from_arrays(_offsets(col), hashed) if _is_list(col.type) else hashed)
+                    fixed = pa.ListArray.from_arrays(_offsets(col), hashed) if _is_list(col.type) else hashed
             return fixed
         if c.role in (SEQ_TS, SEQ_EMB):
             return self._truncate(c, col, place)
@@ -192,17 +213,24 @@ class RowGroupChecker:
                 lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
                 if lengths.size and (lengths != c.dim).any():
                     row = int(np.argmax(lengths != c.dim))
-                    raise ContractError(f"{place}: row {row} has {lengths[row]} values, the config declares dim {c.dim}")
+                    raise ContractError(
+                        f"{place}: row {row} has {lengths[row]} values, the config declares dim {c.dim}"
+                    )
             bad = ~np.isfinite(values)
             if bad.any():
                 if self.data.nonfinite_dense == "error":
                     i = int(np.argmax(bad))
-                    raise ContractError(f"{place}: non-finite value {values[i]} (value #{i}); "
-                                        "fix the data or set data.nonfinite_dense: replace")
+                    raise ContractError(
+                        f"{place}: non-finite value {values[i]} (value #{i}); "
+                        "fix the data or set data.nonfinite_dense: replace"
+                    )
                 self._count(f"{c.name}: non-finite replaced by 0", int(bad.sum()), place)
                 values = np.where(bad, np.float32(0), values)
-                return (pa.FixedSizeListArray.from_arrays(pa.array(values), c.dim) if c.role == FLOAT_LIST
-                        else pa.array(values))
+                return (
+                    pa.FixedSizeListArray.from_arrays(pa.array(values), c.dim)
+                    if c.role == FLOAT_LIST
+                    else pa.array(values)
+                )
             return None
         if c.role == LABEL:
             y = col.to_numpy(zero_copy_only=False)
@@ -227,8 +255,10 @@ class RowGroupChecker:
                 bad = np.isnan(idx) if idx.dtype.kind == "f" else np.zeros(len(idx), bool)
             if bad.any():
                 row = int(np.argmax(bad))
-                raise ContractError(f"{place}: unknown surface {col[row].as_py()!r} at row {row} "
-                                    f"(features.surfaces lists {self.features.surfaces})")
+                raise ContractError(
+                    f"{place}: unknown surface {col[row].as_py()!r} at row {row} "
+                    f"(features.surfaces lists {self.features.surfaces})"
+                )
             return pa.array(np.asarray(idx, dtype=np.int64))
         if c.role == TIME:
             t = col.to_numpy(zero_copy_only=False)
@@ -243,11 +273,16 @@ class RowGroupChecker:
             return col
         if self.data.overlong_sequence == "error":
             row = int(np.argmax(lengths > c.max_length))
-            raise ContractError(f"{place}: row {row} has a sequence of {lengths[row]} events, "
-                                f"more than the group's max_length {c.max_length}")
+            raise ContractError(
+                f"{place}: row {row} has a sequence of {lengths[row]} events, "
+                f"more than the group's max_length {c.max_length}"
+            )
         if c.name in self.counting_columns:
-            self._count(f"sequence group {c.group}: truncated to newest {c.max_length}",
-                        int((lengths > c.max_length).sum()), place)
+            self._count(
+                f"sequence group {c.group}: truncated to newest {c.max_length}",
+                int((lengths > c.max_length).sum()),
+                place,
+            )
         return pc.list_slice(col, 0, c.max_length)
 
     def _check_aligned(self, table: pa.Table, where: str) -> None:
@@ -261,13 +296,16 @@ class RowGroupChecker:
                     row = int(np.argmax(lengths != ref))
                     raise ContractError(
                         f"{where}: ragged sequence group {g.name!r} at row {row}: column {name!r} has "
-                        f"{lengths[row]} events but {cols[0]!r} has {ref[row]}")
+                        f"{lengths[row]} events but {cols[0]!r} has {ref[row]}"
+                    )
             if g.embedding_column:
                 inner = pc.list_value_length(table.column(g.embedding_column).combine_chunks().flatten())
                 inner = inner.to_numpy(zero_copy_only=False)
                 if inner.size and (inner != g.embedding_dim).any():
-                    raise ContractError(f"{where}, column {g.embedding_column!r}: event embeddings of width "
-                                        f"{int(inner[inner != g.embedding_dim][0])}, config says {g.embedding_dim}")
+                    raise ContractError(
+                        f"{where}, column {g.embedding_column!r}: event embeddings of width "
+                        f"{int(inner[inner != g.embedding_dim][0])}, config says {g.embedding_dim}"
+                    )
 
     def _count(self, what: str, n: int, place: str) -> None:
         self.repairs[what] += n

@@ -74,8 +74,11 @@ def list_row_groups(files: Sequence[str], cfg: ExperimentConfig) -> List[RowGrou
         f = _open(path)
         check_schema(path, f.schema_arrow, columns)
         md = f.metadata
-        groups += [RowGroup(path, i, md.row_group(i).num_rows) for i in range(md.num_row_groups)
-                   if md.row_group(i).num_rows > 0]
+        groups += [
+            RowGroup(path, i, md.row_group(i).num_rows)
+            for i in range(md.num_row_groups)
+            if md.row_group(i).num_rows > 0
+        ]
     return groups
 
 
@@ -87,14 +90,17 @@ def select_part(groups: List[RowGroup], part: str, holdout: float, world_size: i
         return groups
     n = max(round(holdout * len(groups)), 1)
     if n >= len(groups):
-        raise ContractError(f"{where}: {len(groups)} row group(s) cannot spare {n} for the calibration holdout "
-                            f"(data.calibration_holdout {holdout}) and still train; lower it or write smaller "
-                            f"row groups")
+        raise ContractError(
+            f"{where}: {len(groups)} row group(s) cannot spare {n} for the calibration holdout "
+            f"(data.calibration_holdout {holdout}) and still train; lower it or write smaller "
+            f"row groups"
+        )
     return groups[-n:] if part == "holdout" else groups[:-n]
 
 
-def assign_row_groups(groups: List[RowGroup], slot: int, num_slots: int, seed: int, epoch: int,
-                      shuffle: bool) -> List[RowGroup]:
+def assign_row_groups(
+    groups: List[RowGroup], slot: int, num_slots: int, seed: int, epoch: int, shuffle: bool
+) -> List[RowGroup]:
     """This slot's row groups for the epoch; slots partition the list exactly."""
     order = np.arange(len(groups))
     if shuffle:
@@ -105,9 +111,17 @@ def assign_row_groups(groups: List[RowGroup], slot: int, num_slots: int, seed: i
 class ParquetBatches(torch.utils.data.IterableDataset):
     """Iterates the batches of one rank; inside a DataLoader each worker takes its share."""
 
-    def __init__(self, cfg: ExperimentConfig, directory: Optional[str], rank: int = 0, world_size: int = 1,
-                 shuffle: bool = True, batch_size: Optional[int] = None, drop_last: Optional[bool] = None,
-                 part: str = "all"):
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        directory: Optional[str],
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+        batch_size: Optional[int] = None,
+        drop_last: Optional[bool] = None,
+        part: str = "all",
+    ):
         super().__init__()
         self.drop_last = shuffle if drop_last is None else drop_last
         self.cfg = cfg
@@ -116,8 +130,9 @@ class ParquetBatches(torch.utils.data.IterableDataset):
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
         # directory None: no files, only the contract checks and to_batch (in-memory requests, serving)
         files = list_files(directory) if directory is not None else []
-        self.row_groups = select_part(list_row_groups(files, cfg), part, cfg.data.calibration_holdout,
-                                      world_size, directory)
+        self.row_groups = select_part(
+            list_row_groups(files, cfg), part, cfg.data.calibration_holdout, world_size, directory
+        )
         self.epoch = 0
         self.columns = [c.name for c in contract_columns(cfg.features)]
         self.checker = RowGroupChecker(cfg.features, cfg.data)
@@ -134,8 +149,14 @@ class ParquetBatches(torch.utils.data.IterableDataset):
     def my_row_groups(self) -> List[RowGroup]:
         info = torch.utils.data.get_worker_info()
         workers, worker = (info.num_workers, info.id) if info else (1, 0)
-        return assign_row_groups(self.row_groups, self.rank * workers + worker, self.world_size * workers,
-                                 self.cfg.train.seed, self.epoch, self.shuffle)
+        return assign_row_groups(
+            self.row_groups,
+            self.rank * workers + worker,
+            self.world_size * workers,
+            self.cfg.train.seed,
+            self.epoch,
+            self.shuffle,
+        )
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -149,7 +170,9 @@ class ParquetBatches(torch.utils.data.IterableDataset):
         table = self.checker(table, str(group))
         keep = self.cfg.data.row_filter
         if keep is not None:
-            table = table.filter(pc.is_in(table.column(keep.column), pa.array(keep.values, table.schema.field(keep.column).type)))
+            table = table.filter(
+                pc.is_in(table.column(keep.column), pa.array(keep.values, table.schema.field(keep.column).type))
+            )
         return table
 
     def __iter__(self) -> Iterator[Batch]:
@@ -208,7 +231,9 @@ class ParquetBatches(torch.utils.data.IterableDataset):
         f = self.features
         req = table.column(f.columns.request_id).to_numpy()
         # Without broadcasting every row is its own request slot: user-side work is done per row.
-        is_first = np.concatenate([[True], req[1:] != req[:-1]]) if self.cfg.model.broadcast else np.ones(len(req), bool)
+        is_first = (
+            np.concatenate([[True], req[1:] != req[:-1]]) if self.cfg.model.broadcast else np.ones(len(req), bool)
+        )
         starts = np.flatnonzero(is_first)
         request_index = torch.from_numpy(np.cumsum(is_first) - 1)
         first_rows = table.take(pa.array(starts))
@@ -219,18 +244,25 @@ class ParquetBatches(torch.utils.data.IterableDataset):
         for d in f.dense:
             col = table.column(d.column).combine_chunks()
             values = (col.flatten() if d.dim > 1 else col).to_numpy(zero_copy_only=False)
-            dense_np[:, at:at + d.dim] = values.reshape(B, d.dim)
+            dense_np[:, at : at + d.dim] = values.reshape(B, d.dim)
             at += d.dim
 
         sparse = _kjt([s.name for s in f.row_sparse], [table.column(s.column) for s in f.row_sparse], B)
         # A fixed number of user slots (the unused ones empty): pooled embedding lookups exchange
         # equal-sized blocks between ranks, so their batch size must not vary.
-        user_sparse = _kjt([s.name for s in f.user_sparse], [first_rows.column(s.column) for s in f.user_sparse],
-                           self.user_slots if self.cfg.model.broadcast else B)
+        user_sparse = _kjt(
+            [s.name for s in f.user_sparse],
+            [first_rows.column(s.column) for s in f.user_sparse],
+            self.user_slots if self.cfg.model.broadcast else B,
+        )
         seq_cols = [first_rows.column(sf.column) for g in f.sequence_groups for sf in g.features]
         # Candidate ids sharing a sequence table: per request, the ids of its rows (in row order).
-        seq_cols += [pa.ListArray.from_arrays(pa.array(np.append(starts, B).astype(np.int32)),
-                                              table.column(s.column).combine_chunks()) for s in f.shared_sparse]
+        seq_cols += [
+            pa.ListArray.from_arrays(
+                pa.array(np.append(starts, B).astype(np.int32)), table.column(s.column).combine_chunks()
+            )
+            for s in f.shared_sparse
+        ]
         sequences = _kjt(f.embedding_collection_keys, seq_cols, len(starts))
 
         request_time = first_rows.column(f.columns.timestamp).to_numpy().astype(np.float64)
@@ -253,9 +285,20 @@ class ParquetBatches(torch.utils.data.IterableDataset):
         valid = torch.ones(B, dtype=torch.bool)
         if num_valid is not None:
             valid[num_valid:] = False
-        return Batch(dense=dense, sparse=sparse, user_sparse=user_sparse, sequences=sequences, sequence_time_deltas=deltas,
-                     sequence_embeddings=embeddings, request_index=request_index, surface=surface,
-                     labels=labels, valid=valid, true_probs=true_probs, source=source)
+        return Batch(
+            dense=dense,
+            sparse=sparse,
+            user_sparse=user_sparse,
+            sequences=sequences,
+            sequence_time_deltas=deltas,
+            sequence_embeddings=embeddings,
+            request_index=request_index,
+            surface=surface,
+            labels=labels,
+            valid=valid,
+            true_probs=true_probs,
+            source=source,
+        )
 
 
 def _requests(table: pa.Table, request_column: str, where: RowGroup) -> List[tuple]:
@@ -263,8 +306,10 @@ def _requests(table: pa.Table, request_column: str, where: RowGroup) -> List[tup
     req = table.column(request_column).to_numpy()
     starts = np.flatnonzero(np.concatenate([[True], req[1:] != req[:-1]]))
     if len(starts) != len(np.unique(req)):
-        raise ContractError(f"{where}, column {request_column!r}: the rows of a request are not contiguous "
-                            f"(request-level broadcasting needs them together); sort the file by request")
+        raise ContractError(
+            f"{where}, column {request_column!r}: the rows of a request are not contiguous "
+            f"(request-level broadcasting needs them together); sort the file by request"
+        )
     lengths = np.diff(np.append(starts, len(req)))
     return list(zip(starts.tolist(), lengths.tolist()))
 
@@ -300,7 +345,7 @@ def _cut(pending: List[tuple], rows: int, max_requests: int):
         pieces.append((table, start, k))
         groups[group] = None
         if k < n:  # a request cut at the batch boundary: the rest opens the next batch
-            rest = [(table, start + k, n - k, group)] + pending[i + 1:]
+            rest = [(table, start + k, n - k, group)] + pending[i + 1 :]
         taken += k
         if k < n:
             break
@@ -325,8 +370,9 @@ def _kjt(keys: List[str], columns: List[pa.ChunkedArray], stride: int) -> KeyedJ
             lengths.append(pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int32))
         lengths.append(np.zeros(stride - len(col), np.int32))
     if not keys:  # e.g. a model without sequence groups
-        return KeyedJaggedTensor(keys=[], values=torch.empty(0, dtype=torch.int64),
-                                 lengths=torch.empty(0, dtype=torch.int32), stride=stride)
+        return KeyedJaggedTensor(
+            keys=[], values=torch.empty(0, dtype=torch.int64), lengths=torch.empty(0, dtype=torch.int32), stride=stride
+        )
     return KeyedJaggedTensor(
         keys=keys,
         values=torch.from_numpy(np.concatenate(values).astype(np.int64, copy=False)),
@@ -343,17 +389,30 @@ def _stack(table: pa.Table, names: List[str]) -> torch.Tensor:
     return out
 
 
-def make_loader(cfg: ExperimentConfig, directory: str, rank: int = 0, world_size: int = 1,
-                shuffle: bool = True, num_workers: Optional[int] = None, epoch: int = 0,
-                pin_memory: bool = False, part: str = "all", prefetch_factor: int = 4) -> torch.utils.data.DataLoader:
+def make_loader(
+    cfg: ExperimentConfig,
+    directory: str,
+    rank: int = 0,
+    world_size: int = 1,
+    shuffle: bool = True,
+    num_workers: Optional[int] = None,
+    epoch: int = 0,
+    pin_memory: bool = False,
+    part: str = "all",
+    prefetch_factor: int = 4,
+) -> torch.utils.data.DataLoader:
     """A DataLoader over this rank's batches; workers read disjoint row groups in parallel, each
     keeping ``prefetch_factor`` batches ready."""
     dataset = ParquetBatches(cfg, directory, rank, world_size, shuffle, part=part)
     dataset.set_epoch(epoch)
     workers = cfg.data.num_workers if num_workers is None else num_workers
     return torch.utils.data.DataLoader(
-        dataset, batch_size=None, num_workers=workers, pin_memory=pin_memory,
-        persistent_workers=False, prefetch_factor=prefetch_factor if workers else None,
+        dataset,
+        batch_size=None,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        persistent_workers=False,
+        prefetch_factor=prefetch_factor if workers else None,
         worker_init_fn=_one_thread if workers else None,
     )
 

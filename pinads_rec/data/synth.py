@@ -96,11 +96,13 @@ AD_ACTION_PROBS = np.array([0.55, 0.0, 0.10, 0.20, 0.0, 0.0, 0.0, 0.15])
 INTENT_FROM_MIXTURE = 0.3  # intent ~ user mixture w.p. this, else uniform over topics
 ANCHOR_FROM_MIXTURE = 0.6  # search query topic / related-pins context topic ~ mixture, else uniform
 # Candidate topic sources per surface: (mixture, shopping mixture, intent, uniform, anchor).
-CANDIDATE_SOURCES = np.array([
-    [0.35, 0.10, 0.15, 0.40, 0.00],  # home_feed
-    [0.20, 0.05, 0.10, 0.30, 0.35],  # related_pins (anchor: context topic)
-    [0.15, 0.05, 0.10, 0.30, 0.40],  # search (anchor: query topic)
-])
+CANDIDATE_SOURCES = np.array(
+    [
+        [0.35, 0.10, 0.15, 0.40, 0.00],  # home_feed
+        [0.20, 0.05, 0.10, 0.30, 0.35],  # related_pins (anchor: context topic)
+        [0.15, 0.05, 0.10, 0.30, 0.40],  # search (anchor: query topic)
+    ]
+)
 
 # Click logit (see docs): offsets and interest scales per surface.
 CLICK_OFFSET = np.array([-5.59, -5.32, -4.88])
@@ -237,9 +239,23 @@ def make_world(s: SynthConfig) -> World:
     phi = _sparse_mixtures(rng, pop, U)
     activity = rng.lognormal(0.0, ACTIVITY_SD, U)
     save_prop = rng.beta(*SAVE_PROPENSITY, U)
-    return World(T, centroids, item_topic.astype(np.int64), item_advertiser.astype(np.int64),
-                 adv_shopping[item_advertiser], quality, prior, item_emb, item_event_emb,
-                 order.astype(np.int64), topic_start, theta, phi, activity, save_prop)
+    return World(
+        T,
+        centroids,
+        item_topic.astype(np.int64),
+        item_advertiser.astype(np.int64),
+        adv_shopping[item_advertiser],
+        quality,
+        prior,
+        item_emb,
+        item_event_emb,
+        order.astype(np.int64),
+        topic_start,
+        theta,
+        phi,
+        activity,
+        save_prop,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,8 +368,9 @@ def _items_of_topics(rng: np.random.Generator, world: World, topics: np.ndarray)
     return world.items_by_topic[start + np.minimum(pick, count - 1)]
 
 
-def _event_times(rng: np.random.Generator, req_ts: np.ndarray, lengths: np.ndarray,
-                 pos: np.ndarray, mean_gap: np.ndarray) -> np.ndarray:
+def _event_times(
+    rng: np.random.Generator, req_ts: np.ndarray, lengths: np.ndarray, pos: np.ndarray, mean_gap: np.ndarray
+) -> np.ndarray:
     """Strictly decreasing event times, all before the request time (gaps >= 1 s)."""
     gaps = 1 + np.floor(rng.exponential(1.0, len(pos)) * mean_gap).astype(np.int64)
     csum = np.cumsum(gaps)
@@ -367,8 +384,7 @@ def _actions(rng: np.random.Generator, save_prob: np.ndarray, probs: np.ndarray)
     return np.where(rng.random(len(save_prob)) < save_prob, SAVE_ACTION, other).astype(np.int64)
 
 
-def _lengths(rng: np.random.Generator, rel_activity: np.ndarray, frac: float, max_len: int,
-             full: int) -> np.ndarray:
+def _lengths(rng: np.random.Generator, rel_activity: np.ndarray, frac: float, max_len: int, full: int) -> np.ndarray:
     return np.minimum(rng.poisson(frac * full * rel_activity), max_len).astype(np.int64)
 
 
@@ -390,12 +406,11 @@ def sample_block(world: World, plan: SplitPlan, block: int) -> Block:
     surface = rng.choice(len(SURFACES), size=R, p=SURFACE_PROBS)
     theta = _dense_mixtures(world.theta[0][user], world.theta[1][user], T)
     phi = _dense_mixtures(world.phi[0][user], world.phi[1][user], T)
-    rel_act = world.activity[user] / math.exp(ACTIVITY_SD ** 2 / 2)  # E[a_u] = 1
+    rel_act = world.activity[user] / math.exp(ACTIVITY_SD**2 / 2)  # E[a_u] = 1
     user_activity = (5.0 * world.activity[user] * np.exp(rng.normal(0.0, 0.15, R))).astype(np.float32)
 
     def from_mixture_or_uniform(p_mixture: float) -> np.ndarray:
-        return np.where(rng.random(R) < p_mixture, _sample_topics(rng, theta, reqs),
-                        rng.integers(1, T + 1, R))
+        return np.where(rng.random(R) < p_mixture, _sample_topics(rng, theta, reqs), rng.integers(1, T + 1, R))
 
     intent = from_mixture_or_uniform(INTENT_FROM_MIXTURE)
     anchor = from_mixture_or_uniform(ANCHOR_FROM_MIXTURE)
@@ -418,29 +433,50 @@ def sample_block(world: World, plan: SplitPlan, block: int) -> Block:
     item = _items_of_topics(rng, world, topic)
     action = _actions(rng, world.save_propensity[user][ev], PIN_ACTION_PROBS)
     gap = np.where(recent, RECENT_GAP_S, OLD_GAP_S)
-    pins = Group(n_pins, {"seq_pin_item": item, "seq_pin_ts": _event_times(rng, ts, n_pins, pos, gap),
-                          "seq_pin_action": action, "seq_pin_topic": topic.astype(np.int64),
-                          "seq_pin_emb": world.item_event_emb[item]})
+    pins = Group(
+        n_pins,
+        {
+            "seq_pin_item": item,
+            "seq_pin_ts": _event_times(rng, ts, n_pins, pos, gap),
+            "seq_pin_action": action,
+            "seq_pin_topic": topic.astype(np.int64),
+            "seq_pin_emb": world.item_event_emb[item],
+        },
+    )
 
     # ---- ads sequence: the shopping mixture ----------------------------------------------
     n_ads = _lengths(rng, rel_act, ADS_LENGTH_FRAC, L // 2, L)
     ev_a = np.repeat(reqs, n_ads)
-    topic_a = np.where(rng.random(len(ev_a)) < ADS_UNIFORM_PROB, rng.integers(1, T + 1, len(ev_a)),
-                       _sample_topics(rng, phi, ev_a))
+    topic_a = np.where(
+        rng.random(len(ev_a)) < ADS_UNIFORM_PROB, rng.integers(1, T + 1, len(ev_a)), _sample_topics(rng, phi, ev_a)
+    )
     item_a = _items_of_topics(rng, world, topic_a)
-    ads = Group(n_ads, {"seq_ad_item": item_a,
-                        "seq_ad_ts": _event_times(rng, ts, n_ads, _segment_positions(n_ads), AD_GAP_S),
-                        "seq_ad_action": _actions(rng, world.save_propensity[user][ev_a], AD_ACTION_PROBS),
-                        "seq_ad_topic": topic_a.astype(np.int64)})
+    ads = Group(
+        n_ads,
+        {
+            "seq_ad_item": item_a,
+            "seq_ad_ts": _event_times(rng, ts, n_ads, _segment_positions(n_ads), AD_GAP_S),
+            "seq_ad_action": _actions(rng, world.save_propensity[user][ev_a], AD_ACTION_PROBS),
+            "seq_ad_topic": topic_a.astype(np.int64),
+        },
+    )
 
     # ---- search queries --------------------------------------------------------------------
     n_q = _lengths(rng, rel_act, QUERIES_LENGTH_FRAC, L // 2, L)
     ev_q = np.repeat(reqs, n_q)
-    topic_q = np.where(rng.random(len(ev_q)) < QUERIES_UNIFORM_PROB, rng.integers(1, T + 1, len(ev_q)),
-                       _sample_topics(rng, theta, ev_q))
-    queries = Group(n_q, {"seq_query_token": 1 + (topic_q - 1) * K + rng.integers(0, K, len(ev_q)),
-                          "seq_query_ts": _event_times(rng, ts, n_q, _segment_positions(n_q), QUERY_GAP_S),
-                          "seq_query_topic": topic_q.astype(np.int64)})
+    topic_q = np.where(
+        rng.random(len(ev_q)) < QUERIES_UNIFORM_PROB,
+        rng.integers(1, T + 1, len(ev_q)),
+        _sample_topics(rng, theta, ev_q),
+    )
+    queries = Group(
+        n_q,
+        {
+            "seq_query_token": 1 + (topic_q - 1) * K + rng.integers(0, K, len(ev_q)),
+            "seq_query_ts": _event_times(rng, ts, n_q, _segment_positions(n_q), QUERY_GAP_S),
+            "seq_query_topic": topic_q.astype(np.int64),
+        },
+    )
 
     # ---- candidates ------------------------------------------------------------------------
     n_cand = plan.num_candidates[lo:hi]
@@ -449,8 +485,15 @@ def sample_block(world: World, plan: SplitPlan, block: int) -> Block:
     surf = surface[r]
     src_cum = np.cumsum(CANDIDATE_SOURCES[surf], axis=1)
     src = (rng.random(N)[:, None] >= src_cum).sum(axis=1)
-    options = np.stack([_sample_topics(rng, theta, r), _sample_topics(rng, phi, r), intent[r],
-                        rng.integers(1, T + 1, N), np.maximum(query_topic, context_topic)[r]])
+    options = np.stack(
+        [
+            _sample_topics(rng, theta, r),
+            _sample_topics(rng, phi, r),
+            intent[r],
+            rng.integers(1, T + 1, N),
+            np.maximum(query_topic, context_topic)[r],
+        ]
+    )
     cand_topic = options[np.minimum(src, 4), np.arange(N)]
     cand = _items_of_topics(rng, world, cand_topic)
     k = world.item_topic[cand]
@@ -460,40 +503,86 @@ def sample_block(world: World, plan: SplitPlan, block: int) -> Block:
     interest = INTEREST_SCALE[surf] * (LONG_TERM_COEF * w + INTENT_COEF * is_intent)
     query_match = ((surf == SEARCH) & (k == query_topic[r])).astype(np.float64)
     context_match = ((surf == RELATED) & (k == context_topic[r])).astype(np.float64)
-    logit_click = (CLICK_OFFSET[surf] + SHOPPING_OFFSET * shopping + interest + QUERY_COEF * query_match
-                   + CONTEXT_COEF * context_match + world.item_quality[cand])
+    logit_click = (
+        CLICK_OFFSET[surf]
+        + SHOPPING_OFFSET * shopping
+        + interest
+        + QUERY_COEF * query_match
+        + CONTEXT_COEF * context_match
+        + world.item_quality[cand]
+    )
     p_click = _sigmoid(logit_click)
-    p_good_given_click = _sigmoid(GOOD_OFFSET[surf] + GOOD_QUALITY_COEF * world.item_quality[cand]
-                                  + GOOD_INTENT_COEF * is_intent + GOOD_SHOPPING_OFFSET * shopping)
-    saves_on_topic = np.bincount(ev * (T + 1) + topic, weights=(action == SAVE_ACTION),
-                                 minlength=R * (T + 1)).reshape(R, T + 1)[r, k]
-    logit_save = (SAVE_OFFSET[surf] + SAVE_INTEREST_COEF * interest
-                  + SAVE_HISTORY_COEF * np.log1p(saves_on_topic)
-                  + SAVE_QUALITY_COEF * world.item_quality[cand] + SAVE_SHOPPING_OFFSET * shopping)
+    p_good_given_click = _sigmoid(
+        GOOD_OFFSET[surf]
+        + GOOD_QUALITY_COEF * world.item_quality[cand]
+        + GOOD_INTENT_COEF * is_intent
+        + GOOD_SHOPPING_OFFSET * shopping
+    )
+    saves_on_topic = np.bincount(ev * (T + 1) + topic, weights=(action == SAVE_ACTION), minlength=R * (T + 1)).reshape(
+        R, T + 1
+    )[r, k]
+    logit_save = (
+        SAVE_OFFSET[surf]
+        + SAVE_INTEREST_COEF * interest
+        + SAVE_HISTORY_COEF * np.log1p(saves_on_topic)
+        + SAVE_QUALITY_COEF * world.item_quality[cand]
+        + SAVE_SHOPPING_OFFSET * shopping
+    )
     p_save_click, p_save_noclick = _sigmoid(logit_save + SAVE_CLICK_BOOST), _sigmoid(logit_save)
     click = rng.random(N) < p_click
     good = click & (rng.random(N) < p_good_given_click)
     save = rng.random(N) < np.where(click, p_save_click, p_save_noclick)
 
     rows = {
-        "item_id": cand, "advertiser_id": world.item_advertiser[cand], "ad_type": shopping,
+        "item_id": cand,
+        "advertiser_id": world.item_advertiser[cand],
+        "ad_type": shopping,
         "item_topic": k,
-        "user_activity": user_activity[r], "item_ctr_prior": world.item_prior[cand],
+        "user_activity": user_activity[r],
+        "item_ctr_prior": world.item_prior[cand],
         "item_embedding": world.item_emb[cand],
-        "click": click.astype(np.int64), "good_click": good.astype(np.int64), "save": save.astype(np.int64),
-        "true_p_click": p_click, "true_p_good_click": p_click * p_good_given_click,
+        "click": click.astype(np.int64),
+        "good_click": good.astype(np.int64),
+        "save": save.astype(np.int64),
+        "true_p_click": p_click,
+        "true_p_good_click": p_click * p_good_given_click,
         "true_p_save": p_click * p_save_click + (1.0 - p_click) * p_save_noclick,
     }
-    latent = {"long_term_weight": w, "is_intent": is_intent, "query_match": query_match,
-              "context_match": context_match, "quality": world.item_quality[cand],
-              "saves_on_topic": saves_on_topic, "logit_click": logit_click}
+    latent = {
+        "long_term_weight": w,
+        "is_intent": is_intent,
+        "query_match": query_match,
+        "context_match": context_match,
+        "quality": world.item_quality[cand],
+        "saves_on_topic": saves_on_topic,
+        "logit_click": logit_click,
+    }
     _apply_faults(rows, frac[r], s, _stream(s.seed, 1 + plan.index, 2, block))
-    return Block(lo, hi, plan.first_request + lo + reqs, user, surface, ts, frac, intent, query_topic,
-                 context_topic, user_activity, n_cand, query_tokens, pins, ads, queries, rows, latent)
+    return Block(
+        lo,
+        hi,
+        plan.first_request + lo + reqs,
+        user,
+        surface,
+        ts,
+        frac,
+        intent,
+        query_topic,
+        context_topic,
+        user_activity,
+        n_cand,
+        query_tokens,
+        pins,
+        ads,
+        queries,
+        rows,
+        latent,
+    )
 
 
-def _apply_faults(rows: Dict[str, np.ndarray], time_fraction: np.ndarray, s: SynthConfig,
-                  rng: np.random.Generator) -> None:
+def _apply_faults(
+    rows: Dict[str, np.ndarray], time_fraction: np.ndarray, s: SynthConfig, rng: np.random.Generator
+) -> None:
     """Feature faults: they change dense values only, never the true probabilities."""
     f = s.faults
     if f.stale_fraction > 0:
@@ -525,19 +614,41 @@ _LI64 = pa.list_(pa.int64())
 
 
 def schema(event_embedding_dim: int) -> pa.Schema:
-    return pa.schema([
-        ("request_id", _I64), ("user_id", _I64), ("item_id", _I64), ("advertiser_id", _I64),
-        ("ad_type", _I64), ("surface", pa.string()), ("timestamp", _I64),
-        ("item_topic", _I64), ("context_topic", _I64), ("query_tokens", _LI64),
-        ("user_activity", pa.float32()), ("item_ctr_prior", pa.float32()),
-        ("item_embedding", pa.list_(pa.float32(), ITEM_EMB_DIM)),
-        ("seq_pin_item", _LI64), ("seq_pin_ts", _LI64), ("seq_pin_action", _LI64), ("seq_pin_topic", _LI64),
-        ("seq_pin_emb", pa.list_(pa.list_(pa.float32(), event_embedding_dim))),
-        ("seq_ad_item", _LI64), ("seq_ad_ts", _LI64), ("seq_ad_action", _LI64), ("seq_ad_topic", _LI64),
-        ("seq_query_token", _LI64), ("seq_query_ts", _LI64), ("seq_query_topic", _LI64),
-        ("click", _I64), ("good_click", _I64), ("save", _I64),
-        ("true_p_click", pa.float64()), ("true_p_good_click", pa.float64()), ("true_p_save", pa.float64()),
-    ])
+    return pa.schema(
+        [
+            ("request_id", _I64),
+            ("user_id", _I64),
+            ("item_id", _I64),
+            ("advertiser_id", _I64),
+            ("ad_type", _I64),
+            ("surface", pa.string()),
+            ("timestamp", _I64),
+            ("item_topic", _I64),
+            ("context_topic", _I64),
+            ("query_tokens", _LI64),
+            ("user_activity", pa.float32()),
+            ("item_ctr_prior", pa.float32()),
+            ("item_embedding", pa.list_(pa.float32(), ITEM_EMB_DIM)),
+            ("seq_pin_item", _LI64),
+            ("seq_pin_ts", _LI64),
+            ("seq_pin_action", _LI64),
+            ("seq_pin_topic", _LI64),
+            ("seq_pin_emb", pa.list_(pa.list_(pa.float32(), event_embedding_dim))),
+            ("seq_ad_item", _LI64),
+            ("seq_ad_ts", _LI64),
+            ("seq_ad_action", _LI64),
+            ("seq_ad_topic", _LI64),
+            ("seq_query_token", _LI64),
+            ("seq_query_ts", _LI64),
+            ("seq_query_topic", _LI64),
+            ("click", _I64),
+            ("good_click", _I64),
+            ("save", _I64),
+            ("true_p_click", pa.float64()),
+            ("true_p_good_click", pa.float64()),
+            ("true_p_save", pa.float64()),
+        ]
+    )
 
 
 def _per_row_lists(group: Group, n_cand: np.ndarray) -> Tuple[pa.Array, pa.Array]:
@@ -559,10 +670,13 @@ def block_table(b: Block, sch: pa.Schema) -> pa.Table:
     n_cand = b.num_candidates
     rep = lambda a: np.repeat(a, n_cand)  # noqa: E731
     cols: Dict[str, pa.Array] = {
-        "request_id": pa.array(rep(b.request_id)), "user_id": pa.array(rep(b.user)),
-        "surface": pa.DictionaryArray.from_arrays(pa.array(rep(b.surface).astype(np.int32)),
-                                                  pa.array(SURFACES)).dictionary_decode(),
-        "timestamp": pa.array(rep(b.timestamp)), "context_topic": pa.array(rep(b.context_topic)),
+        "request_id": pa.array(rep(b.request_id)),
+        "user_id": pa.array(rep(b.user)),
+        "surface": pa.DictionaryArray.from_arrays(
+            pa.array(rep(b.surface).astype(np.int32)), pa.array(SURFACES)
+        ).dictionary_decode(),
+        "timestamp": pa.array(rep(b.timestamp)),
+        "context_topic": pa.array(rep(b.context_topic)),
     }
     cols.update({name: _arrow(v) for name, v in b.rows.items()})
     for group in (b.query_tokens, b.pins, b.ads, b.queries):
@@ -608,8 +722,7 @@ def normalized_entropy(labels: np.ndarray, p: np.ndarray) -> float:
     return float(ll / h)
 
 
-def oracle_metrics(surface: np.ndarray, labels: Dict[str, np.ndarray],
-                   probs: Dict[str, np.ndarray]) -> Dict[str, dict]:
+def oracle_metrics(surface: np.ndarray, labels: Dict[str, np.ndarray], probs: Dict[str, np.ndarray]) -> Dict[str, dict]:
     """Per surface (and "all") x task: rows, label rate, mean true p, oracle AUC and NE."""
     out = {}
     for si, name in [(None, "all")] + list(enumerate(SURFACES)):
@@ -617,9 +730,12 @@ def oracle_metrics(surface: np.ndarray, labels: Dict[str, np.ndarray],
         entry: dict = {"rows": int(m.sum())}
         for t in TASKS:
             y, p = labels[t][m], probs[t][m]
-            entry[t] = {"rate": float(y.mean()) if len(y) else float("nan"),
-                        "mean_true_p": float(p.mean()) if len(p) else float("nan"),
-                        "oracle_auc": auc(y, p), "oracle_ne": normalized_entropy(y, p)}
+            entry[t] = {
+                "rate": float(y.mean()) if len(y) else float("nan"),
+                "mean_true_p": float(p.mean()) if len(p) else float("nan"),
+                "oracle_auc": auc(y, p),
+                "oracle_ne": normalized_entropy(y, p),
+            }
         out[name] = entry
     return out
 
@@ -664,12 +780,30 @@ def slice_block(blk: Block, a: int, b: int) -> Block:
     x, y = a - blk.lo, b - blk.lo
     r0 = int(blk.num_candidates[:x].sum())
     r1 = r0 + int(blk.num_candidates[x:y].sum())
-    per_req = {f: getattr(blk, f)[x:y] for f in (
-        "request_id", "user", "surface", "timestamp", "time_fraction", "intent", "query_topic",
-        "context_topic", "user_activity", "num_candidates")}
+    per_req = {
+        f: getattr(blk, f)[x:y]
+        for f in (
+            "request_id",
+            "user",
+            "surface",
+            "timestamp",
+            "time_fraction",
+            "intent",
+            "query_topic",
+            "context_topic",
+            "user_activity",
+            "num_candidates",
+        )
+    }
     groups = {f: _slice_group(getattr(blk, f), x, y) for f in ("query_tokens", "pins", "ads", "queries")}
-    return Block(a, b, **per_req, **groups, rows={k: v[r0:r1] for k, v in blk.rows.items()},
-                 latent={k: v[r0:r1] for k, v in blk.latent.items()})
+    return Block(
+        a,
+        b,
+        **per_req,
+        **groups,
+        rows={k: v[r0:r1] for k, v in blk.rows.items()},
+        latent={k: v[r0:r1] for k, v in blk.latent.items()},
+    )
 
 
 # zstd finds the sequences repeated on the rows of a request (adjacent in a page); no dictionaries
@@ -699,24 +833,39 @@ def _write_file(world: World, plan: SplitPlan, groups: List[Tuple[int, int]], pa
                 a = y
             rg = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
             writer.write_table(rg, row_group_size=max(rg.num_rows, 1))
-    return {"path": str(path), "bytes": path.stat().st_size, "row_groups": len(groups),
-            "rows": int(plan.row_offsets[last] - plan.row_offsets[first]), "requests": last - first,
-            "_surface": np.concatenate(surf), "_labels": {t: np.concatenate(v) for t, v in labels.items()},
-            "_probs": {t: np.concatenate(v) for t, v in probs.items()}}
+    return {
+        "path": str(path),
+        "bytes": path.stat().st_size,
+        "row_groups": len(groups),
+        "rows": int(plan.row_offsets[last] - plan.row_offsets[first]),
+        "requests": last - first,
+        "_surface": np.concatenate(surf),
+        "_labels": {t: np.concatenate(v) for t, v in labels.items()},
+        "_probs": {t: np.concatenate(v) for t, v in probs.items()},
+    }
 
 
 def _split_summary(plan: SplitPlan, files: List[dict]) -> dict:
-    metrics = oracle_metrics(np.concatenate([f.pop("_surface") for f in files]),
-                             {t: np.concatenate([f["_labels"][t] for f in files]) for t in TASKS},
-                             {t: np.concatenate([f["_probs"][t] for f in files]) for t in TASKS})
+    metrics = oracle_metrics(
+        np.concatenate([f.pop("_surface") for f in files]),
+        {t: np.concatenate([f["_labels"][t] for f in files]) for t in TASKS},
+        {t: np.concatenate([f["_probs"][t] for f in files]) for t in TASKS},
+    )
     for f in files:
         del f["_labels"], f["_probs"]
     n = plan.num_requests
-    return {"requests": n, "rows": int(plan.row_offsets[-1]), "files": files,
-            "bytes": sum(f["bytes"] for f in files), "surfaces": metrics,
-            "request_ids": [plan.first_request, plan.first_request + n - 1],
-            "time_range": [int(T0 + plan.time_start * SPAN_S // plan.time_scale),
-                           int(T0 + (plan.time_start + n) * SPAN_S // plan.time_scale)]}
+    return {
+        "requests": n,
+        "rows": int(plan.row_offsets[-1]),
+        "files": files,
+        "bytes": sum(f["bytes"] for f in files),
+        "surfaces": metrics,
+        "request_ids": [plan.first_request, plan.first_request + n - 1],
+        "time_range": [
+            int(T0 + plan.time_start * SPAN_S // plan.time_scale),
+            int(T0 + (plan.time_start + n) * SPAN_S // plan.time_scale),
+        ],
+    }
 
 
 def generate(cfg: ExperimentConfig, out_dir: str | Path, num_threads: int = 0) -> dict:
@@ -744,28 +893,38 @@ def generate(cfg: ExperimentConfig, out_dir: str | Path, num_threads: int = 0) -
     workers = max(1, min(num_threads or len(os.sched_getaffinity(0)), len(jobs)))
     with ThreadPoolExecutor(workers) as pool:
         done = list(pool.map(lambda job: _write_file(world, *job), jobs))
-    splits = {name: _split_summary(plan, [f for job, f in zip(jobs, done) if job[0] is plan])
-              for name, plan in plans.items()}
+    splits = {
+        name: _split_summary(plan, [f for job, f in zip(jobs, done) if job[0] is plan]) for name, plan in plans.items()
+    }
     seconds = time.perf_counter() - t_start
     rows = sum(v["rows"] for v in splits.values())
     summary = {
-        "seed": s.seed, "out_dir": str(out), "rows": rows,
+        "seed": s.seed,
+        "out_dir": str(out),
+        "rows": rows,
         "requests": sum(v["requests"] for v in splits.values()),
         "bytes": sum(v["bytes"] for v in splits.values()),
-        "seconds": round(seconds, 3), "world_seconds": round(t_world, 3),
+        "seconds": round(seconds, 3),
+        "world_seconds": round(t_world, 3),
         "rows_per_second": round(rows / seconds, 1),
-        "threads": workers, "synth": dataclasses.asdict(s), "splits": splits,
+        "threads": workers,
+        "synth": dataclasses.asdict(s),
+        "splits": splits,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
 def format_summary(summary: dict) -> str:
-    lines = [f"wrote {summary['rows']:,} rows / {summary['requests']:,} requests, "
-             f"{summary['bytes'] / 2**20:.1f} MiB to {summary['out_dir']} in {summary['seconds']:.2f} s "
-             f"({summary['rows_per_second']:,.0f} rows/s)"]
-    head = (f"{'split':<11} {'surface':<13} {'rows':>9} {'click':>7} {'good':>7} {'save':>7} | "
-            f"{'AUC clk':>7} {'good':>6} {'save':>6} | {'NE clk':>6} {'good':>6} {'save':>6}")
+    lines = [
+        f"wrote {summary['rows']:,} rows / {summary['requests']:,} requests, "
+        f"{summary['bytes'] / 2**20:.1f} MiB to {summary['out_dir']} in {summary['seconds']:.2f} s "
+        f"({summary['rows_per_second']:,.0f} rows/s)"
+    ]
+    head = (
+        f"{'split':<11} {'surface':<13} {'rows':>9} {'click':>7} {'good':>7} {'save':>7} | "
+        f"{'AUC clk':>7} {'good':>6} {'save':>6} | {'NE clk':>6} {'good':>6} {'save':>6}"
+    )
     lines += [head, "-" * len(head)]
     for split, v in summary["splits"].items():
         for name, e in v["surfaces"].items():
@@ -774,8 +933,9 @@ def format_summary(summary: dict) -> str:
             nes = " ".join(f"{e[t]['oracle_ne']:6.3f}" for t in TASKS)
             lines.append(f"{split:<11} {name:<13} {e['rows']:>9,} {rates} | {aucs} | {nes}")
     for split, v in summary["splits"].items():
-        sizes = ", ".join(f"{Path(f['path']).name} {f['bytes'] / 2**20:.1f} MiB ({f['row_groups']} rg)"
-                          for f in v["files"])
+        sizes = ", ".join(
+            f"{Path(f['path']).name} {f['bytes'] / 2**20:.1f} MiB ({f['row_groups']} rg)" for f in v["files"]
+        )
         lines.append(f"{split}: {sizes}")
     return "\n".join(lines)
 

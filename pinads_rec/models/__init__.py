@@ -14,6 +14,8 @@ def build_model(features: FeaturesConfig, model: ModelConfig, device: torch.devi
     """The model ``model.kind`` names: the unified ranker or the two-tower ranker."""
     if model.kind == "two_tower":
         from pinads_rec.models.two_tower import TwoTowerRanker
+
         return TwoTowerRanker(features, model, device=device)
     from pinads_rec.models.ranker import UnifiedRanker
+
     return UnifiedRanker(features, model, device=device)

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 
-def engagement_loss(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
-                    task_weights: torch.Tensor) -> torch.Tensor:
+def engagement_loss(
+    logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, task_weights: torch.Tensor
+) -> torch.Tensor:
     """logits, labels [B, T]; valid [B] bool; task_weights [T]. Mean over valid rows, summed over tasks."""
     per_row = F.binary_cross_entropy_with_logits(logits.float(), labels, reduction="none")
     weight = valid.to(per_row.dtype).unsqueeze(1)

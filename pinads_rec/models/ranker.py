@@ -46,8 +46,15 @@ def embedding_bag_configs(features: FeaturesConfig, user_side: bool = False) -> 
         users = [s for s in (features.user_sparse if user_side else features.row_sparse) if s.table == t.name]
         if users:
             pooling = PoolingType.MEAN if users[0].pooling == "mean" else PoolingType.SUM
-            out.append(EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
-                                          feature_names=[s.name for s in users], pooling=pooling))
+            out.append(
+                EmbeddingBagConfig(
+                    name=t.name,
+                    embedding_dim=t.embedding_dim,
+                    num_embeddings=t.num_embeddings,
+                    feature_names=[s.name for s in users],
+                    pooling=pooling,
+                )
+            )
     return out
 
 
@@ -57,8 +64,11 @@ def embedding_configs(features: FeaturesConfig) -> List[EmbeddingConfig]:
         keys = [f"{g.name}.{f.name}" for g in features.sequence_groups for f in g.features if f.table == t.name]
         keys += [CANDIDATE_PREFIX + s.name for s in features.shared_sparse if s.table == t.name]
         if keys:
-            out.append(EmbeddingConfig(name=t.name, embedding_dim=t.embedding_dim,
-                                       num_embeddings=t.num_embeddings, feature_names=keys))
+            out.append(
+                EmbeddingConfig(
+                    name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings, feature_names=keys
+                )
+            )
     return out
 
 
@@ -73,8 +83,10 @@ def sparse_collections(features: FeaturesConfig, device: torch.device = None):
     seq_tables = embedding_configs(features)
     seq_dims = {t.embedding_dim for t in seq_tables}
     if len(seq_dims) > 1:
-        raise ValueError(f"sequence tables must share one embedding_dim (an EmbeddingCollection "
-                         f"requirement); got {sorted(seq_dims)} for {[t.name for t in seq_tables]}")
+        raise ValueError(
+            f"sequence tables must share one embedding_dim (an EmbeddingCollection "
+            f"requirement); got {sorted(seq_dims)} for {[t.name for t in seq_tables]}"
+        )
     ec = EmbeddingCollection(tables=seq_tables, device=device) if seq_tables else None
     return ebc, user_ebc, ec, (seq_dims.pop() if seq_dims else 0)
 
@@ -94,19 +106,36 @@ class UnifiedRanker(nn.Module):
         self.bag_keys = [s.name for s in features.row_sparse]
         self.user_keys = [s.name for s in features.user_sparse]
         self.candidate_keys = [s.name for s in features.sparse if not s.user_side]
-        self.sequence_arch = (SequenceArch(features, {g.name: model.sequence_for(g.name) for g in features.sequence_groups},
-                                           seq_dim, sum(dims[k] for k in self.candidate_keys),
-                                           sum(dims[k] for k in self.user_keys))
-                              if features.sequence_groups else None)
+        self.sequence_arch = (
+            SequenceArch(
+                features,
+                {g.name: model.sequence_for(g.name) for g in features.sequence_groups},
+                seq_dim,
+                sum(dims[k] for k in self.candidate_keys),
+                sum(dims[k] for k in self.user_keys),
+            )
+            if features.sequence_groups
+            else None
+        )
 
-        width = (features.dense_dim + sum(dims.values())
-                 + (self.sequence_arch.output_dim if self.sequence_arch is not None else 0))
+        width = (
+            features.dense_dim
+            + sum(dims.values())
+            + (self.sequence_arch.output_dim if self.sequence_arch is not None else 0)
+        )
         self.interaction_width = width
         dcn = model.dcn
-        self.cross = LargeLayer(LowRankCrossNet(width, dcn.num_layers, dcn.low_rank) if dcn.low_rank
-                                else CrossNet(width, dcn.num_layers))
-        self.mmoe = MMoE(width, len(features.tasks), len(features.surfaces), model.mmoe.num_experts,
-                         model.mmoe.expert_dims, model.mmoe.tower_dims)
+        self.cross = LargeLayer(
+            LowRankCrossNet(width, dcn.num_layers, dcn.low_rank) if dcn.low_rank else CrossNet(width, dcn.num_layers)
+        )
+        self.mmoe = MMoE(
+            width,
+            len(features.tasks),
+            len(features.surfaces),
+            model.mmoe.num_experts,
+            model.mmoe.expert_dims,
+            model.mmoe.tower_dims,
+        )
         self.calibration = Calibration(len(features.surfaces), len(features.tasks), model.calibration)
         self.register_buffer("task_weights", torch.tensor([t.weight for t in features.tasks]), persistent=False)
 
@@ -133,9 +162,14 @@ class UnifiedRanker(nn.Module):
                 pooled[k] = events[CANDIDATE_PREFIX + k].values()
         parts = [self.dense_norm(batch.dense)] + [pooled[k] for k in self.sparse_keys]
         if self.sequence_arch is not None:
-            query = torch.cat([pooled[k] for k in self.candidate_keys], dim=1) if self.sequence_arch.uses_query else None
-            parts.append(self.sequence_arch(events, batch.sequence_time_deltas, batch.sequence_embeddings,
-                                            batch.request_index, query, user))
+            query = (
+                torch.cat([pooled[k] for k in self.candidate_keys], dim=1) if self.sequence_arch.uses_query else None
+            )
+            parts.append(
+                self.sequence_arch(
+                    events, batch.sequence_time_deltas, batch.sequence_embeddings, batch.request_index, query, user
+                )
+            )
         x = self.cross(torch.cat(parts, dim=1))
         logits = self.mmoe(x)  # [B, T, S]
         index = batch.surface.view(-1, 1, 1).expand(-1, logits.shape[1], 1)

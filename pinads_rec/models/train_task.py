@@ -43,8 +43,10 @@ class NonFiniteGuard(nn.Module):
             return torch.zeros((), device=loss.device, requires_grad=True)
         finite = torch.isfinite(raw.detach()).all(dim=0).tolist()
         tasks = [t for t, ok in zip(self.tasks, finite) if not ok] or ["(a rank's loss; logits finite here)"]
-        raise NonFiniteError(f"non-finite loss (tasks with non-finite logits: {', '.join(tasks)}) on a batch "
-                             f"from {source or 'an unnamed source'}; set train.nonfinite: skip to skip such batches")
+        raise NonFiniteError(
+            f"non-finite loss (tasks with non-finite logits: {', '.join(tasks)}) on a batch "
+            f"from {source or 'an unnamed source'}; set train.nonfinite: skip to skip such batches"
+        )
 
 
 class TrainTask(nn.Module):
@@ -73,8 +75,10 @@ def guard_gradients(optimizer: torch.optim.Optimizer, policy: str, counter: NonF
         if not grads or bool(torch.stack([g.sum() for g in grads]).sum().isfinite()):
             return
         if policy == "stop":
-            raise NonFiniteError("non-finite gradient in the dense layers (the loss was finite); "
-                                 "set train.nonfinite: skip to skip such steps")
+            raise NonFiniteError(
+                "non-finite gradient in the dense layers (the loss was finite); "
+                "set train.nonfinite: skip to skip such steps"
+            )
         counter.skipped += 1
         for g in opt.param_groups:
             for p in g["params"]:

@@ -72,7 +72,8 @@ class FirstRowOfRequest(nn.Module):
         U = int(request_index.max()) + 1 if B else 0
         rows = torch.arange(B, device=request_index.device)
         return torch.full((U,), B, dtype=torch.int64, device=request_index.device).scatter_reduce(
-            0, request_index, rows, reduce="amin")
+            0, request_index, rows, reduce="amin"
+        )
 
 
 class Tower(nn.Module):
@@ -81,8 +82,9 @@ class Tower(nn.Module):
 
     def __init__(self, width: int, num_tasks: int, embedding_dim: int, dcn: DCNConfig, mmoe: MMoEConfig):
         super().__init__()
-        self.cross = LargeLayer(LowRankCrossNet(width, dcn.num_layers, dcn.low_rank) if dcn.low_rank
-                                else CrossNet(width, dcn.num_layers))
+        self.cross = LargeLayer(
+            LowRankCrossNet(width, dcn.num_layers, dcn.low_rank) if dcn.low_rank else CrossNet(width, dcn.num_layers)
+        )
         # The MMoE's per-task tower outputs ("one logit per surface" in the ranker) are here the
         # task's embedding_dim-wide vector.
         self.mmoe = MMoE(width, num_tasks, embedding_dim, mmoe.num_experts, mmoe.expert_dims, mmoe.tower_dims)
@@ -126,18 +128,26 @@ class TwoTowerRanker(nn.Module):
         for g in features.sequence_groups:
             enc = model.sequence_for(g.name)
             user_seq[g.name] = dataclasses.replace(enc, poolings=[p for p in enc.poolings if p != "target"] or ["mean"])
-        self.sequence_arch = (SequenceArch(features, user_seq, seq_dim, query_dim=0)
-                              if self.ec is not None and features.sequence_groups else None)
+        self.sequence_arch = (
+            SequenceArch(features, user_seq, seq_dim, query_dim=0)
+            if self.ec is not None and features.sequence_groups
+            else None
+        )
         self.surface_embedding = nn.Embedding(num_surfaces, SURFACE_EMBEDDING_DIM)
         self.first_row = FirstRowOfRequest()
 
-        user_width = (len(user_cols) + SURFACE_EMBEDDING_DIM
-                      + sum(dims[k] for k in self.user_bag_keys + self.user_row_keys + self.user_shared_keys)
-                      + (self.sequence_arch.output_dim if self.sequence_arch is not None else 0))
+        user_width = (
+            len(user_cols)
+            + SURFACE_EMBEDDING_DIM
+            + sum(dims[k] for k in self.user_bag_keys + self.user_row_keys + self.user_shared_keys)
+            + (self.sequence_arch.output_dim if self.sequence_arch is not None else 0)
+        )
         ad_width = len(ad_cols) + sum(dims[k] for k in self.ad_bag_keys + self.ad_shared_keys)
         if ad_width == 0:
-            raise ValueError("two_tower: the ad tower has no input; declare candidate-side features "
-                             "(sparse or dense features without user_side: true)")
+            raise ValueError(
+                "two_tower: the ad tower has no input; declare candidate-side features "
+                "(sparse or dense features without user_side: true)"
+            )
         self.user_width, self.ad_width = user_width, ad_width
         self.user_tower = Tower(user_width, num_tasks, tt.embedding_dim, tt.dcn, tt.mmoe)
         self.ad_tower = Tower(ad_width, num_tasks, tt.embedding_dim, tt.dcn, tt.mmoe)
@@ -172,8 +182,9 @@ class TwoTowerRanker(nn.Module):
         """[B, T, E]: one vector per task for each row's candidate (surface-independent)."""
         return self._ad_tower(batch, self._lookup(batch, user=False, ad=True))
 
-    def combine(self, users: torch.Tensor, ads: torch.Tensor, request_index: torch.Tensor,
-                surface: torch.Tensor) -> torch.Tensor:
+    def combine(
+        self, users: torch.Tensor, ads: torch.Tensor, request_index: torch.Tensor, surface: torch.Tensor
+    ) -> torch.Tensor:
         """users [U, T, E], ads [B, T, E] -> raw logits [B, T]: per task, the row's request's user
         vector . the row's ad vector + bias[surface, task]."""
         return (users.index_select(0, request_index) * ads).sum(dim=-1) + self.bias.index_select(0, surface)
@@ -194,8 +205,10 @@ class TwoTowerRanker(nn.Module):
         first = self.first_row(batch.request_index)  # [U]
         # = arange(U): the user_sparse KJT may carry more (empty, padding) slots than requests.
         slots = batch.request_index.index_select(0, first)
-        parts = [self.user_dense_norm(batch.dense.index_select(0, first).index_select(1, self.user_dense_cols)),
-                 self.surface_embedding(batch.surface.index_select(0, first))]
+        parts = [
+            self.user_dense_norm(batch.dense.index_select(0, first).index_select(1, self.user_dense_cols)),
+            self.surface_embedding(batch.surface.index_select(0, first)),
+        ]
         # By name, in config order: a sharded collection returns its keys grouped by sharding.
         parts += [looked_up["users"][k].index_select(0, slots) for k in self.user_bag_keys]
         parts += [looked_up["bags"][k].index_select(0, first) for k in self.user_row_keys]
@@ -203,8 +216,11 @@ class TwoTowerRanker(nn.Module):
             events = looked_up["events"]
             parts += [events[CANDIDATE_PREFIX + k].values().index_select(0, first) for k in self.user_shared_keys]
         if self.sequence_arch is not None:  # per request: "broadcast" to the slots themselves
-            parts.append(self.sequence_arch(looked_up["events"], batch.sequence_time_deltas,
-                                            batch.sequence_embeddings, slots, None))
+            parts.append(
+                self.sequence_arch(
+                    looked_up["events"], batch.sequence_time_deltas, batch.sequence_embeddings, slots, None
+                )
+            )
         return self.user_tower(torch.cat(parts, dim=1))
 
     def _ad_tower(self, batch: Batch, looked_up: Dict[str, object]) -> torch.Tensor:
@@ -238,15 +254,19 @@ def item_ids(model: TwoTowerRanker, batch: Batch) -> torch.Tensor:
     f = model.features
     feature = next((s for s in f.sparse if s.column == f.columns.item_id), None)
     if feature is None:
-        raise ValueError(f"two_tower export needs a sparse feature reading the item column "
-                         f"{f.columns.item_id!r} (features.sparse[*].column)")
+        raise ValueError(
+            f"two_tower export needs a sparse feature reading the item column "
+            f"{f.columns.item_id!r} (features.sparse[*].column)"
+        )
     if feature.name in {s.name for s in f.shared_sparse}:
         ids = batch.sequences[CANDIDATE_PREFIX + feature.name].values()
     else:
         ids = batch.sparse[feature.name].values()
     if ids.shape[0] != batch.batch_size:
-        raise ValueError(f"feature {feature.name!r}: expected one item id per row, got {ids.shape[0]} ids "
-                         f"for {batch.batch_size} rows")
+        raise ValueError(
+            f"feature {feature.name!r}: expected one item id per row, got {ids.shape[0]} ids "
+            f"for {batch.batch_size} rows"
+        )
     return ids
 
 
@@ -317,8 +337,10 @@ class AdTable:
         found = self.ids.index_select(0, pos) == ids if len(self.ids) else torch.zeros_like(ids, dtype=torch.bool)
         if not bool(found.all()):
             missing = ids[~found].unique()[:5].tolist()
-            raise KeyError(f"{int((~found).sum())} row(s) have items missing from the ad table, e.g. {missing}: "
-                           f"export the embeddings of every item you score")
+            raise KeyError(
+                f"{int((~found).sum())} row(s) have items missing from the ad table, e.g. {missing}: "
+                f"export the embeddings of every item you score"
+            )
         return self.vectors.index_select(0, pos)
 
 
@@ -342,8 +364,9 @@ def load_ad_table(source: Union[str, Path, pa.Table], tasks: Optional[List[str]]
     return AdTable(ids, vectors)
 
 
-def score_with_ad_table(model: nn.Module, batch: Batch,
-                        table: Union[AdTable, str, Path, pa.Table]) -> Tuple[torch.Tensor, torch.Tensor]:
+def score_with_ad_table(
+    model: nn.Module, batch: Batch, table: Union[AdTable, str, Path, pa.Table]
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(raw, calibrated) logits [B, T] from precomputed ad vectors: one user-tower pass per request,
     then per row a table lookup and T dot products. Equals ``model.scores(batch)`` in eval mode (up
     to float rounding). Pass an ``AdTable`` (``load_ad_table``) to avoid re-reading the file."""

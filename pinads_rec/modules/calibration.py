@@ -27,8 +27,14 @@ import torch
 from torch import nn
 
 
-def fit_platt(logits: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor, num_groups: int,
-              prior: float = 1.0, iterations: int = 50) -> Tuple[torch.Tensor, torch.Tensor]:
+def fit_platt(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    groups: torch.Tensor,
+    num_groups: int,
+    prior: float = 1.0,
+    iterations: int = 50,
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per group g, the (a_g, b_g) minimizing sum_i BCE(a_g z_i + b_g, y_i) + prior/2 ((a_g - 1)^2 + b_g^2).
 
     logits, labels [N] (float64 used inside); groups [N] in [0, num_groups). The small prior keeps a

@@ -26,20 +26,28 @@ class DenseNormalization(nn.Module):
         super().__init__()
         rbn = resilient_bn_cfg or ResilientBNConfig()
         self.features = [(f.name, f.dim, f.norm, f.clip_min, f.clip_max) for f in features]
-        self.layer_norms = nn.ModuleDict(
-            {f.name: nn.LayerNorm(f.dim) for f in features if f.norm == "layer_norm"})
+        self.layer_norms = nn.ModuleDict({f.name: nn.LayerNorm(f.dim) for f in features if f.norm == "layer_norm"})
         self.batch_norms = nn.ModuleDict(
-            {f.name: nn.BatchNorm1d(f.dim, eps=rbn.eps, momentum=rbn.momentum)
-             for f in features if f.norm == "batch_norm"})
+            {
+                f.name: nn.BatchNorm1d(f.dim, eps=rbn.eps, momentum=rbn.momentum)
+                for f in features
+                if f.norm == "batch_norm"
+            }
+        )
         self.resilient_bns = nn.ModuleDict(
-            {f.name: ResilientBatchNorm1d(f.dim, rbn.minimal_variance, rbn.variance_shift_threshold,
-                                          rbn.momentum, rbn.eps)
-             for f in features if f.norm == "resilient_bn"})
+            {
+                f.name: ResilientBatchNorm1d(
+                    f.dim, rbn.minimal_variance, rbn.variance_shift_threshold, rbn.momentum, rbn.eps
+                )
+                for f in features
+                if f.norm == "resilient_bn"
+            }
+        )
 
     def forward(self, dense: torch.Tensor) -> torch.Tensor:
         out, at = [], 0
         for name, dim, norm, lo, hi in self.features:
-            x = dense[:, at:at + dim]
+            x = dense[:, at : at + dim]
             at += dim
             if norm == "log":  # signed log: heavy tails both ways, keeps the sign
                 x = torch.sign(x) * torch.log1p(torch.abs(x))

@@ -34,10 +34,14 @@ class DINAttention(nn.Module):
         layers.append(nn.Linear(hidden[-1], 1))
         self.score = nn.Sequential(*layers)
 
-    def forward(self, query: torch.Tensor, events: torch.Tensor, mask: torch.Tensor,
-                request_index: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, query: torch.Tensor, events: torch.Tensor, mask: torch.Tensor, request_index: torch.Tensor
+    ) -> torch.Tensor:
         q, slot = by_request(self.query(query), request_index, events.shape[0])  # [U, C, W]
-        first = (self.from_query(q).unsqueeze(2) + self.from_key(events).unsqueeze(1)
-                 + self.from_product(q.unsqueeze(2) * events.unsqueeze(1)))  # [U, C, L, H]
+        first = (
+            self.from_query(q).unsqueeze(2)
+            + self.from_key(events).unsqueeze(1)
+            + self.from_product(q.unsqueeze(2) * events.unsqueeze(1))
+        )  # [U, C, L, H]
         weights = masked_softmax_with_empty_slot(self.score(first).squeeze(-1), mask)  # [U, C, L]
         return to_rows(torch.bmm(weights, events), slot)

@@ -28,12 +28,20 @@ class EarlyInteraction(nn.Module):
         self.cosine_attributes = nn.Linear(len(cosine), width) if cosine else None
         self.token_projections = nn.ModuleDict({n: nn.Linear(dims[n], width) for n in tokens})
 
-    def forward(self, events: torch.Tensor, mask: torch.Tensor,
-                representations: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def forward(
+        self, events: torch.Tensor, mask: torch.Tensor, representations: Dict[str, torch.Tensor]
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         if self.cosine_attributes is not None:
             unit = F.normalize(events, dim=-1)
-            cos = torch.stack([torch.bmm(unit, F.normalize(self.cosine_projections[n](representations[n]), dim=-1)
-                                         .unsqueeze(2)).squeeze(2) for n in self.cosine_of], dim=-1)  # [N, L, n]
+            cos = torch.stack(
+                [
+                    torch.bmm(
+                        unit, F.normalize(self.cosine_projections[n](representations[n]), dim=-1).unsqueeze(2)
+                    ).squeeze(2)
+                    for n in self.cosine_of
+                ],
+                dim=-1,
+            )  # [N, L, n]
             events = events + self.cosine_attributes(cos) * mask.unsqueeze(-1).to(events.dtype)
         tokens = None
         if self.tokens_of:

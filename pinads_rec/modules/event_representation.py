@@ -25,8 +25,9 @@ def time_delta_bucket(seconds: torch.Tensor, num_buckets: int) -> torch.Tensor:
 
 
 class EventRepresentation(nn.Module):
-    def __init__(self, attr_dims: List[int], pretrained_dim: int, max_length: int, combine: str, d_model: int,
-                 time_buckets: int):
+    def __init__(
+        self, attr_dims: List[int], pretrained_dim: int, max_length: int, combine: str, d_model: int, time_buckets: int
+    ):
         super().__init__()
         self.combine, self.max_length, self.time_buckets = combine, max_length, time_buckets
         in_dim = sum(attr_dims) + pretrained_dim
@@ -36,8 +37,13 @@ class EventRepresentation(nn.Module):
         self.width = d_model if combine == "sum" else in_dim
         self.time_embedding = nn.Embedding(time_buckets, self.width)
 
-    def forward(self, attributes: List[torch.Tensor], offsets: torch.Tensor, time_deltas: torch.Tensor,
-                pretrained: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        attributes: List[torch.Tensor],
+        offsets: torch.Tensor,
+        time_deltas: torch.Tensor,
+        pretrained: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         parts = list(attributes)
         if self.pretrained_dim:
             parts.append(pretrained)

@@ -20,7 +20,8 @@ class ShortTermInterest(nn.Module):
         self.short_length = short_length
         self.attention = DINAttention(query_dim, width, hidden)
 
-    def forward(self, query: torch.Tensor, events: torch.Tensor, mask: torch.Tensor,
-                request_index: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, query: torch.Tensor, events: torch.Tensor, mask: torch.Tensor, request_index: torch.Tensor
+    ) -> torch.Tensor:
         k = self.short_length
         return self.attention(query, events[:, :k], mask[:, :k], request_index)

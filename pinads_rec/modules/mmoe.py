@@ -32,15 +32,24 @@ class Experts(nn.Module):
 
 
 class MMoE(nn.Module):
-    def __init__(self, in_features: int, num_tasks: int, num_surfaces: int, num_experts: int,
-                 expert_dims: List[int], tower_dims: List[int]):
+    def __init__(
+        self,
+        in_features: int,
+        num_tasks: int,
+        num_surfaces: int,
+        num_experts: int,
+        expert_dims: List[int],
+        tower_dims: List[int],
+    ):
         super().__init__()
         self.experts = LargeLayer(Experts(in_features, num_experts, expert_dims))
         self.gates = nn.Linear(in_features, num_tasks * num_experts)
         self.towers = nn.ModuleList(
             nn.Sequential(MLP(expert_dims[-1], tower_dims), nn.Linear(tower_dims[-1], num_surfaces))
-            if tower_dims else nn.Linear(expert_dims[-1], num_surfaces)
-            for _ in range(num_tasks))
+            if tower_dims
+            else nn.Linear(expert_dims[-1], num_surfaces)
+            for _ in range(num_tasks)
+        )
         self.num_tasks, self.num_experts = num_tasks, num_experts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

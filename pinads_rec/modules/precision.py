@@ -46,7 +46,8 @@ class LargeLayer(nn.Module):
                 raise PrecisionOverflow(
                     f"{self.layer_name}: FP16 overflow (inf/NaN output, max |input| "
                     f"{max(float(a.abs().max()) for a in args if a.is_floating_point()):.3g}); use precision bf16, "
-                    f"or set model.precision.fp16_overflow: bf16 to redo such layers in BF16")
+                    f"or set model.precision.fp16_overflow: bf16 to redo such layers in BF16"
+                )
             # This layer runs in BF16 from now on (its weights too, when they were cast to FP16).
             self.fallbacks += 1
             self.dtype = torch.bfloat16

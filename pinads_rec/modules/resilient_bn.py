@@ -44,10 +44,19 @@ from torch import nn
 
 
 @torch.fx.wrap
-def _running_stats(x: torch.Tensor, running_mean: torch.Tensor, running_var: torch.Tensor,
-                   initialized: torch.Tensor, num_masked: torch.Tensor, num_batches_tracked: torch.Tensor,
-                   training: bool, minimal_variance: float, variance_shift_threshold: float, momentum: float,
-                   eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
+def _running_stats(
+    x: torch.Tensor,
+    running_mean: torch.Tensor,
+    running_var: torch.Tensor,
+    initialized: torch.Tensor,
+    num_masked: torch.Tensor,
+    num_batches_tracked: torch.Tensor,
+    training: bool,
+    minimal_variance: float,
+    variance_shift_threshold: float,
+    momentum: float,
+    eps: float,
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """In training, updates the running statistics in place (the masked momentum update); returns
     the mean and 1/std to normalize with. One traced call (``torch.fx.wrap``): an FX trace proxies
     parameters, not buffers, so the buffer arithmetic would otherwise be frozen into constants."""
@@ -75,8 +84,15 @@ def _running_stats(x: torch.Tensor, running_mean: torch.Tensor, running_var: tor
 
 
 class ResilientBatchNorm1d(nn.Module):
-    def __init__(self, num_features: int, minimal_variance: float = 1e-4, variance_shift_threshold: float = 10.0,
-                 momentum: float = 0.1, eps: float = 1e-5, affine: bool = True):
+    def __init__(
+        self,
+        num_features: int,
+        minimal_variance: float = 1e-4,
+        variance_shift_threshold: float = 10.0,
+        momentum: float = 0.1,
+        eps: float = 1e-5,
+        affine: bool = True,
+    ):
         super().__init__()
         if variance_shift_threshold <= 1.0:
             raise ValueError(f"variance_shift_threshold is a ratio and must be > 1, got {variance_shift_threshold}")
@@ -96,14 +112,26 @@ class ResilientBatchNorm1d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mean, inv_std = _running_stats(
-            x, self.running_mean, self.running_var, self.initialized, self.num_masked, self.num_batches_tracked,
-            self.training, self.minimal_variance, self.variance_shift_threshold, self.momentum, self.eps)
+            x,
+            self.running_mean,
+            self.running_var,
+            self.initialized,
+            self.num_masked,
+            self.num_batches_tracked,
+            self.training,
+            self.minimal_variance,
+            self.variance_shift_threshold,
+            self.momentum,
+            self.eps,
+        )
         y = (x - mean) * inv_std
         if self.affine:
             y = y * self.weight + self.bias
         return y
 
     def extra_repr(self) -> str:
-        return (f"{self.num_features}, minimal_variance={self.minimal_variance}, "
-                f"variance_shift_threshold={self.variance_shift_threshold}, momentum={self.momentum}, "
-                f"eps={self.eps}, affine={self.affine}")
+        return (
+            f"{self.num_features}, minimal_variance={self.minimal_variance}, "
+            f"variance_shift_threshold={self.variance_shift_threshold}, momentum={self.momentum}, "
+            f"eps={self.eps}, affine={self.affine}"
+        )

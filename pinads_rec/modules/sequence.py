@@ -40,14 +40,20 @@ from pinads_rec.modules.transformer import TransformerEncoder
 
 
 class GroupEncoder(nn.Module):
-    def __init__(self, group: SequenceGroupConfig, cfg: SequenceEncoderConfig, attr_dim: int, query_dim: int,
-                 user_dim: int):
+    def __init__(
+        self, group: SequenceGroupConfig, cfg: SequenceEncoderConfig, attr_dim: int, query_dim: int, user_dim: int
+    ):
         super().__init__()
         self.keys = [f"{group.name}.{f.name}" for f in group.features]
         self.has_pretrained = group.embedding_column is not None
-        self.events = EventRepresentation([attr_dim] * len(group.features),
-                                          group.embedding_dim if self.has_pretrained else 0,
-                                          group.max_length, cfg.combine, cfg.d_model, cfg.time_buckets)
+        self.events = EventRepresentation(
+            [attr_dim] * len(group.features),
+            group.embedding_dim if self.has_pretrained else 0,
+            group.max_length,
+            cfg.combine,
+            cfg.d_model,
+            cfg.time_buckets,
+        )
         W = self.events.width
         enc = set(cfg.encoders)
         candidate = query_dim > 0  # without a query, the candidate-dependent parts are left out
@@ -59,15 +65,34 @@ class GroupEncoder(nn.Module):
         tokens = [n for n in early.tokens if available[n] and "transformer" in enc]
         self.per_candidate = "candidate" in cosine or "candidate" in tokens
         self.uses_user = "user" in cosine or "user" in tokens
-        self.early = (EarlyInteraction(W, {"candidate": query_dim, "user": user_dim}, cosine, tokens)
-                      if cosine or tokens else None)
-        self.transformer = (TransformerEncoder(W, cfg.num_layers, cfg.num_heads, cfg.ffn_dim, cfg.dropout,
-                                               [p for p in cfg.poolings if p != "target"], cfg.transact_recent)
-                            if "transformer" in enc else None)
-        self.projection = (SequenceProjection(self.transformer.output_dim, cfg.projection)
-                           if self.transformer is not None and cfg.projection.dim else None)
-        self.target = (TargetAttention(query_dim, W)
-                       if candidate and self.transformer is not None and "target" in cfg.poolings else None)
+        self.early = (
+            EarlyInteraction(W, {"candidate": query_dim, "user": user_dim}, cosine, tokens)
+            if cosine or tokens
+            else None
+        )
+        self.transformer = (
+            TransformerEncoder(
+                W,
+                cfg.num_layers,
+                cfg.num_heads,
+                cfg.ffn_dim,
+                cfg.dropout,
+                [p for p in cfg.poolings if p != "target"],
+                cfg.transact_recent,
+            )
+            if "transformer" in enc
+            else None
+        )
+        self.projection = (
+            SequenceProjection(self.transformer.output_dim, cfg.projection)
+            if self.transformer is not None and cfg.projection.dim
+            else None
+        )
+        self.target = (
+            TargetAttention(query_dim, W)
+            if candidate and self.transformer is not None and "target" in cfg.poolings
+            else None
+        )
         # Sums of up to max_length events are layer-normed before they meet the cross network (which
         # multiplies its inputs: unnormed 100-event sums drove the logits to 1e4 and training to a
         # constant model). No bias: an empty period stays zeros.
@@ -75,22 +100,45 @@ class GroupEncoder(nn.Module):
         self.period_sum = PeriodSumPooling(cfg.period_boundaries_s) if "period_sum" in enc else None
         self.period_norm = nn.LayerNorm(W, bias=False) if "period_sum" in enc else None
         self.din = DINAttention(query_dim, W, cfg.din_hidden) if candidate and "din" in enc else None
-        self.short = (ShortTermInterest(query_dim, W, cfg.short_length, cfg.short_hidden)
-                      if candidate and "long_short" in enc else None)
-        transformer_dim = (self.projection.output_dim if self.projection is not None
-                           else self.transformer.output_dim if self.transformer is not None else 0)
-        self.output_dim = (transformer_dim + W * ((self.sum is not None) + (self.target is not None) + (self.din is not None)
-                                                  + (self.short is not None))
-                           + (self.period_sum.num_periods * W if self.period_sum is not None else 0))
+        self.short = (
+            ShortTermInterest(query_dim, W, cfg.short_length, cfg.short_hidden)
+            if candidate and "long_short" in enc
+            else None
+        )
+        transformer_dim = (
+            self.projection.output_dim
+            if self.projection is not None
+            else self.transformer.output_dim
+            if self.transformer is not None
+            else 0
+        )
+        self.output_dim = (
+            transformer_dim
+            + W
+            * ((self.sum is not None) + (self.target is not None) + (self.din is not None) + (self.short is not None))
+            + (self.period_sum.num_periods * W if self.period_sum is not None else 0)
+        )
         if self.output_dim == 0:
-            raise ValueError(f"sequence group {group.name!r}: encoders {cfg.encoders} give no feature without a "
-                             f"candidate query (two-tower user tower); add transformer, sum or period_sum")
+            raise ValueError(
+                f"sequence group {group.name!r}: encoders {cfg.encoders} give no feature without a "
+                f"candidate query (two-tower user tower); add transformer, sum or period_sum"
+            )
 
-    def forward(self, events: Dict[str, JaggedTensor], time_deltas: torch.Tensor, pretrained: Optional[torch.Tensor],
-                request_index: torch.Tensor, query: Optional[torch.Tensor],
-                user: Optional[torch.Tensor]) -> torch.Tensor:
-        content, mask, deltas = self.events([events[k].values() for k in self.keys], events[self.keys[0]].offsets(),
-                                            time_deltas, pretrained if self.has_pretrained else None)
+    def forward(
+        self,
+        events: Dict[str, JaggedTensor],
+        time_deltas: torch.Tensor,
+        pretrained: Optional[torch.Tensor],
+        request_index: torch.Tensor,
+        query: Optional[torch.Tensor],
+        user: Optional[torch.Tensor],
+    ) -> torch.Tensor:
+        content, mask, deltas = self.events(
+            [events[k].values() for k in self.keys],
+            events[self.keys[0]].offsets(),
+            time_deltas,
+            pretrained if self.has_pretrained else None,
+        )
         index = request_index
         if user is not None:
             user = user[: content.shape[0]]  # the user slots past the batch's requests are padding
@@ -127,17 +175,35 @@ class GroupEncoder(nn.Module):
 
 
 class SequenceArch(nn.Module):
-    def __init__(self, features: FeaturesConfig, encoders: Dict[str, SequenceEncoderConfig], attr_dim: int,
-                 query_dim: int, user_dim: int = 0):
+    def __init__(
+        self,
+        features: FeaturesConfig,
+        encoders: Dict[str, SequenceEncoderConfig],
+        attr_dim: int,
+        query_dim: int,
+        user_dim: int = 0,
+    ):
         super().__init__()
-        self.groups = nn.ModuleDict({g.name: GroupEncoder(g, encoders[g.name], attr_dim, query_dim, user_dim)
-                                     for g in features.sequence_groups})
+        self.groups = nn.ModuleDict(
+            {g.name: GroupEncoder(g, encoders[g.name], attr_dim, query_dim, user_dim) for g in features.sequence_groups}
+        )
         self.uses_query = query_dim > 0
         self.uses_user = any(g.uses_user for g in self.groups.values())
         self.output_dim = sum(g.output_dim for g in self.groups.values())
 
-    def forward(self, events: Dict[str, JaggedTensor], time_deltas: Dict[str, torch.Tensor],
-                pretrained: Dict[str, torch.Tensor], request_index: torch.Tensor,
-                query: Optional[torch.Tensor], user: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return torch.cat([encoder(events, time_deltas[name], pretrained.get(name), request_index, query, user)
-                          for name, encoder in self.groups.items()], dim=1)
+    def forward(
+        self,
+        events: Dict[str, JaggedTensor],
+        time_deltas: Dict[str, torch.Tensor],
+        pretrained: Dict[str, torch.Tensor],
+        request_index: torch.Tensor,
+        query: Optional[torch.Tensor],
+        user: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        return torch.cat(
+            [
+                encoder(events, time_deltas[name], pretrained.get(name), request_index, query, user)
+                for name, encoder in self.groups.items()
+            ],
+            dim=1,
+        )

@@ -17,7 +17,9 @@ from pinads_rec.modules.precision import LargeLayer
 class SequenceProjection(nn.Module):
     def __init__(self, in_dim: int, cfg: SequenceProjectionConfig):
         super().__init__()
-        cross = LowRankCrossNet(in_dim, cfg.num_layers, cfg.low_rank) if cfg.low_rank else CrossNet(in_dim, cfg.num_layers)
+        cross = (
+            LowRankCrossNet(in_dim, cfg.num_layers, cfg.low_rank) if cfg.low_rank else CrossNet(in_dim, cfg.num_layers)
+        )
         self.cross = LargeLayer(cross) if cfg.num_layers else None
         self.out = nn.Linear(in_dim, cfg.dim)
         self.output_dim = cfg.dim

@@ -27,7 +27,11 @@ def by_request(q: torch.Tensor, request_index: torch.Tensor, U: int) -> Tuple[to
     # .item(), not int(): torch.export keeps the width symbolic instead of failing on it.
     C = rows.max().item()
     blocks = torch.ops.fbgemm.jagged_to_padded_dense(q, [offsets], [C], 0.0)
-    slot = request_index * C + torch.arange(request_index.shape[0], device=q.device) - offsets.index_select(0, request_index)
+    slot = (
+        request_index * C
+        + torch.arange(request_index.shape[0], device=q.device)
+        - offsets.index_select(0, request_index)
+    )
     return blocks, slot
 
 
@@ -44,8 +48,9 @@ def masked_softmax_with_empty_slot(scores: torch.Tensor, mask: torch.Tensor) -> 
     return torch.cat([scores, torch.zeros_like(scores[..., :1])], dim=-1).softmax(dim=-1)[..., :-1]
 
 
-def _attend(q: torch.Tensor, keys: torch.Tensor, events: torch.Tensor, mask: torch.Tensor,
-            request_index: torch.Tensor) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, keys: torch.Tensor, events: torch.Tensor, mask: torch.Tensor, request_index: torch.Tensor
+) -> torch.Tensor:
     """q [B, d] per candidate; keys, events [U, L, d]; mask [U, L]. Returns [B, d]."""
     blocks, slot = by_request(q, request_index, events.shape[0])
     weights = masked_softmax_with_empty_slot(torch.bmm(blocks, keys.transpose(1, 2)), mask)  # [U, C, L]
@@ -63,8 +68,9 @@ class TargetAttention(nn.Module):
         self.key = nn.Linear(d_model, d_model)
         self.scale = 1.0 / math.sqrt(d_model)
 
-    def forward(self, query: torch.Tensor, events: torch.Tensor, mask: torch.Tensor,
-                request_index: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, query: torch.Tensor, events: torch.Tensor, mask: torch.Tensor, request_index: torch.Tensor
+    ) -> torch.Tensor:
         # A batched matmul, not self.key(events): nn.Linear checks the contiguity of this [U, L, d]
         # slice of the encoder output, which torch.export turns into a U != 1 guard (no single requests).
         keys = torch.baddbmm(self.key.bias.view(1, 1, -1), events, self.key.weight.t().expand(events.shape[0], -1, -1))

@@ -34,12 +34,20 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(U, L, 3, self.num_heads, D // self.num_heads).permute(2, 0, 3, 1, 4)
         # CPU BF16 training: the flash-attention backward is slower than the math kernel in BF16
         # (benchmarks/inference_precision.py measures both); elsewhere SDPA picks its fastest.
-        backends = ([SDPBackend.MATH] if q.dtype == torch.bfloat16 and self.training and q.device.type == "cpu"
-                    else [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
-                          SDPBackend.MATH])
+        backends = (
+            [SDPBackend.MATH]
+            if q.dtype == torch.bfloat16 and self.training and q.device.type == "cpu"
+            else [
+                SDPBackend.FLASH_ATTENTION,
+                SDPBackend.EFFICIENT_ATTENTION,
+                SDPBackend.CUDNN_ATTENTION,
+                SDPBackend.MATH,
+            ]
+        )
         with sdpa_kernel(backends):
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :],
-                                               dropout_p=self.dropout if self.training else 0.0)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=key_mask[:, None, None, :], dropout_p=self.dropout if self.training else 0.0
+            )
         return self.out(y.transpose(1, 2).reshape(U, L, D))
 
 
@@ -72,8 +80,16 @@ class TransformerStack(nn.Module):
 
 
 class TransformerEncoder(nn.Module):
-    def __init__(self, width: int, num_layers: int, num_heads: int, ffn_dim: int, dropout: float,
-                 poolings: List[str], transact_recent: int):
+    def __init__(
+        self,
+        width: int,
+        num_layers: int,
+        num_heads: int,
+        ffn_dim: int,
+        dropout: float,
+        poolings: List[str],
+        transact_recent: int,
+    ):
         super().__init__()
         self.width, self.recent = width, transact_recent
         self.summary_token = nn.Parameter(torch.randn(1, 1, width) * 0.02)
@@ -81,15 +97,17 @@ class TransformerEncoder(nn.Module):
         self.summary, self.mean, self.transact = ("summary" in poolings, "mean" in poolings, "transact" in poolings)
         self.output_dim = (self.summary + self.mean + self.transact * (1 + transact_recent)) * width
 
-    def forward(self, events: torch.Tensor, mask: torch.Tensor,
-                extra_tokens: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, events: torch.Tensor, mask: torch.Tensor, extra_tokens: Optional[torch.Tensor] = None
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         U, L, W = events.shape
         head = self.summary_token.expand(U, 1, W).to(events.dtype)
         if extra_tokens is not None:
             head = torch.cat([head, extra_tokens.to(events.dtype)], dim=1)
         H = head.shape[1]
-        x = self.stack(torch.cat([head, events], dim=1),
-                       torch.cat([torch.ones_like(mask[:, :1]).expand(U, H), mask], dim=1))
+        x = self.stack(
+            torch.cat([head, events], dim=1), torch.cat([torch.ones_like(mask[:, :1]).expand(U, H), mask], dim=1)
+        )
         encoded = x[:, H:]
         m = mask.unsqueeze(-1).to(x.dtype)
         pooled = []
@@ -101,5 +119,5 @@ class TransformerEncoder(nn.Module):
             # Max over real events (0 for an empty sequence), then the newest K tokens (0 past the end).
             peak = encoded.masked_fill(~mask.unsqueeze(-1), float("-inf")).amax(dim=1)
             pooled.append(torch.where(mask.any(dim=1, keepdim=True), peak, torch.zeros_like(peak)))
-            pooled.append((encoded[:, :self.recent] * m[:, :self.recent]).reshape(U, -1))
+            pooled.append((encoded[:, : self.recent] * m[:, : self.recent]).reshape(U, -1))
         return torch.cat(pooled, dim=1), encoded
