@@ -32,8 +32,9 @@ for path in (REPO, REPO / "benchmarks"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from pinads_rec import ablate, config, scaling  # noqa: E402
 from train_throughput import REFERENCE, measure_plain  # noqa: E402
+
+from pinads_rec import ablate, config, scaling  # noqa: E402
 
 
 def train_py(config_path: str, overrides: List[str], run_dir: Path, ranks: int) -> dict:

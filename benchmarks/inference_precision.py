@@ -180,7 +180,7 @@ def module_times(models: Dict[str, nn.Module], batch: Batch, repeats: int) -> Di
     """Median ms per named part of the forward (forward hooks), the models timed alternately; the
     rest of the total is glue (concatenation, gathers, the broadcast index_select)."""
     samples = {k: defaultdict(list) for k in models}
-    for k, model in models.items():
+    for model in models.values():
         model._bench_spent, model._bench_starts = defaultdict(float), {}
         for part, mods in _parts(model).items():
             for m in mods:
@@ -460,7 +460,8 @@ def main(argv=None) -> int:
         ops = op_times(models, batch, args.repeats)
         lines += [
             "",
-            f"{'operator group (self CPU ms/forward)':<40} {'fp32 ms':>8} {'bf16 ms':>8} {'fp32/bf16':>9} {'fp32 share':>10}",
+            f"{'operator group (self CPU ms/forward)':<40} {'fp32 ms':>8} {'bf16 ms':>8} "
+            f"{'fp32/bf16':>9} {'fp32 share':>10}",
         ]
         for group in sorted(ops["fp32"], key=lambda k: (k == "all ops", -ops["fp32"][k])):
             a, b = ops["fp32"][group], ops["bf16"].get(group, 0.0)

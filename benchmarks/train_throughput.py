@@ -58,7 +58,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -246,7 +246,8 @@ def measure_plain(
     from pinads_rec.data.loader import make_loader
     from pinads_rec.models import build_model
     from pinads_rec.models.train_task import TrainTask
-    from pinads_rec.train import EndTogether, evaluate as evaluate_split
+    from pinads_rec.train import EndTogether
+    from pinads_rec.train import evaluate as evaluate_split
 
     env = parallel.init_distributed()
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, broadcast=False))
@@ -379,8 +380,9 @@ def loader_rate(cfg: config.ExperimentConfig, world: int, batches: int = 40, zer
             next(it)  # the first shuffle-buffer fill is not steady state
             rows = n = 0
             t0 = time.perf_counter()
-            for n, batch in enumerate(itertools.islice(it, batches), 1):  # fewer when the data run out
+            for batch in itertools.islice(it, batches):  # fewer when the data run out
                 rows += _valid_rows(batch)
+                n += 1
             wall = time.perf_counter() - t0
     finally:
         torch.set_num_threads(threads)
@@ -590,7 +592,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             )
             rows.append(row)
             print(
-                f"  {name}, {best['switch']}: pipeline / plain PyTorch {best['examples_per_s'] / row['examples_per_s']:.2f}x"
+                f"  {name}, {best['switch']}: pipeline / plain PyTorch "
+                f"{best['examples_per_s'] / row['examples_per_s']:.2f}x"
             )
 
     def rate(model, mode, ranks):
@@ -609,7 +612,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"\nmachine limits ({ranks} x one thread): matmul 2048^2 fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, "
         f"bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s"
     )
-    for name, base_cfg in cfgs.items():
+    for name in cfgs:
         runs = [r for r in rows if (r["model"], r["mode"], r["ranks"]) == (name, "pipeline", ranks)]
         for r in (runs[0], max(runs, key=lambda r: r["examples_per_s"])):
             cfg = configs[(name, r["switch"])]
@@ -621,12 +624,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             loader, zeroed = (max(passes[z::2], key=lambda p: p["examples_per_s"]) for z in (0, 1))
             print(
                 f"  {name}, {r['switch'] or 'reference'} ({r['examples_per_s']:,.0f} ex/s): dense "
-                f"{flops / 1e6:.2f} MFLOP/example -> {achieved / 1e9:.1f} GFLOP/s = {100 * achieved / peaks['fp32']:.1f}% "
+                f"{flops / 1e6:.2f} MFLOP/example -> {achieved / 1e9:.1f} GFLOP/s = "
+                f"{100 * achieved / peaks['fp32']:.1f}% "
                 f"of fp32 peak, {100 * achieved / peaks['bf16']:.1f}% of bf16; {lookups:.0f} lookups/example -> "
-                f"{lookups * r['examples_per_s'] / 1e6:.2f} M/s = {100 * lookups * r['examples_per_s'] / fbgemm:.1f}% of "
+                f"{lookups * r['examples_per_s'] / 1e6:.2f} M/s = "
+                f"{100 * lookups * r['examples_per_s'] / fbgemm:.1f}% of "
                 f"fbgemm alone ({fbgemm / 1e6:.1f} M/s); loader {loader['examples_per_s']:,.0f} ex/s per worker = "
                 f"{loader['examples_per_s'] / per_rank:.1f}x a rank's consumption ({per_rank:,.0f}); zero-filled "
-                f"allocations {zeroed['examples_per_s']:,.0f} ex/s ({loader['examples_per_s'] / zeroed['examples_per_s']:.2f}x)",
+                f"allocations {zeroed['examples_per_s']:,.0f} ex/s "
+                f"({loader['examples_per_s'] / zeroed['examples_per_s']:.2f}x)",
                 flush=True,
             )
             rows.append(

@@ -33,6 +33,7 @@ NE, calibration) side by side, in Markdown.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -103,7 +104,7 @@ def compare(fns: Dict[str, Callable[[Batch], object]], batches: List[Batch], rep
     samples: Dict[str, List[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            samples[name].append(sum(timed(lambda: fn(b)) for b in batches) / len(batches))
+            samples[name].append(sum(timed(functools.partial(fn, b)) for b in batches) / len(batches))
     return {k: min(v) for k, v in samples.items()}
 
 

@@ -35,7 +35,6 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import datetime
 import json
-import zlib
 import os
+import zlib
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
@@ -57,7 +57,8 @@ def init_distributed(timeout_s: float = 600.0) -> Distributed:
     if not dist.is_initialized():
         if "RANK" not in os.environ:
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-            init = f"file://{os.path.abspath(os.environ.get('PINADS_RDZV_FILE', '/tmp/pinads_rec_single_rdzv_' + str(os.getpid())))}"
+            rdzv = os.environ.get("PINADS_RDZV_FILE", f"/tmp/pinads_rec_single_rdzv_{os.getpid()}")
+            init = f"file://{os.path.abspath(rdzv)}"
             dist.init_process_group(
                 backend, init_method=init, rank=0, world_size=1, timeout=datetime.timedelta(seconds=timeout_s)
             )
@@ -280,7 +281,7 @@ def embedding_optimizer(train: TrainConfig, device: torch.device):
 
 def attach_embedding_optimizer(model: nn.Module, train: TrainConfig, device: torch.device) -> None:
     optim_cls, kwargs = embedding_optimizer(train, device)
-    for name, module in model.named_modules():
+    for module in model.modules():
         if type(module).__name__ in ("EmbeddingBagCollection", "EmbeddingCollection"):
             apply_optimizer_in_backward(optim_cls, module.parameters(), kwargs)
 

@@ -507,7 +507,7 @@ def _explain_failure(error, spec: PlanSpec, model, sharders, reservation, captur
     for name, opts in sorted(by_table.items(), key=lambda kv: -kv[1][0].tensor.numel()):
 
         def largest(so):
-            return max(so.shards, key=lambda s: s.storage.hbm + s.storage.ddr)
+            return max(so.shards, key=lambda shard: shard.storage.hbm + shard.storage.ddr)
 
         in_hbm = [so for so in opts if so.total_storage.ddr == 0]
         best_hbm = min(in_hbm, key=lambda so: _prefer(so, so.total_storage.hbm)) if in_hbm else None
@@ -632,7 +632,9 @@ def _table(header: List[str], rows: List[List[str]]) -> List[str]:
     left = [not any(_is_number(r[i]) for r in rows) for i in range(len(header))]
 
     def fmt(row):
-        return "  ".join((str(x).ljust(w) if l else str(x).rjust(w)) for x, w, l in zip(row, widths, left)).rstrip()
+        return "  ".join(
+            (str(x).ljust(w) if at_left else str(x).rjust(w)) for x, w, at_left in zip(row, widths, left)
+        ).rstrip()
 
     return [fmt(header), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows]
 

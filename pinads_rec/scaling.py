@@ -1112,7 +1112,8 @@ def plot(
 def format_table(rows: List[dict]) -> str:
     head = (
         f"{'ranks':>5} {'batch':>6} {'seq':>4} {'rows':>8} | {'ex/s':>8} {'ex/s/rk':>8} {'step':>7} | "
-        f"{'data':>6} {'d p50':>6} {'fwd':>6} {'bwd':>6} {'opt':>6} | {'a2a f':>6} {'a2a b':>6} {'ddp':>5} | {'peak MiB':>8} {'other':>5}"
+        f"{'data':>6} {'d p50':>6} {'fwd':>6} {'bwd':>6} {'opt':>6} | "
+        f"{'a2a f':>6} {'a2a b':>6} {'ddp':>5} | {'peak MiB':>8} {'other':>5}"
     )
     lines = [
         "ms per step, mean over the measured steps and ranks (d p50: median data wait; a2a f/b: "
@@ -1125,7 +1126,8 @@ def format_table(rows: List[dict]) -> str:
         lines.append(
             f"{r['ranks']:>5} {r['batch_size']:>6} {r['sequence_length']:>4} {str(r['table_rows'] or 'cfg'):>8} | "
             f"{r['examples_per_s']:>8,.0f} {r['examples_per_s_per_rank']:>8,.0f} {r['step_ms']:>7.1f} | "
-            f"{r['data_ms']:>6.1f} {r['data_p50_ms']:>6.1f} {r['forward_ms']:>6.1f} {r['backward_ms']:>6.1f} {r['optimizer_ms']:>6.1f} | "
+            f"{r['data_ms']:>6.1f} {r['data_p50_ms']:>6.1f} {r['forward_ms']:>6.1f} {r['backward_ms']:>6.1f} "
+            f"{r['optimizer_ms']:>6.1f} | "
             f"{r['comms_fwd_ms']:>6.1f} {r['comms_bwd_ms']:>6.1f} {r['ddp_allreduce_ms']:>5.1f} | "
             f"{r['peak_rss_mib']:>8,.0f} {r['other_load_cores']:>5.2f}"
         )

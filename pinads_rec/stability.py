@@ -514,7 +514,7 @@ def render(cfg, args, days, metrics, stats, norms, eval_values, feature, eps, as
             )
     add("")
 
-    add(f"**Held-out evaluation** (all surfaces; after each phase; oracle = the true probabilities):\n")
+    add("**Held-out evaluation** (all surfaces; after each phase; oracle = the true probabilities):\n")
     add("| run | after | task | AUC | NE | log loss | calibration | oracle AUC | oracle NE |")
     add("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for norm in (bn, rbn):

@@ -3,6 +3,9 @@
 # pytest exits 5 when a selection collects no tests; say so loudly, but do not fail the run on it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# Style first (seconds): the whole tree is ruff-formatted and lint-clean (pyproject.toml [tool.ruff]).
+.venv/bin/ruff format --check --quiet . || { echo "ruff format: run .venv/bin/ruff format ." >&2; exit 1; }
+.venv/bin/ruff check --quiet . || exit 1
 .venv/bin/python -m pytest -q "$@"
 rc=$?
 if [ $rc -eq 5 ]; then

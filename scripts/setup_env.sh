@@ -10,6 +10,7 @@ TORCH=2.13.0
 FBGEMM=1.8.0
 TORCHREC=1.8.0
 TORCHX=0.7.0
+RUFF=0.17.6
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   VARIANT=cuda
@@ -18,7 +19,7 @@ else
 fi
 
 STAMP="$VENV/.pinads_rec-installed"
-WANT="$VARIANT torch=$TORCH fbgemm=$FBGEMM torchrec=$TORCHREC torchx=$TORCHX $(sha1sum pyproject.toml | cut -c1-12)"
+WANT="$VARIANT torch=$TORCH fbgemm=$FBGEMM torchrec=$TORCHREC torchx=$TORCHX ruff=$RUFF $(sha1sum pyproject.toml | cut -c1-12)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
   exit 0
 fi
@@ -37,6 +38,6 @@ else
 fi
 $PIP "torchx==$TORCHX"
 $PIP --no-deps -e .
-$PIP pyarrow pyyaml numpy matplotlib pytest
+$PIP pyarrow pyyaml numpy matplotlib pytest "ruff==$RUFF"
 echo "$WANT" > "$STAMP"
 echo "environment ready ($VARIANT) in $VENV"

@@ -5,8 +5,8 @@ import os
 
 import pytest
 import yaml
-
 from conftest import DEMO, tiny_overrides
+
 from pinads_rec import ablate
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, tiny_overrides
 
 pytestmark = pytest.mark.slow
@@ -65,6 +64,7 @@ def test_training_efficiency_switches_run(tiny_data, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(benchmarks)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([benchmarks] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     import train_throughput as tt
+
     from pinads_rec import config, scaling
 
     cfg = config.load(

@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from conftest import load_tiny
+
 from pinads_rec import checkpoint, config
 
 

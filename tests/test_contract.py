@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-
 from conftest import DEMO, load_tiny, tiny_overrides
+
 from pinads_rec import config
 from pinads_rec.data.contract import ContractError
 from pinads_rec.data.loader import ParquetBatches, make_loader
@@ -540,7 +540,7 @@ def test_unknown_surface(base, tmp_path, encoding):
 def test_known_surfaces_as_dictionary_and_index_load(base, tmp_path):
     cfg, _, table = base
     want = None
-    for i, enc in enumerate(["dictionary", "index"]):
+    for enc in ["dictionary", "index"]:
         if enc == "dictionary":
             t = with_column(table, "surface", table["surface"].dictionary_encode())
         else:

@@ -6,12 +6,10 @@ import glob
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import pytest
 import torch
-
 from conftest import load_tiny
+
 from pinads_rec.data.loader import ParquetBatches, make_loader
 
 

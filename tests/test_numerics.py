@@ -3,10 +3,10 @@ overflow check, the non-finite guard, and the masked multi-task loss."""
 
 import pytest
 import torch
+from conftest import load_tiny
 from torch import nn
 from torchrec.modules.crossnet import LowRankCrossNet
 
-from conftest import load_tiny
 from pinads_rec.data.loader import ParquetBatches
 from pinads_rec.models import build_model
 from pinads_rec.models.objective import engagement_loss

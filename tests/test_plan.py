@@ -16,7 +16,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO, load_tiny
 from multiprocess import run_ranks
 

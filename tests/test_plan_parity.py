@@ -8,7 +8,6 @@ import json
 import os
 
 import pytest
-
 from conftest import load_tiny
 from multiprocess import run_ranks
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, load_tiny, tiny_overrides
 from multiprocess import run_ranks
 

@@ -9,7 +9,6 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import load_tiny
 from multiprocess import run_ranks
 
@@ -90,7 +89,7 @@ def _checks(rank, world, result_dir, data_dir, run_root):
     out["eval_rows"] = len(summary["eval"])
 
     # 3. Resume: an uninterrupted run vs one restarted from its step-4 checkpoint.
-    base = [f"train.max_steps=8", "train.log_every=1", "train.checkpoint_every=4"]
+    base = ["train.max_steps=8", "train.log_every=1", "train.checkpoint_every=4"]
     train.train(load_tiny(data_dir, base + [f"train.run_dir={run_root}/a"]), env)
     if rank == 0:
         shutil.copytree(f"{run_root}/a/checkpoints/step-4", f"{run_root}/b/checkpoints/step-4")

@@ -8,7 +8,6 @@ import os
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from conftest import REPO, tiny_overrides
 from multiprocess import run_ranks
 
@@ -50,11 +49,14 @@ def test_config_is_the_demo_with_request_features_in_the_user_tower():
         for a, b in zip(getattr(demo.features, kind), getattr(tt.features, kind), strict=True):
             assert dataclasses.replace(b, user_side=a.user_side) == a
             assert b.user_side == (a.user_side or a.name in moved), a.name
-    strip = lambda f: {
-        k: v
-        for k, v in config.to_dict(config.ExperimentConfig(features=f))["features"].items()
-        if k not in ("sparse", "dense")
-    }
+
+    def strip(f):
+        return {
+            k: v
+            for k, v in config.to_dict(config.ExperimentConfig(features=f))["features"].items()
+            if k not in ("sparse", "dense")
+        }
+
     assert strip(tt.features) == strip(demo.features)
     assert tt.model.kind == "two_tower" and tt.train.run_dir == "runs/two_tower"
 

@@ -21,7 +21,7 @@ two collections from outside, and the forward is FX-traceable so ``TrainPipeline
 overlap their input distribution with compute.
 """
 
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
 import torch
 from torch import nn

@@ -8,7 +8,8 @@ How it is trained: at the end of the training job, with the backbone frozen, on 
 trained on -- a calibration split from the end of the training period (``data.calibration_dir``)
 or a held-out slice of the latest training data (``data.calibration_holdout``) -- by exact maximum
 likelihood (Newton's method per (surface, task)). The fit matches the sum of predictions to the sum
-of labels per (surface, task), so its error is label noise: ~1 / sqrt(positives) of each cell. Not by the training loss, because a backbone that is still moving
+of labels per (surface, task), so its error is label noise: ~1 / sqrt(positives) of each cell.
+Not by the training loss, because a backbone that is still moving
 leaves a calibration layer trained alongside it behind: measured on the demo data, a layer
 trained with the model (detached logits, its own loss term) still left the final model 5-22% off
 on some surfaces and tasks, since the dense learning rate decays while the embedding tables keep
