@@ -36,7 +36,7 @@ from pinads_rec import checkpoint, config, parallel  # noqa: E402
 from pinads_rec.data.batch import Batch  # noqa: E402
 from pinads_rec.data.contract import ContractError  # noqa: E402
 from pinads_rec.data.loader import ParquetBatches, make_loader  # noqa: E402
-from pinads_rec.evaluate import MetricAccumulator, format_table  # noqa: E402
+from pinads_rec.metrics import MetricAccumulator, format_table, gather_rows  # noqa: E402
 from pinads_rec.models import build_model  # noqa: E402
 from pinads_rec.models.train_task import NonFiniteError, NonFiniteGuard, TrainTask, guard_gradients  # noqa: E402
 from pinads_rec.modules.calibration import Calibration  # noqa: E402
@@ -157,9 +157,7 @@ def calibrate(dmp, cfg: config.ExperimentConfig, env: parallel.Distributed, grou
     ]
     rows = torch.cat(parts)
     if group is not None:
-        gathered = [None] * env.world_size
-        dist.all_gather_object(gathered, rows, group=group)
-        rows = torch.cat(gathered)
+        rows = gather_rows(rows, group)
     T = len(cfg.features.tasks)
     layer.fit(rows[:, :T], rows[:, T : 2 * T], rows[:, 2 * T].long())
     if env.is_main:

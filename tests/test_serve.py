@@ -73,7 +73,7 @@ def fp32_eval(trained, fp32):
 
 
 def _metrics(cfg, probs, labels, surface):
-    from pinads_rec.evaluate import MetricAccumulator
+    from pinads_rec.metrics import MetricAccumulator
 
     acc = MetricAccumulator([t.name for t in cfg.features.tasks], cfg.features.surfaces, has_oracle=False)
     acc.update(probs, labels, surface)
