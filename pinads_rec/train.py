@@ -32,7 +32,7 @@ from tqdm import tqdm
 # root is not on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pinads_rec import checkpoint, config, parallel  # noqa: E402
+from pinads_rec import config, parallel  # noqa: E402
 from pinads_rec.data.batch import Batch  # noqa: E402
 from pinads_rec.data.contract import ContractError  # noqa: E402
 from pinads_rec.data.loader import ParquetBatches, make_loader  # noqa: E402
@@ -41,6 +41,7 @@ from pinads_rec.models import build_model  # noqa: E402
 from pinads_rec.models.train_task import NonFiniteError, NonFiniteGuard, TrainTask, guard_gradients  # noqa: E402
 from pinads_rec.modules.calibration import Calibration  # noqa: E402
 from pinads_rec.modules.precision import PrecisionOverflow, fallback_count, set_precision  # noqa: E402
+from pinads_rec.training import checkpoint  # noqa: E402
 
 log = logging.getLogger("pinads_rec.train")
 DEFAULT_CONFIG = "configs/demo.yaml"

@@ -77,7 +77,8 @@ def test_resume_on_another_world_size_restores_model_and_optimizer(tiny_data, tm
 
 
 def _crash_while_saving(rank, world, result_dir, data_dir, run_dir):
-    from pinads_rec import checkpoint, parallel, train
+    from pinads_rec import parallel, train
+    from pinads_rec.training import checkpoint
 
     env = parallel.init_distributed()
     cfg = load_tiny(data_dir, ["train.max_steps=4", "train.checkpoint_every=2", f"train.run_dir={run_dir}"])

@@ -1,0 +1,1 @@
+"""Training: sharded checkpoints (``checkpoint.py``)."""
