@@ -399,6 +399,10 @@ class TrainConfig:
     # Linear decay to lr * final_lr_ratio at the last step.
     final_lr_ratio: float = 0.1
     weight_decay: float = 0.0
+    # The dense AdamW's implementation in torch.optim: "fused" (one kernel for all parameters),
+    # "foreach" (multi-tensor kernels) or "for_loop" (per parameter). Same update up to rounding;
+    # the choice is speed (benchmarks/train_throughput.py compares them).
+    dense_optimizer_kernel: Literal["fused", "foreach", "for_loop"] = "fused"
     embedding_lr: float = 0.05
     # Fused embedding optimizer; on CPU only the exact SGD/Adagrad family is available.
     embedding_optimizer: Literal["rowwise_adagrad", "adagrad", "sgd", "adam"] = "rowwise_adagrad"

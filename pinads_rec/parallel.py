@@ -286,16 +286,26 @@ def attach_embedding_optimizer(model: nn.Module, train: TrainConfig, device: tor
             apply_optimizer_in_backward(optim_cls, module.parameters(), kwargs)
 
 
+# torch.optim.AdamW's implementations, by train.dense_optimizer_kernel: one fused kernel, one
+# multi-tensor (foreach) kernel per operation, or a Python loop over the parameters.
+DENSE_ADAMW_KERNELS = {
+    "fused": {"fused": True},
+    "foreach": {"fused": False, "foreach": True},
+    "for_loop": {"fused": False, "foreach": False},
+}
+
+
 def make_optimizer(dmp: DistributedModelParallel, train: TrainConfig, total_steps: int):
-    """AdamW for the dense layers; the embedding optimizer for every table -- fused into backward
-    for sharded tables, and a plain optimizer of the same kind for replicated (data_parallel) ones, so
-    a table trains the same whichever way it is sharded. The LR schedule (linear warm-up, then linear
-    decay to final_lr_ratio) applies to the dense layers."""
+    """AdamW for the dense layers (its kernel: train.dense_optimizer_kernel); the embedding optimizer
+    for every table -- fused into backward for sharded tables, and a plain optimizer of the same kind
+    for replicated (data_parallel) ones, so a table trains the same whichever way it is sharded. The
+    LR schedule (linear warm-up, then linear decay to final_lr_ratio) applies to the dense layers."""
     unfused = dict(in_backward_optimizer_filter(dmp.named_parameters()))
     tables = {k: v for k, v in unfused.items() if any(p in k for p in EMBEDDING_PARAM)}
     layers = {k: v for k, v in unfused.items() if k not in tables}
+    kernel = DENSE_ADAMW_KERNELS[train.dense_optimizer_kernel]
     dense = KeyedOptimizerWrapper(
-        layers, lambda params: torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay, fused=True)
+        layers, lambda params: torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay, **kernel)
     )
     parts = [("dense", dense), ("sparse", dmp.fused_optimizer)]
     if tables:

@@ -45,13 +45,13 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 
-from pinads_rec import checkpoint as ckpt_lib
 from pinads_rec import config
 from pinads_rec.data.batch import Batch
 from pinads_rec.data.contract import ContractError, check_schema, contract_columns
 from pinads_rec.data.loader import ParquetBatches
 from pinads_rec.models import build_model
 from pinads_rec.modules.precision import DTYPES, set_precision
+from pinads_rec.training import checkpoint as ckpt_lib
 
 log = logging.getLogger("pinads_rec.serve")
 

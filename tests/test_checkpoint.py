@@ -5,7 +5,8 @@ import json
 import pytest
 from conftest import load_tiny
 
-from pinads_rec import checkpoint, config
+from pinads_rec import config
+from pinads_rec.training import checkpoint
 
 
 def _write_state(path, cfg):

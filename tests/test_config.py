@@ -221,6 +221,7 @@ def test_reserved_group_name():
         ("data.nonfinite_dense=drop", "data.nonfinite_dense"),
         ("data.overlong_sequence=keep", "data.overlong_sequence"),
         ("train.embedding_optimizer=lamb", "train.embedding_optimizer"),
+        ("train.dense_optimizer_kernel=cuda_graph", "train.dense_optimizer_kernel"),
         ("model.kind=tower", "model.kind"),
     ],
 )

@@ -58,22 +58,22 @@ def _train_main(rank, world, result_dir, argv):
 
 
 def train_run(data_dir, run_dir, work_dir):
-    """Runs train.py's main on 2 gloo ranks; returns the parsed metrics.jsonl."""
+    """Runs train.py's main on 2 gloo ranks; returns its metrics.jsonl (read_run_log's RunRecords)."""
     from multiprocess import run_ranks
+
+    from pinads_rec.training.run_log import read_run_log
 
     argv = ["--config", str(CONFIG)] + [
         a for o in data_overrides(data_dir) + [f"train.run_dir={run_dir}"] for a in ("--set", o)
     ]
     run_ranks(_train_main, 2, str(work_dir), argv, timeout_s=300)
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    return records
+    return read_run_log(run_dir)
 
 
 def figures(records):
     """Per-step losses and the final evaluation (every surface x task), as stored in golden.json."""
-    steps = {r["step"]: r["loss"] for r in records if "loss" in r}
-    summary = next(r for r in reversed(records) if "eval" in r)
+    steps = {r["step"]: r["loss"] for r in records.steps}
+    summary = records.summary
     evaluation = {f"{row['surface']}/{row['task']}": {k: row[k] for k in EVAL_KEYS} for row in summary["eval"]}
     return {"losses": {str(k): v for k, v in sorted(steps.items())}, "steps": summary["step"], "eval": evaluation}
 

@@ -284,12 +284,13 @@ def test_component_runs_the_plan_module():
 def _build_with_plan_file(rank, world, result_dir, data_dir, plan_file):
     import torch
 
-    from pinads_rec import parallel, train
+    from pinads_rec import parallel
     from pinads_rec.data.loader import ParquetBatches
+    from pinads_rec.training.trainer import shard_train_task
 
     env = parallel.init_distributed()
     cfg = load_tiny(data_dir, [f"train.plan_file={plan_file}"])
-    dmp = train.build(cfg, env)
+    dmp = shard_train_task(cfg, env)
     actual = {
         name: [ps.sharding_type, ps.compute_kernel, list(ps.ranks or [])]
         for module, params in dmp.plan.plan.items()

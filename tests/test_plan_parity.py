@@ -11,6 +11,8 @@ import pytest
 from conftest import load_tiny
 from multiprocess import run_ranks
 
+from pinads_rec.training.run_log import read_run_log
+
 pytestmark = pytest.mark.slow
 
 PLANS = {
@@ -23,7 +25,9 @@ PLANS = {
 
 
 def _train_each_plan(rank, world, result_dir, data_dir, run_root):
-    from pinads_rec import parallel, train
+    from pinads_rec import parallel
+    from pinads_rec.training.run_log import RunLog
+    from pinads_rec.training.trainer import Trainer, shard_train_task
 
     env = parallel.init_distributed()
     losses, types = {}, {}
@@ -36,13 +40,11 @@ def _train_each_plan(rank, world, result_dir, data_dir, run_root):
             "train.embedding_optimizer=rowwise_adagrad",
         ]
         cfg = load_tiny(data_dir, overrides + common)
-        plan = train.build(cfg, env).plan.plan
+        plan = shard_train_task(cfg, env).plan.plan
         types[name] = sorted({p.sharding_type for module in plan.values() for p in module.values()})
-        train.train(cfg, env)
+        Trainer(cfg, env, hooks=[RunLog()]).run()
         if rank == 0:
-            with open(f"{run_root}/{name}/metrics.jsonl") as f:
-                rows = [json.loads(line) for line in f]
-            losses[name] = [r["loss"] for r in rows if "loss" in r]
+            losses[name] = [r["loss"] for r in read_run_log(f"{run_root}/{name}").steps]
     if rank == 0:
         with open(os.path.join(result_dir, "losses.json"), "w") as f:
             json.dump({"losses": losses, "types": types}, f)

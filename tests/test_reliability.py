@@ -16,6 +16,8 @@ import torch
 from conftest import REPO, load_tiny, tiny_overrides
 from multiprocess import run_ranks
 
+from pinads_rec.training.run_log import read_run_log
+
 pytestmark = pytest.mark.slow
 
 
@@ -37,19 +39,21 @@ def _flatten(tree, prefix=""):
 
 
 def _train_to_step_6(rank, world, result_dir, data_dir, run_dir):
-    from pinads_rec import parallel, train
+    from pinads_rec.training.run_log import RunLog
+    from pinads_rec.training.trainer import Trainer
 
-    train.train(load_tiny(data_dir, ["train.max_steps=6", f"train.run_dir={run_dir}"]), parallel.init_distributed())
+    Trainer(load_tiny(data_dir, ["train.max_steps=6", f"train.run_dir={run_dir}"]), hooks=[RunLog()]).run()
 
 
 def _resume(rank, world, result_dir, data_dir, source, run_dir):
     """Loads source's step-6 checkpoint on this world size, then saves it again from there."""
-    from pinads_rec import parallel, train
+    from pinads_rec.training.run_log import RunLog
+    from pinads_rec.training.trainer import Trainer
 
     if rank == 0:
         shutil.copytree(f"{source}/checkpoints/step-6", f"{run_dir}/checkpoints/step-6")
     torch.distributed.barrier()
-    train.train(load_tiny(data_dir, ["train.max_steps=6", f"train.run_dir={run_dir}"]), parallel.init_distributed())
+    Trainer(load_tiny(data_dir, ["train.max_steps=6", f"train.run_dir={run_dir}"]), hooks=[RunLog()]).run()
 
 
 @pytest.mark.parametrize("before,after", [(2, 1), (1, 2)])
@@ -77,12 +81,15 @@ def test_resume_on_another_world_size_restores_model_and_optimizer(tiny_data, tm
 
 
 def _crash_while_saving(rank, world, result_dir, data_dir, run_dir):
-    from pinads_rec import checkpoint, parallel, train
+    from pinads_rec import parallel
+    from pinads_rec.training import checkpoint
+    from pinads_rec.training.run_log import RunLog
+    from pinads_rec.training.trainer import Trainer, shard_train_task
 
     env = parallel.init_distributed()
     cfg = load_tiny(data_dir, ["train.max_steps=4", "train.checkpoint_every=2", f"train.run_dir={run_dir}"])
-    train.train(cfg, env)
-    dmp = train.build(cfg, env)
+    Trainer(cfg, env, hooks=[RunLog()]).run()
+    dmp = shard_train_task(cfg, env)
     optimizer, schedule = parallel.make_optimizer(dmp, cfg.train, 10)
 
     real_rename = Path.rename
@@ -171,9 +178,7 @@ def _kill_rank_after_first_checkpoint(run_dir, rank, killed):
 
 
 def _final_eval(run_dir):
-    with open(Path(run_dir) / "metrics.jsonl") as f:
-        rows = [json.loads(line) for line in f]
-    return rows, next(r for r in reversed(rows) if "eval" in r)
+    return read_run_log(run_dir).summary
 
 
 def test_killed_rank_restarts_resumes_and_matches_an_uninterrupted_run(tiny_data, tmp_path):
@@ -194,8 +199,8 @@ def test_killed_rank_restarts_resumes_and_matches_an_uninterrupted_run(tiny_data
     assert proc.returncode == 0, out[-3000:]
 
     assert "resumed from" in out and "checkpoints/step-" in out, "the restarted ranks resumed from a checkpoint"
-    rows, final = _final_eval(killed_run)
-    _, reference = _final_eval(steady)
+    final = _final_eval(killed_run)
+    reference = _final_eval(steady)
     assert final["step"] == reference["step"]
     for ours, theirs in zip(final["eval"], reference["eval"]):
         assert (ours["surface"], ours["task"]) == (theirs["surface"], theirs["task"])

@@ -285,7 +285,8 @@ def _variants():
 
 
 def _train_variants(rank, world, result_dir, data_dir, run_root):
-    from pinads_rec import parallel, train
+    from pinads_rec import parallel
+    from pinads_rec.training.trainer import Trainer
 
     env = parallel.init_distributed()
     out = {}
@@ -295,7 +296,7 @@ def _train_variants(rank, world, result_dir, data_dir, run_root):
             overrides
             + [f"train.run_dir={run_root}/{i}", "train.max_steps=3", "train.log_every=1", "model.calibration=none"],
         )
-        summary = train.train(cfg, env)
+        summary = Trainer(cfg, env).run()
         out[name] = {
             "steps": summary["step"],
             "pipelined": summary["pipelined_modules"],

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.slow
 
 
 def _train(rank, world, result_dir, data_dir, run_dir):
-    from pinads_rec import parallel, train
+    from pinads_rec import parallel
+    from pinads_rec.training.run_log import RunLog
+    from pinads_rec.training.trainer import Trainer
 
     cfg = load_tiny(
         data_dir,
@@ -36,7 +38,7 @@ def _train(rank, world, result_dir, data_dir, run_dir):
             "train.sharding_types=[row_wise]",
         ],
     )
-    summary = train.train(cfg, parallel.init_distributed())
+    summary = Trainer(cfg, parallel.init_distributed(), hooks=[RunLog()]).run()
     if rank == 0:
         with open(os.path.join(result_dir, "eval.json"), "w") as f:
             json.dump(summary["eval"], f, default=float)
@@ -73,7 +75,7 @@ def fp32_eval(trained, fp32):
 
 
 def _metrics(cfg, probs, labels, surface):
-    from pinads_rec.evaluate import MetricAccumulator
+    from pinads_rec.metrics import MetricAccumulator
 
     acc = MetricAccumulator([t.name for t in cfg.features.tasks], cfg.features.surfaces, has_oracle=False)
     acc.update(probs, labels, surface)

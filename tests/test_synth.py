@@ -374,17 +374,19 @@ def test_bad_fault_column_is_a_config_error(tmp_path):
         S.generate(_cfg(*TINY, "synth.faults.zero_fill_column=nope"), tmp_path)
 
 
-def test_auc_and_ne_helpers():
-    rng = np.random.default_rng(0)
-    y = rng.integers(0, 2, 300)
-    s = rng.integers(0, 10, 300).astype(float)  # many ties
-    pos, neg = s[y == 1], s[y == 0]
-    brute = ((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()) / (len(pos) * len(neg))
-    assert S.auc(y, s) == pytest.approx(brute)
-    assert S.auc(np.ones(5), np.arange(5)) != S.auc(np.ones(5), np.arange(5))  # NaN without negatives
-    p = np.full(1000, 0.3)
-    y = (np.arange(1000) < 300).astype(int)
-    assert S.normalized_entropy(y, p) == pytest.approx(1.0)
+def test_oracle_metrics_score_the_true_probabilities_against_the_labels():
+    """pinads_rec.metrics computes the oracle columns, (scores, labels) in that order."""
+    y = (np.arange(1000) < 300).astype(int)  # base rate 0.3 on every surface
+    surface = np.arange(1000) % len(S.SURFACES)
+    ranked = np.where(y == 1, 0.9, 0.2)  # every positive above every negative
+    labels = {t: y for t in S.TASKS}
+    probs = {t: ranked if i == 0 else np.full(1000, 0.3) for i, t in enumerate(S.TASKS)}
+    out = S.oracle_metrics(surface, labels, probs)
+    first, second = S.TASKS[0], S.TASKS[1]
+    assert out["all"][first]["oracle_auc"] == 1.0
+    assert out["all"][second]["oracle_auc"] == 0.5  # all tied
+    assert out["all"][second]["oracle_ne"] == pytest.approx(1.0)  # the base rate everywhere
+    assert out[S.SURFACES[0]]["rows"] == len(range(0, 1000, len(S.SURFACES)))
 
 
 def test_cli(tmp_path, capsys):

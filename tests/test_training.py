@@ -1,8 +1,10 @@
 """The training path on 2 gloo ranks: sharded == unsharded, the pipeline really pipelines, the loss
 falls, and resuming from a checkpoint continues exactly like an uninterrupted run.
 
-All checks share one 2-process launch (each process pays the torchrec import once)."""
+One 2-process launch (each process pays the torchrec import once) records what every check needs
+in a JSON file; each test asserts one check."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -11,6 +13,9 @@ import pytest
 import torch
 from conftest import load_tiny
 from multiprocess import run_ranks
+
+from pinads_rec.training.run_log import read_run_log
+from pinads_rec.training.trainer import Hook
 
 pytestmark = pytest.mark.slow
 
@@ -31,18 +36,39 @@ def copy_full_weights(dmp, full_state):
 
 
 def read_losses(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+    return {r["step"]: r["loss"] for r in read_run_log(run_dir).steps}
+
+
+class Recorder(Hook):
+    """Everything the hooks are shown, in order, as JSON would hold it."""
+
+    def __init__(self):
+        self.events, self.steps, self.summary = [], [], None
+
+    def on_start(self, trainer):
+        self.events.append("start")
+
+    def on_step(self, trainer, record):
+        self.events.append("step")
+        self.steps.append(json.loads(json.dumps(record)))
+
+    def on_evaluation(self, trainer, summary):
+        self.events.append("evaluation")
+        self.summary = json.loads(json.dumps(summary, default=float))
+
+    def on_end(self, trainer):
+        self.events.append("end")
 
 
 def _checks(rank, world, result_dir, data_dir, run_root):
     import torch.distributed as dist
 
-    from pinads_rec import parallel, train
+    from pinads_rec import parallel
     from pinads_rec.data.loader import ParquetBatches
     from pinads_rec.models.ranker import UnifiedRanker
     from pinads_rec.models.train_task import TrainTask
+    from pinads_rec.training.run_log import RunLog
+    from pinads_rec.training.trainer import Trainer, shard_train_task
 
     env = parallel.init_distributed()
     out = {}
@@ -56,14 +82,17 @@ def _checks(rank, world, result_dir, data_dir, run_root):
         cfg = load_tiny(data_dir, extra)
         torch.manual_seed(0)
         full = TrainTask(UnifiedRanker(cfg.features, cfg.model))
-        dmp = train.build(cfg, env)
+        dmp = shard_train_task(cfg, env)
         copy_full_weights(dmp, full.state_dict())
         batch = next(iter(ParquetBatches(cfg, cfg.data.eval_dir, rank, world, shuffle=False)))
         if plan == "broadcast_off":  # the reference sees the same rows deduplicated into requests
-            assert batch.num_requests == batch.batch_size
             reference_cfg = load_tiny(data_dir)
             reference_batch = next(iter(ParquetBatches(reference_cfg, cfg.data.eval_dir, rank, world, shuffle=False)))
-            assert reference_batch.num_requests < batch.num_requests
+            out["broadcast_off_batch"] = {
+                "rows": batch.batch_size,
+                "requests": batch.num_requests,
+                "reference_requests": reference_batch.num_requests,
+            }
         else:
             reference_batch = batch
         dmp.eval()
@@ -73,7 +102,14 @@ def _checks(rank, world, result_dir, data_dir, run_root):
             reference = full(reference_batch)[1][1]
         out[f"logit_diff_{plan}"] = float((sharded - reference).abs().max())
 
-    # 2. Training: pipelined modules, falling loss.
+    # The dense AdamW's kernel follows train.dense_optimizer_kernel.
+    out["dense_adamw"] = {}
+    for kernel in ("fused", "foreach", "for_loop"):
+        _, schedule = parallel.make_optimizer(dmp, dataclasses.replace(cfg.train, dense_optimizer_kernel=kernel), 10)
+        adamw = schedule.optimizer._optimizer
+        out["dense_adamw"][kernel] = [type(adamw).__name__, adamw.defaults["fused"], adamw.defaults["foreach"]]
+
+    # 2. Training: pipelined modules, falling loss, what the hooks see.
     cfg = load_tiny(
         data_dir,
         [
@@ -84,17 +120,19 @@ def _checks(rank, world, result_dir, data_dir, run_root):
             "train.warmup_steps=5",
         ],
     )
-    summary = train.train(cfg, env)
+    recorder = Recorder()
+    summary = Trainer(cfg, env, hooks=[RunLog(), recorder]).run()
     out["pipelined"] = summary["pipelined_modules"]
     out["eval_rows"] = len(summary["eval"])
+    out["hook"] = {"events": recorder.events, "steps": recorder.steps, "summary": recorder.summary}
 
     # 3. Resume: an uninterrupted run vs one restarted from its step-4 checkpoint.
     base = ["train.max_steps=8", "train.log_every=1", "train.checkpoint_every=4"]
-    train.train(load_tiny(data_dir, base + [f"train.run_dir={run_root}/a"]), env)
+    Trainer(load_tiny(data_dir, base + [f"train.run_dir={run_root}/a"]), env, hooks=[RunLog()]).run()
     if rank == 0:
         shutil.copytree(f"{run_root}/a/checkpoints/step-4", f"{run_root}/b/checkpoints/step-4")
     dist.barrier()
-    train.train(load_tiny(data_dir, base + [f"train.run_dir={run_root}/b"]), env)
+    Trainer(load_tiny(data_dir, base + [f"train.run_dir={run_root}/b"]), env, hooks=[RunLog()]).run()
 
     if rank == 0:
         with open(os.path.join(result_dir, "checks.json"), "w") as f:
@@ -122,20 +160,63 @@ def test_pipeline_overlaps_both_sharded_collections(two_rank_run):
     assert sorted(name.rsplit(".", 1)[-1] for name in checks["pipelined"]) == ["ebc", "ec", "user_ebc"]
 
 
+@pytest.mark.parametrize(
+    "kernel,flags", [("fused", [True, None]), ("foreach", [False, True]), ("for_loop", [False, False])]
+)
+def test_dense_optimizer_kernel_chooses_the_adamw_implementation(two_rank_run, kernel, flags):
+    checks, _ = two_rank_run
+    assert checks["dense_adamw"][kernel] == ["AdamW"] + flags
+
+
+def test_without_broadcasting_every_row_is_its_own_request(two_rank_run):
+    checks, _ = two_rank_run
+    assert checks["broadcast_off_batch"]["requests"] == checks["broadcast_off_batch"]["rows"]
+
+
+def test_with_broadcasting_rows_share_requests(two_rank_run):
+    checks, _ = two_rank_run
+    assert checks["broadcast_off_batch"]["reference_requests"] < checks["broadcast_off_batch"]["requests"]
+
+
 def test_training_lowers_the_loss(two_rank_run):
-    checks, run_root = two_rank_run
+    _, run_root = two_rank_run
     losses = read_losses(f"{run_root}/long")
     steps = sorted(losses)
     assert len(steps) >= 20
     first = sum(losses[s] for s in steps[:5]) / 5
     last = sum(losses[s] for s in steps[-5:]) / 5
     assert last < 0.8 * first, (first, last)
+
+
+def test_evaluation_has_a_row_per_surface_and_task(two_rank_run):
+    checks, _ = two_rank_run
     assert checks["eval_rows"] == 4 * 3  # (3 surfaces + all) x 3 tasks
 
 
-def test_resume_continues_like_an_uninterrupted_run(two_rank_run):
+def test_hooks_are_called_in_order(two_rank_run):
+    checks, _ = two_rank_run
+    events = checks["hook"]["events"]
+    assert events[0] == "start" and events[-2:] == ["evaluation", "end"]
+    assert set(events[1:-2]) == {"step"}
+
+
+def test_a_hook_sees_the_metrics_log_step_records(two_rank_run):
+    checks, run_root = two_rank_run
+    assert json.dumps(checks["hook"]["steps"]) == json.dumps(read_run_log(f"{run_root}/long").steps)
+
+
+def test_a_hook_sees_the_metrics_log_summary(two_rank_run):
+    checks, run_root = two_rank_run
+    assert json.dumps(checks["hook"]["summary"]) == json.dumps(read_run_log(f"{run_root}/long").summary)
+
+
+def test_resumed_run_starts_after_the_checkpoint(two_rank_run):
+    _, run_root = two_rank_run
+    assert sorted(read_losses(f"{run_root}/b")) == [5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("step", [5, 6, 7, 8])
+def test_resume_continues_like_an_uninterrupted_run(two_rank_run, step):
     _, run_root = two_rank_run
     a, b = read_losses(f"{run_root}/a"), read_losses(f"{run_root}/b")
-    assert sorted(b) == [5, 6, 7, 8], "the resumed run starts after the checkpoint's step"
-    for step in (5, 6, 7, 8):
-        assert b[step] == pytest.approx(a[step], abs=1e-6), step
+    assert b[step] == pytest.approx(a[step], abs=1e-6)

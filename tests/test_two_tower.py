@@ -22,6 +22,7 @@ from pinads_rec.models.two_tower import (
     score_with_ad_table,
 )
 from pinads_rec.modules.precision import set_precision
+from pinads_rec.training.run_log import read_run_log
 
 TWO_TOWER = os.path.join(REPO, "configs", "two_tower.yaml")
 
@@ -165,7 +166,9 @@ def test_pipeline_tracer_sees_each_collection_fed_from_the_batch(tiny_data, sequ
 
 
 def _train_two_tower(rank, world, result_dir, data_dir, run_dir):
-    from pinads_rec import parallel, train
+    from pinads_rec import parallel
+    from pinads_rec.training.run_log import RunLog
+    from pinads_rec.training.trainer import Trainer
 
     env = parallel.init_distributed()
     cfg = config.load(
@@ -173,7 +176,7 @@ def _train_two_tower(rank, world, result_dir, data_dir, run_dir):
         tiny_overrides(data_dir, run_dir)
         + ["train.epochs=2", "train.log_every=1", "train.lr=0.003", "train.warmup_steps=5"],
     )
-    summary = train.train(cfg, env)
+    summary = Trainer(cfg, env, hooks=[RunLog()]).run()
     if rank == 0:
         with open(os.path.join(result_dir, "summary.json"), "w") as f:
             json.dump(summary, f, default=float)
@@ -185,8 +188,7 @@ def test_two_tower_trains_on_two_ranks(tiny_data, tmp_path):
     result_dir = run_ranks(_train_two_tower, 2, str(tmp_path), str(data_dir), run_dir, timeout_s=300)
     with open(os.path.join(result_dir, "summary.json")) as f:
         summary = json.load(f)
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        losses = [json.loads(line)["loss"] for line in f if '"loss"' in line and '"eval"' not in line]
+    losses = [r["loss"] for r in read_run_log(run_dir).steps]
     assert len(losses) >= 20
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < 0.8 * first, (first, last)

@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pinads_rec import metrics
 from pinads_rec.config import ConfigError, ExperimentConfig, SynthConfig, load
 
 # --------------------------------------------------------------------------------------------
@@ -693,35 +694,6 @@ def block_table(b: Block, sch: pa.Schema) -> pa.Table:
 # --------------------------------------------------------------------------------------------
 
 
-def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Rank-based ROC AUC (Mann-Whitney), ties get the average rank; NaN without both classes."""
-    labels = np.asarray(labels).astype(bool)
-    scores = np.asarray(scores, dtype=np.float64)
-    n, n_pos = len(labels), int(labels.sum())
-    n_neg = n - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    order = np.argsort(scores)
-    s = scores[order]
-    starts = np.concatenate([[0], np.flatnonzero(np.diff(s)) + 1])
-    ends = np.concatenate([starts[1:], [n]])
-    ranks = np.empty(n)
-    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)  # 1-based average rank
-    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
-
-
-def normalized_entropy(labels: np.ndarray, p: np.ndarray) -> float:
-    """Log loss of p divided by the entropy of the base rate (lower is better; 1 = base rate)."""
-    y = np.asarray(labels, dtype=np.float64)
-    p = np.clip(np.asarray(p, dtype=np.float64), 1e-12, 1 - 1e-12)
-    base = y.mean() if len(y) else float("nan")
-    if not 0.0 < base < 1.0:
-        return float("nan")
-    ll = -np.mean(y * np.log(p) + (1 - y) * np.log1p(-p))
-    h = -(base * math.log(base) + (1 - base) * math.log1p(-base))
-    return float(ll / h)
-
-
 def oracle_metrics(surface: np.ndarray, labels: Dict[str, np.ndarray], probs: Dict[str, np.ndarray]) -> Dict[str, dict]:
     """Per surface (and "all") x task: rows, label rate, mean true p, oracle AUC and NE."""
     out = {}
@@ -733,8 +705,8 @@ def oracle_metrics(surface: np.ndarray, labels: Dict[str, np.ndarray], probs: Di
             entry[t] = {
                 "rate": float(y.mean()) if len(y) else float("nan"),
                 "mean_true_p": float(p.mean()) if len(p) else float("nan"),
-                "oracle_auc": auc(y, p),
-                "oracle_ne": normalized_entropy(y, p),
+                "oracle_auc": metrics.auc(p, y),
+                "oracle_ne": metrics.normalized_entropy(p, y),
             }
         out[name] = entry
     return out

@@ -20,11 +20,27 @@ What it computes, for every (surface, task) pair plus an ``"all"`` surface row p
                    calibration ratio without the labels' Bernoulli noise (a cell with 200 positives
                    has a label-based ratio that is +-7% noise alone).
 
+Why AUC is computed here and not by ``torchmetrics.functional.binary_auroc``: torchmetrics (1.0.3)
+builds its ROC curve in float32 whatever the input dtype (its counts are ``long * 1.0``), so it is
+off by up to ~1e-7 and its counts stop being exact past 2**24 examples. The rank statistic below is
+exact in float64 (one rounding); tests/test_metrics.py checks that the two agree to float32
+precision, and to one ulp when torchmetrics runs in float64. NE, ECE on equal-count bins, the
+oracle columns and calibration vs truth exist in no library.
+
 Metrics are exact, not bucketed/approximated: :class:`MetricAccumulator` keeps every evaluated
 example (detached CPU copies) and, when ``torch.distributed`` is initialized with more than one
-rank, gathers all examples from all ranks to every rank before computing, so every rank returns the
-same rows, equal to a single-process computation on the concatenation of the ranks' data (in rank
-order). Everything is computed in float64 with torch only.
+rank, gathers all examples from all ranks to every rank (:func:`gather_rows`, also used to fit the
+calibration maps) before computing, so every rank returns the same rows, equal to a single-process
+computation on the concatenation of the ranks' data (in rank order). Everything is computed in
+float64 with torch only.
+
+How it scales: every rank holds every example, (1 + 3 x tasks) float64 columns, 80 bytes a row
+for 3 tasks: fine for millions of rows (10M rows: 0.8 GB per rank). Beyond that, keep the metrics
+mergeable instead of exact: per (surface, task, label) histograms of the predicted probability on
+fixed bins (10^4-10^5), summed with one ``all_reduce`` whatever the row count, give AUC (pairs in
+one bin count 1/2: the error is bounded by the share of pairs sharing a bin) and the equal-count
+ECE bins; log loss, NE and calibration are sums and reduce exactly. For monitoring during training,
+TorchRec's windowed AUC (``torchrec.metrics``) over the latest predictions does the same job.
 
 Labels are binary engagement labels; for AUC and the ``positives`` count a label is positive when
 it is > 0.5. Log loss / NE / calibration use the label values as given.
@@ -33,7 +49,7 @@ it is > 0.5. Log loss / NE / calibration use the label values as given.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -47,6 +63,7 @@ __all__ = [
     "expected_calibration_error",
     "MetricAccumulator",
     "format_table",
+    "gather_rows",
 ]
 
 EPS = 1e-7
@@ -59,16 +76,19 @@ ALL_SURFACES = "all"
 # --------------------------------------------------------------------------------------------
 
 
-def _as_1d_f64(x: torch.Tensor, name: str) -> torch.Tensor:
+def _as_1d_f64(x: torch.Tensor) -> torch.Tensor:
     x = torch.as_tensor(x)
     if x.dim() != 1:
         x = x.reshape(-1)
     return x.detach().to(device="cpu", dtype=torch.float64)
 
 
-def _check_same_len(a: torch.Tensor, b: torch.Tensor) -> None:
-    if a.numel() != b.numel():
-        raise ValueError(f"length mismatch: {a.numel()} predictions vs {b.numel()} labels")
+def _paired(predictions: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Both as 1-D float64 CPU tensors of the same length."""
+    p, y = _as_1d_f64(predictions), _as_1d_f64(labels)
+    if p.numel() != y.numel():
+        raise ValueError(f"length mismatch: {p.numel()} predictions vs {y.numel()} labels")
+    return p, y
 
 
 def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
@@ -77,9 +97,7 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     Sorts once (``torch.unique``), groups equal scores, and for each group of tied scores counts
     ``positives_in_group * (negatives_strictly_below + negatives_in_group / 2)``.
     """
-    s = _as_1d_f64(scores, "scores")
-    y = _as_1d_f64(labels, "labels")
-    _check_same_len(s, y)
+    s, y = _paired(scores, labels)
     pos = y > 0.5
     n_pos = int(pos.sum())
     n_neg = s.numel() - n_pos
@@ -98,9 +116,7 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
 
 def log_loss(probs: torch.Tensor, labels: torch.Tensor) -> float:
     """Mean binary cross-entropy (natural log), probs clamped to [1e-7, 1-1e-7]. nan when empty."""
-    p = _as_1d_f64(probs, "probs")
-    y = _as_1d_f64(labels, "labels")
-    _check_same_len(p, y)
+    p, y = _paired(probs, labels)
     if p.numel() == 0:
         return float("nan")
     p = p.clamp(EPS, 1.0 - EPS)
@@ -114,9 +130,7 @@ def _entropy(p: float) -> float:
 
 def normalized_entropy(probs: torch.Tensor, labels: torch.Tensor) -> float:
     """Log loss divided by the entropy of the empirical base rate. nan if base rate is 0 or 1."""
-    p = _as_1d_f64(probs, "probs")
-    y = _as_1d_f64(labels, "labels")
-    _check_same_len(p, y)
+    p, y = _paired(probs, labels)
     if y.numel() == 0:
         return float("nan")
     base = float(y.mean())
@@ -127,9 +141,7 @@ def normalized_entropy(probs: torch.Tensor, labels: torch.Tensor) -> float:
 
 def calibration(probs: torch.Tensor, labels: torch.Tensor) -> float:
     """Sum of predicted probabilities / sum of labels. nan if there are no positives."""
-    p = _as_1d_f64(probs, "probs")
-    y = _as_1d_f64(labels, "labels")
-    _check_same_len(p, y)
+    p, y = _paired(probs, labels)
     sy = float(y.sum())
     if sy == 0.0:
         return float("nan")
@@ -138,14 +150,40 @@ def calibration(probs: torch.Tensor, labels: torch.Tensor) -> float:
 
 def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> float:
     """sum over equal-count bins of the sorted predictions of (n_b / N) |mean p_b - mean y_b|."""
-    p = _as_1d_f64(probs, "probs")
-    y = _as_1d_f64(labels, "labels")
-    _check_same_len(p, y)
+    p, y = _paired(probs, labels)
     if p.numel() == 0:
         return float("nan")
     order = torch.argsort(p)
     gaps = [(pb.sum() - yb.sum()).abs() for pb, yb in zip(p[order].tensor_split(bins), y[order].tensor_split(bins))]
     return float(sum(gaps)) / p.numel()
+
+
+# --------------------------------------------------------------------------------------------
+# The cross-rank gather.
+# --------------------------------------------------------------------------------------------
+
+
+def gather_rows(rows: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """Every rank's ``rows`` ``[n_rank, C]`` (n_rank may differ, even be 0) concatenated in rank
+    order, ``[sum n_rank, C]`` on CPU with the input's dtype, on every rank of ``group`` (None: the
+    default group). Collective: every rank of the group calls it. Without torch.distributed, or on a
+    world of one, returns ``rows`` itself."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group=group) == 1:
+        return rows
+    world = dist.get_world_size(group=group)
+    device = torch.device("cpu")
+    if "nccl" in str(dist.get_backend(group)).lower():
+        device = torch.device("cuda", torch.cuda.current_device())
+    size = torch.tensor([rows.shape[0]], dtype=torch.int64, device=device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(sizes, size, group=group)
+    sizes_l = [int(s.item()) for s in sizes]
+    max_n = max(max(sizes_l), 1)  # never exchange zero-size tensors
+    padded = torch.zeros(max_n, *rows.shape[1:], dtype=rows.dtype, device=device)
+    padded[: rows.shape[0]] = rows.to(device)
+    outs = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(outs, padded, group=group)
+    return torch.cat([o[:n].cpu() for o, n in zip(outs, sizes_l)], dim=0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,25 +292,6 @@ class MetricAccumulator:
             cols.append(torch.cat(self._true).to(torch.float64))
         return torch.cat(cols, dim=1)
 
-    @staticmethod
-    def _gather(local: torch.Tensor, group: Any) -> torch.Tensor:
-        """All-gather variable-length row blocks from every rank, concatenated in rank order."""
-        world = dist.get_world_size(group=group)
-        device = torch.device("cpu")
-        if "nccl" in str(dist.get_backend(group)).lower():
-            device = torch.device("cuda", torch.cuda.current_device())
-        n_cols = local.shape[1]
-        size = torch.tensor([local.shape[0]], dtype=torch.int64, device=device)
-        sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
-        dist.all_gather(sizes, size, group=group)
-        sizes_l = [int(s.item()) for s in sizes]
-        max_n = max(max(sizes_l), 1)  # never exchange zero-size tensors
-        padded = torch.zeros(max_n, n_cols, dtype=torch.float64, device=device)
-        padded[: local.shape[0]] = local.to(device)
-        outs = [torch.empty(max_n, n_cols, dtype=torch.float64, device=device) for _ in range(world)]
-        dist.all_gather(outs, padded, group=group)
-        return torch.cat([o[:n].cpu() for o, n in zip(outs, sizes_l)], dim=0)
-
     # ---- compute ----------------------------------------------------------------------------
 
     def compute(self, process_group: Any = None) -> List[Dict[str, Any]]:
@@ -282,9 +301,7 @@ class MetricAccumulator:
         ``process_group`` must call it.
         """
         T = len(self.tasks)
-        data = self._local_packed()
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size(group=process_group) > 1:
-            data = self._gather(data, process_group)
+        data = gather_rows(self._local_packed(), process_group)
         surface = data[:, 0].to(torch.int64)
         probs = data[:, 1 : 1 + T]
         labels = data[:, 1 + T : 1 + 2 * T]

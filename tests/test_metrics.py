@@ -1,24 +1,25 @@
-"""Tests for pinads_rec.evaluate: exact AUC (with ties), NE / log loss / calibration, per-surface
-accumulation, and the cross-rank gather (2 gloo processes, FILE rendezvous)."""
+"""Tests for pinads_rec.metrics: exact AUC (with ties, against brute force and torchmetrics), NE /
+log loss / calibration, per-surface accumulation, and the cross-rank gather (one 2-rank launch)."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from multiprocess import run_ranks
+from torchmetrics.functional.classification import binary_auroc
 
-from pinads_rec.evaluate import (
+from pinads_rec.metrics import (
     MetricAccumulator,
     auc,
     calibration,
     expected_calibration_error,
     format_table,
+    gather_rows,
     log_loss,
     normalized_entropy,
 )
@@ -105,6 +106,42 @@ def test_auc_matches_pairwise_bruteforce_with_ties(seed):
     # also continuous scores (float64, no ties)
     s2 = torch.rand(n, generator=g, dtype=torch.float64)
     assert auc(s2, labels) == pytest.approx(_pairwise_auc(s2, labels), rel=1e-12)
+
+
+def _tied_scores_and_labels(seed, n=5000):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randint(0, 40, (n,), generator=g).to(torch.float64) / 40  # many ties
+    labels = (torch.rand(n, generator=g, dtype=torch.float64) < 0.1 + 0.5 * scores).to(torch.float64)
+    return scores, labels
+
+
+@pytest.fixture
+def float64_by_default():
+    """torchmetrics builds its ROC curve in the default dtype (float32): float64 for one test."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_auc_agrees_with_torchmetrics_to_its_float32_precision(seed):
+    scores, labels = _tied_scores_and_labels(seed)
+    reference = binary_auroc(scores, labels.long())
+    assert reference.dtype == torch.float32  # why pinads_rec.metrics computes AUC itself
+    assert auc(scores, labels) == pytest.approx(float(reference), abs=1e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_auc_agrees_with_torchmetrics_in_float64_to_one_ulp(seed, float64_by_default):
+    scores, labels = _tied_scores_and_labels(seed)
+    assert auc(scores, labels) == pytest.approx(float(binary_auroc(scores, labels.long())), rel=0, abs=2.3e-16)
+
+
+def test_metrics_take_numpy_arrays():
+    scores, labels = _tied_scores_and_labels(3, n=300)
+    assert auc(scores.numpy(), labels.numpy().astype(np.int64)) == auc(scores, labels)
+    assert normalized_entropy(scores.numpy(), labels.numpy()) == normalized_entropy(scores, labels)
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,7 +284,7 @@ def test_update_copies_inputs():
 
 
 # --------------------------------------------------------------------------------------------
-# Distributed gather: 2 gloo processes, FILE rendezvous.
+# Distributed gather: one 2-rank launch, then one test per check.
 # --------------------------------------------------------------------------------------------
 
 _TASKS = ["click", "save", "hide"]
@@ -274,45 +311,70 @@ def _fill(acc: MetricAccumulator, rank: int) -> None:
         acc.update(probs[sl], labels[sl], surface[sl], true_probs=true[sl], valid=valid[sl])
 
 
-def _dist_worker(rank: int, world: int, rdzv: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=rdzv, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30)
-    )
-    try:
-        acc = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
-        _fill(acc, rank)
-        rows = acc.compute()
-        # second pass: rank 1 has no examples at all (zero-size contribution)
-        acc2 = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
-        if rank == 0:
-            _fill(acc2, 0)
-        rows2 = acc2.compute()
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"rows": rows, "rows2": rows2}))
-    finally:
-        dist.destroy_process_group()
+def _gathered_rows(rank: int) -> torch.Tensor:
+    """float32 blocks of another length on each rank: 3 rows on rank 0, 1 on rank 1."""
+    if rank == 0:
+        return torch.arange(3 * 2, dtype=torch.float32).reshape(3, 2) + 0.5
+    return torch.tensor([[-1.25, 7.5]])
 
 
-def test_distributed_gather_matches_single_process(tmp_path):
-    world = 2
-    rdzv = f"file://{tmp_path}/rdzv"
-    mp.spawn(_dist_worker, args=(world, rdzv, str(tmp_path)), nprocs=world, join=True)
+def _dist_worker(rank: int, world: int, out_dir: str) -> None:
+    acc = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
+    _fill(acc, rank)
+    rows = acc.compute()
+    # second pass: rank 1 has no examples at all (zero-size contribution)
+    acc2 = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
+    if rank == 0:
+        _fill(acc2, 0)
+    rows2 = acc2.compute()
+    gathered = gather_rows(_gathered_rows(rank), group=None)
+    result = {"rows": rows, "rows2": rows2, "gathered": gathered.tolist(), "gathered_dtype": str(gathered.dtype)}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
 
-    # single-process reference on the concatenated data (rank order)
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Each rank's results of _dist_worker, by rank."""
+    result_dir = run_ranks(_dist_worker, 2, str(tmp_path_factory.mktemp("metrics_two_ranks")), timeout_s=120)
+    return [json.loads(Path(result_dir, f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_gathered_metrics_match_single_process(two_ranks, rank):
     ref = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
-    for rank in range(world):
-        _fill(ref, rank)
-    ref_rows = ref.compute()
+    for r in range(2):
+        _fill(ref, r)
+    _rows_equal(two_ranks[rank]["rows"], ref.compute())
+
+
+def test_gathered_metrics_count_every_valid_example():
+    ref = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
+    for r in range(2):
+        _fill(ref, r)
+    n_all = sum(int(_rank_data(r, n)[4].sum()) for r, n in _RANK_SIZES.items())
+    assert sum(r["examples"] for r in ref.compute() if r["surface"] == "all") == n_all * len(_TASKS)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_without_examples_contributes_nothing(two_ranks, rank):
     ref0 = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
     _fill(ref0, 0)
-    ref_rows2 = ref0.compute()
+    _rows_equal(two_ranks[rank]["rows2"], ref0.compute())
 
-    n_all = sum(int(_rank_data(r, n)[4].sum()) for r, n in _RANK_SIZES.items())
-    assert sum(r["examples"] for r in ref_rows if r["surface"] == "all") == n_all * len(_TASKS)
-    for rank in range(world):
-        got = json.loads(Path(tmp_path, f"rank{rank}.json").read_text())
-        _rows_equal(got["rows"], ref_rows)
-        _rows_equal(got["rows2"], ref_rows2)
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_gather_rows_concatenates_variable_lengths_in_rank_order(two_ranks, rank):
+    assert two_ranks[rank]["gathered"] == torch.cat([_gathered_rows(0), _gathered_rows(1)]).tolist()
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_gather_rows_keeps_the_dtype(two_ranks, rank):
+    assert two_ranks[rank]["gathered_dtype"] == "torch.float32"
+
+
+def test_gather_rows_without_a_process_group_returns_its_input():
+    rows = _gathered_rows(0)
+    assert gather_rows(rows) is rows
 
 
 def test_expected_calibration_error_hand_example():

@@ -1,0 +1,410 @@
+"""The training run, in pieces a caller can reuse: set-up, one step, the epoch loop, calibration,
+evaluation and the checkpoint.
+
+``Trainer(cfg, env, hooks).run()`` is what ``train.py`` launches on every rank: planner +
+DistributedModelParallel shard the embedding collections, ``TrainPipelineSparseDist`` overlaps the
+next batch's copy and input all-to-all with the current step, ``torch.distributed.checkpoint``
+saves and resumes the run; at the end the calibration layers are fit on a calibration split
+(data.calibration_dir) or held-out training rows (data.calibration_holdout) with the backbone
+frozen, and an eval pass reports AUC / NE / log loss / calibration per surface x task (with the
+oracle when the data has it). What a run reports (metrics.jsonl, the console) are :class:`Hook` s;
+the loop only calls them.
+
+Shapes: a step's logits and labels are ``[B, T]`` (B rows of this rank, T tasks); evaluation rows
+are dicts per surface x task (:class:`pinads_rec.metrics.MetricAccumulator`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.distributed.types import ShardingPlan
+
+from pinads_rec import config, parallel
+from pinads_rec.data.batch import Batch
+from pinads_rec.data.contract import ContractError
+from pinads_rec.data.loader import ParquetBatches, make_loader
+from pinads_rec.metrics import MetricAccumulator, gather_rows
+from pinads_rec.models import build_model
+from pinads_rec.models.train_task import NonFiniteError, NonFiniteGuard, TrainTask, guard_gradients
+from pinads_rec.modules.calibration import Calibration
+from pinads_rec.modules.precision import fallback_count, set_precision
+from pinads_rec.training import checkpoint
+
+log = logging.getLogger("pinads_rec.train")
+
+
+class Hook:
+    """What a run reports, plugged into :class:`Trainer` without touching its loop. Subclass and
+    override what you need; every method is a no-op. Hooks run on every rank (``trainer.env``
+    says which one) in the order given."""
+
+    def on_start(self, trainer: Trainer) -> None:
+        """After set-up, before the first step."""
+
+    def on_step(self, trainer: Trainer, record: dict) -> None:
+        """Every ``train.log_every`` steps. ``record``: {"step", "epoch", "loss" (mean over the
+        window), "logit_abs_max", "nonfinite_skipped", "fp16_fallbacks", "lr", "examples_per_s"}."""
+
+    def on_evaluation(self, trainer: Trainer, summary: dict) -> None:
+        """The final summary (what :meth:`Trainer.run` returns): fit's figures and the ``eval`` rows."""
+
+    def on_end(self, trainer: Trainer) -> None:
+        """After a completed run."""
+
+
+@dataclasses.dataclass
+class StepOutput:
+    """One training step as the pipeline returns it: the loss (scalar), logits and labels ``[B, T]``."""
+
+    loss: torch.Tensor
+    logits: torch.Tensor
+    labels: torch.Tensor
+
+
+class EndTogether:
+    """Stops every rank's iteration at the same step: one rank running out of batches ends the
+    epoch for all, instead of leaving the others blocked in a collective."""
+
+    def __init__(self, batches: Iterator[Batch], group: Optional[dist.ProcessGroup]):
+        self.batches, self.group = batches, group
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Batch:
+        batch = next(self.batches, None)
+        flag = torch.tensor([0 if batch is None else 1])
+        if self.group is not None:
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        if not flag.item():
+            raise StopIteration
+        return batch
+
+
+def shard_train_task(
+    cfg: config.ExperimentConfig,
+    env: parallel.Distributed,
+    plan: Optional[ShardingPlan] = None,
+    group: Optional[dist.ProcessGroup] = None,
+):
+    """The model of ``cfg`` in a TrainTask, sharded (DistributedModelParallel); ``group`` (gloo) lets
+    the non-finite guard's ranks agree."""
+    torch.manual_seed(cfg.train.seed)
+    # Embedding tables are created on the meta device: DMP allocates each rank's shards only.
+    model = build_model(cfg.features, cfg.model, device=torch.device("meta"))
+    set_precision(model, cfg.model.precision.train, fp16_overflow=cfg.model.precision.fp16_overflow)
+    guard = NonFiniteGuard([t.name for t in cfg.features.tasks], cfg.train.nonfinite, group)
+    return parallel.shard(TrainTask(model, guard), cfg, env, plan)
+
+
+def resume_config(cfg: config.ExperimentConfig, ckpt: Path) -> config.ExperimentConfig:
+    """``cfg`` for resuming from checkpoint ``ckpt``: refused (IncompatibleCheckpoint) when its model
+    differs; with the checkpoint's plan unless train.plan_file names one."""
+    checkpoint.check_compatible(ckpt, cfg)
+    if cfg.train.plan_file is not None:
+        return cfg
+    # Same sharding types and kernels as the checkpoint: its optimizer state then loads even on
+    # another world size (TorchRec cannot reshard optimizer state across sharding types).
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, plan_file=str(ckpt / checkpoint.PLAN_FILE)))
+
+
+def pipelined_module_names(dmp, pipeline) -> List[str]:
+    """Sharded modules whose input distribution the pipeline really overlaps (it silently skips
+    modules whose inputs it cannot trace back to the batch)."""
+    chosen = {id(m) for m in pipeline._pipelined_modules}
+    return [name for name, m in dmp.named_modules() if id(m) in chosen]
+
+
+def scoring_pass(
+    model, env: parallel.Distributed, group, loader, what: str, spare: Optional[Batch] = None
+) -> Iterator[Tuple[Batch, torch.Tensor]]:
+    """Yields (batch, logits [B, T] on CPU) over one no-grad pass of ``loader``. Ranks that run out
+    early replay their last batch (or ``spare``, when they had none) with every row marked invalid,
+    so every rank takes part in every sharded forward; use ``batch.valid``."""
+    batches, last = iter(loader), spare
+    model.eval()
+    try:
+        with torch.no_grad():
+            while True:
+                batch = next(batches, None)
+                flag = torch.tensor([0 if batch is None else 1])
+                if group is not None:
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+                if not flag.item():
+                    break
+                if batch is None:
+                    if last is None:
+                        raise ContractError(
+                            f"rank {env.rank} got no {what} rows: fewer row groups than the {env.world_size} ranks"
+                        )
+                    batch = dataclasses.replace(last, valid=torch.zeros_like(last.valid))
+                last = batch
+                _, (_, logits, _) = model(batch.to(env.device))
+                yield batch, logits.float().cpu()
+    finally:
+        model.train()
+
+
+def evaluation_rows(model, cfg: config.ExperimentConfig, env: parallel.Distributed, group) -> List[dict]:
+    """AUC / NE / calibration per surface x task of ``model`` (a TrainTask, sharded or not) over the
+    eval files, gathered over the ranks."""
+    tasks = [t.name for t in cfg.features.tasks]
+    has_oracle = all(t.true_probability_column for t in cfg.features.tasks)
+    acc = MetricAccumulator(tasks, cfg.features.surfaces, has_oracle)
+    loader = make_loader(cfg, cfg.data.eval_dir, env.rank, env.world_size, shuffle=False)
+    for batch, logits in scoring_pass(model, env, group, loader, f"eval ({cfg.data.eval_dir})"):
+        acc.update(torch.sigmoid(logits), batch.labels, batch.surface, batch.true_probs, valid=batch.valid)
+    return acc.compute()
+
+
+def fit_calibration(model, cfg: config.ExperimentConfig, env: parallel.Distributed, group) -> None:
+    """Fits the calibration layers of ``model`` on the backbone's logits over the calibration split
+    (data.calibration_dir) or the held-out training rows (data.calibration_holdout), gathered from
+    every rank so all ranks fit the same maps."""
+    layer = next(m for m in model.modules() if isinstance(m, Calibration))
+    if layer.mode == "none":
+        return
+    layer.reset()  # identity: the pass below sees the raw logits
+    if cfg.data.calibration_dir:
+        loader = make_loader(cfg, cfg.data.calibration_dir, env.rank, env.world_size, shuffle=False)
+    else:
+        loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=False, part="holdout")
+    # The split may have fewer row groups than there are ranks: those without one replay a
+    # (masked) training batch in the collective forwards.
+    spare = next(
+        iter(
+            ParquetBatches(
+                cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=False, drop_last=False, part="train"
+            )
+        )
+    )
+    parts = [
+        torch.cat([logits, batch.labels, batch.surface.unsqueeze(1).float()], dim=1)[batch.valid]
+        for batch, logits in scoring_pass(model, env, group, loader, "calibration", spare)
+    ]
+    rows = torch.cat(parts)
+    if group is not None:
+        rows = gather_rows(rows, group)
+    T = len(cfg.features.tasks)
+    layer.fit(rows[:, :T], rows[:, T : 2 * T], rows[:, 2 * T].long())
+    if env.is_main:
+        log.info(
+            "calibration (%s) fit on %d unseen rows: scale %s, bias %s",
+            layer.mode,
+            rows.shape[0],
+            [[round(v, 3) for v in r] for r in layer.scale.tolist()],
+            [[round(v, 3) for v in r] for r in layer.bias.tolist()],
+        )
+
+
+class Trainer:
+    """One training run of ``cfg`` on this rank. :meth:`run` does it all; the pieces
+    (:meth:`setup`, :meth:`epoch_batches`, :meth:`train_step`, :meth:`fit`, :meth:`calibrate`,
+    :meth:`save`, :meth:`evaluate`) serve callers that time or vary one of them.
+
+    Attributes after :meth:`setup`: ``cfg`` (with the checkpoint's plan when resuming), ``env``,
+    ``data_group`` (gloo; None on one rank), ``dmp`` (the sharded TrainTask), ``guard``,
+    ``optimizer``, ``schedule`` (the dense LR schedule), ``loader`` (this rank's training batches),
+    ``state`` (checkpoint.TrainState), ``pipeline``, ``total_steps``, ``run_dir``, ``resumed_from``
+    (the checkpoint loaded, or None) and ``pipelined_modules`` (known after the first step)."""
+
+    def __init__(
+        self,
+        cfg: config.ExperimentConfig,
+        env: Optional[parallel.Distributed] = None,
+        hooks: Sequence[Hook] = (),
+        plan: Optional[ShardingPlan] = None,
+    ):
+        self.cfg = cfg
+        self.env = env if env is not None else parallel.init_distributed()
+        self.hooks = list(hooks)
+        self.plan = plan
+        self.pipelined_modules: Optional[List[str]] = None
+        self._ready = False
+
+    def setup(self) -> Trainer:
+        """Data group, resume (checkpoint compatibility and its plan), the sharded TrainTask, the
+        training loader, optimizers and LR schedule, the guard, the pipeline. Idempotent."""
+        if self._ready:
+            return self
+        self.run_dir = Path(self.cfg.train.run_dir)
+        self.data_group = dist.new_group(backend="gloo") if self.env.world_size > 1 else None
+        self.resumed_from = checkpoint.latest(self.run_dir)
+        if self.resumed_from is not None:
+            self.cfg = resume_config(self.cfg, self.resumed_from)
+        cfg, env = self.cfg, self.env
+        self.dmp = shard_train_task(cfg, env, self.plan, group=self.data_group)
+        self.guard = next(m for m in self.dmp.modules() if isinstance(m, NonFiniteGuard))
+        self.loader = make_loader(
+            cfg,
+            cfg.data.train_dir,
+            env.rank,
+            env.world_size,
+            shuffle=True,
+            pin_memory=env.device.type == "cuda",
+            part="train",
+        )
+        for later in (cfg.data.eval_dir, cfg.data.calibration_dir):  # their errors before training, not after it
+            if later:
+                ParquetBatches(cfg, later, env.rank, env.world_size, shuffle=False)
+        steps_per_epoch = max(self.loader.dataset.num_rows // (cfg.data.batch_size * env.world_size), 1)
+        self.total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
+        self.optimizer, self.schedule = parallel.make_optimizer(self.dmp, cfg.train, self.total_steps)
+        guard_gradients(self.schedule.optimizer._optimizer, cfg.train.nonfinite, self.guard)  # the dense AdamW
+
+        self.state = self._restored_state()
+        self.pipeline = TrainPipelineSparseDist(self.dmp, self.optimizer, env.device, execute_all_batches=True)
+        self._ready = True
+        return self
+
+    def _restored_state(self) -> checkpoint.TrainState:
+        """The resumed checkpoint's state, model and optimizers loaded; a fresh state without one."""
+        world = self.env.world_size
+        if self.resumed_from is None:
+            return checkpoint.TrainState(world_size=world)
+        state = checkpoint.load(self.resumed_from, self.dmp, self.optimizer, self.schedule)
+        if state.world_size != world:
+            # Row groups are dealt to ranks by world size: the same global position is the best
+            # resume point there is (exact only when the world size is unchanged).
+            state.batches_in_epoch = state.batches_in_epoch * state.world_size // world
+            state.world_size = world
+        if self.env.is_main:
+            log.info("resumed from %s (step %d, epoch %d)", self.resumed_from, state.step, state.epoch)
+        return state
+
+    def epoch_batches(self, epoch: int) -> Iterator[Batch]:
+        """This rank's batches of ``epoch``, from ``state.batches_in_epoch`` on (the resume point),
+        ending on every rank at the same step."""
+        self.setup()
+        self.loader.dataset.set_epoch(epoch)
+        batches = iter(self.loader)
+        for _ in range(self.state.batches_in_epoch):
+            next(batches)
+        return EndTogether(batches, self.data_group)
+
+    def train_step(self, batches: Iterator[Batch]) -> StepOutput:
+        """One pipelined step (forward, backward, optimizers), then the LR schedule and the position
+        in ``state``. Raises StopIteration when ``batches`` is done."""
+        self.setup()
+        try:
+            loss, logits, labels = self.pipeline.progress(batches)
+        except NonFiniteError as e:
+            raise NonFiniteError(f"step {self.state.step + 1}, epoch {self.state.epoch}: {e}") from None
+        if self.pipelined_modules is None:
+            self.pipelined_modules = pipelined_module_names(self.dmp, self.pipeline)
+            if self.env.is_main:
+                log.info(
+                    "TrainPipelineSparseDist pipelines %s", self.pipelined_modules or "NOTHING (model not traceable)"
+                )
+        self.schedule.step()
+        self.state.step += 1
+        self.state.batches_in_epoch += 1
+        return StepOutput(loss, logits, labels)
+
+    def fit(self) -> dict:
+        """The epoch loop from ``state`` to ``train.epochs`` or ``train.max_steps``, checkpointing
+        every ``train.checkpoint_every`` steps; hooks see on_start, then on_step every
+        ``train.log_every`` steps. Returns {"step", "train_examples_per_s", "train_seconds",
+        "pipelined_modules"}."""
+        self.setup()
+        cfg, env, state = self.cfg, self.env, self.state
+        for hook in self.hooks:
+            hook.on_start(self)
+        begun, started = time.perf_counter(), None
+        examples, window_loss, window_n, logit_abs_max = 0, 0.0, 0, 0.0
+
+        done = bool(cfg.train.max_steps) and state.step >= cfg.train.max_steps
+        for epoch in range(state.epoch, cfg.train.epochs):
+            if done:
+                break
+            batches = self.epoch_batches(epoch)
+            while True:
+                try:
+                    step = self.train_step(batches)
+                except StopIteration:
+                    break
+                if started is None:
+                    # Rates leave the first step out: it starts the loader's workers and traces the
+                    # pipeline, seconds that would dominate a short run's examples/s.
+                    started = time.perf_counter()
+                else:
+                    examples += step.labels.shape[0] * env.world_size
+                window_loss += float(step.loss)
+                window_n += 1
+                logit_abs_max = max(logit_abs_max, float(step.logits.abs().max()))
+                if state.step % cfg.train.log_every == 0:
+                    rate = examples / (time.perf_counter() - started) if examples else 0.0
+                    record = {
+                        "step": state.step,
+                        "epoch": epoch,
+                        "loss": window_loss / window_n,
+                        "logit_abs_max": logit_abs_max,
+                        "nonfinite_skipped": self.guard.skipped,
+                        "fp16_fallbacks": fallback_count(self.dmp),
+                        "lr": self.schedule.get_last_lr()[0],
+                        "examples_per_s": rate,
+                    }
+                    for hook in self.hooks:
+                        hook.on_step(self, record)
+                    window_loss, window_n, logit_abs_max = 0.0, 0, 0.0
+                if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
+                    self.save()
+                if cfg.train.max_steps and state.step >= cfg.train.max_steps:
+                    done = True
+                    break
+            if not done:
+                state.epoch, state.batches_in_epoch = epoch + 1, 0
+        now = time.perf_counter()
+        return {
+            "step": state.step,
+            "train_examples_per_s": examples / (now - started) if examples else 0.0,
+            "train_seconds": now - begun,
+            "pipelined_modules": self.pipelined_modules or [],
+        }
+
+    def calibrate(self) -> None:
+        """Fits the calibration maps (see :func:`fit_calibration`); the pipeline must be detached."""
+        self.setup()
+        fit_calibration(self.dmp, self.cfg, self.env, self.data_group)
+
+    def evaluate(self) -> List[dict]:
+        """Metrics rows per surface x task over the eval split (see :func:`evaluation_rows`)."""
+        self.setup()
+        return evaluation_rows(self.dmp, self.cfg, self.env, self.data_group)
+
+    def save(self) -> Path:
+        """A checkpoint of the current step under ``run_dir``; returns its directory."""
+        self.setup()
+        return checkpoint.save(self.run_dir, self.state, self.dmp, self.optimizer, self.schedule, self.cfg)
+
+    def run(self) -> dict:
+        """fit, then (pipeline detached) calibrate, save, evaluate; hooks see the summary. Returns
+        the summary: fit's figures, the guard's and FP16 fallback counts, world size, global batch
+        and the ``eval`` rows."""
+        self.setup()
+        fitted = self.fit()
+        self.pipeline.detach()
+        self.calibrate()
+        self.save()
+        rows = self.evaluate()
+        summary = {
+            **fitted,
+            "nonfinite_skipped": self.guard.skipped,
+            "fp16_fallbacks": fallback_count(self.dmp),
+            "world_size": self.env.world_size,
+            "global_batch": self.cfg.data.batch_size * self.env.world_size,
+            "eval": rows,
+        }
+        for hook in self.hooks:
+            hook.on_evaluation(self, summary)
+        for hook in self.hooks:
+            hook.on_end(self)
+        return summary
