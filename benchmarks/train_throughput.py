@@ -415,11 +415,12 @@ def fbgemm_lookup_rate(cfg: config.ExperimentConfig, batches: int = 5, repeats: 
     )
 
     from pinads_rec.data.loader import ParquetBatches
+    from pinads_rec.features import FeatureLayout
 
     tables = {t.name: t for t in cfg.features.tables}
     pooled = {f.name: f.table for f in cfg.features.sparse}
     events = {f"{g.name}.{f.name}": f.table for g in cfg.features.sequence_groups for f in g.features}
-    events.update({config.CANDIDATE_PREFIX + s.name: s.table for s in cfg.features.shared_sparse})
+    events.update({config.CANDIDATE_PREFIX + k: pooled[k] for k in FeatureLayout.of(cfg.features).shared_keys})
 
     def tbe(kjt, feature_table, pooling):
         # One table per feature: fbgemm's CPU kernel rejects unpooled features sharing a table

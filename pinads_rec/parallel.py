@@ -1,7 +1,8 @@
 """Parallelism in one place: process group, planner, sharders, DistributedModelParallel, optimizers.
 
-The model (``models/ranker.py``) is a plain module built on the meta device; everything that knows
-about ranks, devices and sharding lives here.
+The models (``pinads_rec/models/``) are plain modules built on the meta device; everything that knows
+about ranks, devices and sharding lives here. Which tables exist comes from the feature layout
+(``pinads_rec/features.py``), not from any one model.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from pinads_rec.config import ExperimentConfig, TrainConfig
-from pinads_rec.models.ranker import embedding_bag_configs, embedding_configs
+from pinads_rec.features import FeatureLayout
 
 
 @dataclass
@@ -115,8 +116,9 @@ def constraints(cfg: ExperimentConfig, compute_device: str) -> Dict[str, Paramet
     wanted = set(allowed_sharding_types(cfg, compute_device))
     saved = load_plan(cfg.train.plan_file)["tables"] if cfg.train.plan_file else {}
     out = {}
-    bags = embedding_bag_configs(cfg.features) + embedding_bag_configs(cfg.features, user_side=True)
-    for tables, allowed in ((bags, bag), (embedding_configs(cfg.features), seq)):
+    layout = FeatureLayout.of(cfg.features)
+    bags = layout.embedding_bag_configs() + layout.embedding_bag_configs(user_side=True)
+    for tables, allowed in ((bags, bag), (layout.embedding_configs(), seq)):
         for t in tables:
             if t.name in saved:
                 choice = saved[t.name]

@@ -868,19 +868,14 @@ def project(
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
     from pinads_rec import parallel
+    from pinads_rec.features import FeatureLayout
     from pinads_rec.models import build_model
-    from pinads_rec.models.ranker import embedding_bag_configs, embedding_configs
     from pinads_rec.models.train_task import TrainTask
 
     batch = cfg.data.batch_size
     constraints = parallel.constraints(cfg, "cuda")
     if pooling:
-        tables = (
-            embedding_bag_configs(cfg.features)
-            + embedding_bag_configs(cfg.features, user_side=True)
-            + embedding_configs(cfg.features)
-        )
-        for table in tables:
+        for table in FeatureLayout.of(cfg.features).all_table_configs():
             measured = [pooling.get(name, (1.0, 1.0)) for name in table.feature_names]
             constraints[table.name] = dataclasses.replace(
                 constraints[table.name],

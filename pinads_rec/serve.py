@@ -50,6 +50,7 @@ from pinads_rec import config
 from pinads_rec.data.batch import Batch
 from pinads_rec.data.contract import ContractError, check_schema, contract_columns
 from pinads_rec.data.loader import ParquetBatches
+from pinads_rec.features import FeatureLayout
 from pinads_rec.models import build_model
 from pinads_rec.modules.precision import DTYPES, set_precision
 
@@ -357,9 +358,7 @@ class FlatScorer(nn.Module):
     def __init__(self, model: nn.Module, features: config.FeaturesConfig):
         super().__init__()
         self.model = model
-        self.row_keys = [s.name for s in features.row_sparse]
-        self.user_keys = [s.name for s in features.user_sparse]
-        self.sequence_keys = features.embedding_collection_keys
+        self.layout = FeatureLayout.of(features)
 
     def forward(
         self,
@@ -380,9 +379,9 @@ class FlatScorer(nn.Module):
         extra = {"source": ""} if "source" in fields else {}
         batch = Batch(
             dense=dense,
-            sparse=_kjt(self.row_keys, sparse_values, sparse_lengths, rows),
-            user_sparse=_kjt(self.user_keys, user_values, user_lengths, rows),
-            sequences=_kjt(self.sequence_keys, sequence_values, sequence_lengths, rows),
+            sparse=_kjt(self.layout.row_keys, sparse_values, sparse_lengths, rows),
+            user_sparse=_kjt(self.layout.user_keys, user_values, user_lengths, rows),
+            sequences=_kjt(self.layout.sequence_keys, sequence_values, sequence_lengths, rows),
             sequence_time_deltas=sequence_time_deltas,
             sequence_embeddings=sequence_embeddings,
             request_index=request_index,

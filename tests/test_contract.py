@@ -24,6 +24,7 @@ from conftest import DEMO, load_tiny, tiny_overrides
 from pinads_rec import config
 from pinads_rec.data.contract import ContractError
 from pinads_rec.data.loader import ParquetBatches, make_loader
+from pinads_rec.features import FeatureLayout
 
 RG = 500  # rows per row group of the rewritten files
 BAD = 700  # the row we spoil: row group 1, row 200 within it
@@ -486,7 +487,7 @@ def test_empty_sequences_are_fine(base, tmp_path):
     ds, batches = read_all(cfg, d)
     assert not ds.checker.repairs
     batch, slot, _ = slot_of(batches, a)
-    for key in cfg.features.sequence_keys:
+    for key in FeatureLayout.of(cfg.features).event_keys:
         assert int(batch.sequences[key].lengths()[slot]) == 0, key
     for bt in batches:  # events, time deltas and embeddings stay aligned
         for g in cfg.features.sequence_groups:

@@ -11,6 +11,7 @@ import torch
 from conftest import load_tiny
 
 from pinads_rec.data.loader import ParquetBatches, make_loader
+from pinads_rec.features import FeatureLayout
 
 
 def _all_rows(directory):
@@ -38,6 +39,7 @@ def _file_fingerprints(cfg, table):
 def test_round_trip_equals_parquet(tiny_data):
     cfg, data = tiny_data
     f = cfg.features
+    layout = FeatureLayout.of(f)
     table = _all_rows(f"{data}/train")
     ds = ParquetBatches(cfg, f"{data}/train", shuffle=False)
     row = 0
@@ -55,14 +57,14 @@ def test_round_trip_equals_parquet(tiny_data):
         np.testing.assert_allclose(batch.dense[:n, at : at + 32].numpy(), emb, rtol=0, atol=0)
         # pooled sparse features, including the multi-hot query tokens
         jt = batch.sparse.to_dict()
-        for s in f.row_sparse:
+        for s in map(layout.sparse_feature, layout.row_keys):
             got = [x.tolist() for x in jt[s.name].to_dense()[:n]]
             want = part.column(s.column).to_pylist()
             want = [w if isinstance(w, list) else [w] for w in want]
             size = f.table(s.table).num_embeddings
             assert got == [[v % size for v in w] for w in want], s.name
         # candidate ids sharing a sequence table ride in the per-request KJT, in row order
-        for s in f.shared_sparse:
+        for s in map(layout.sparse_feature, layout.shared_keys):
             got = batch.sequences[f"candidate.{s.name}"].values()[:n].tolist()
             assert got == part.column(s.column).to_pylist(), s.name
             assert int(batch.sequences[f"candidate.{s.name}"].lengths().sum()) == batch.batch_size
@@ -73,7 +75,9 @@ def test_round_trip_equals_parquet(tiny_data):
         assert batch.sequences.stride() == len(first)
         assert batch.user_sparse.stride() == ds.user_slots >= len(first)  # fixed slots, the rest empty
         users = batch.user_sparse.to_dict()
-        for s in f.user_sparse:  # user-side features: once per request, from its first row
+        for s in map(
+            layout.sparse_feature, layout.user_keys
+        ):  # user-side features: once per request, from its first row
             got = [x.tolist() for x in users[s.name].to_dense()]
             assert not any(got[len(first) :])
             got = got[: len(first)]

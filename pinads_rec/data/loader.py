@@ -36,6 +36,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from pinads_rec.config import ExperimentConfig
 from pinads_rec.data.batch import Batch
 from pinads_rec.data.contract import ContractError, RowGroupChecker, check_schema, contract_columns
+from pinads_rec.features import FeatureLayout
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ class ParquetBatches(torch.utils.data.IterableDataset):
         self.drop_last = shuffle if drop_last is None else drop_last
         self.cfg = cfg
         self.features = cfg.features
+        self.layout = FeatureLayout.of(cfg.features)
         self.batch_size = batch_size or cfg.data.batch_size
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
         # directory None: no files, only the contract checks and to_batch (in-memory requests, serving)
@@ -239,7 +241,8 @@ class ParquetBatches(torch.utils.data.IterableDataset):
         first_rows = table.take(pa.array(starts))
         B = table.num_rows
 
-        dense = torch.empty(B, f.dense_dim, dtype=torch.float32)
+        layout = self.layout
+        dense = torch.empty(B, layout.dense_dim, dtype=torch.float32)
         dense_np, at = dense.numpy(), 0  # filled in place through a numpy view: one copy from Arrow
         for d in f.dense:
             col = table.column(d.column).combine_chunks()
@@ -247,23 +250,21 @@ class ParquetBatches(torch.utils.data.IterableDataset):
             dense_np[:, at : at + d.dim] = values.reshape(B, d.dim)
             at += d.dim
 
-        sparse = _kjt([s.name for s in f.row_sparse], [table.column(s.column) for s in f.row_sparse], B)
+        sparse = _kjt(layout.row_keys, [table.column(c) for c in layout.columns(layout.row_keys)], B)
         # A fixed number of user slots (the unused ones empty): pooled embedding lookups exchange
         # equal-sized blocks between ranks, so their batch size must not vary.
         user_sparse = _kjt(
-            [s.name for s in f.user_sparse],
-            [first_rows.column(s.column) for s in f.user_sparse],
+            layout.user_keys,
+            [first_rows.column(c) for c in layout.columns(layout.user_keys)],
             self.user_slots if self.cfg.model.broadcast else B,
         )
         seq_cols = [first_rows.column(sf.column) for g in f.sequence_groups for sf in g.features]
         # Candidate ids sharing a sequence table: per request, the ids of its rows (in row order).
         seq_cols += [
-            pa.ListArray.from_arrays(
-                pa.array(np.append(starts, B).astype(np.int32)), table.column(s.column).combine_chunks()
-            )
-            for s in f.shared_sparse
+            pa.ListArray.from_arrays(pa.array(np.append(starts, B).astype(np.int32)), table.column(c).combine_chunks())
+            for c in layout.columns(layout.shared_keys)
         ]
-        sequences = _kjt(f.embedding_collection_keys, seq_cols, len(starts))
+        sequences = _kjt(layout.sequence_keys, seq_cols, len(starts))
 
         request_time = first_rows.column(f.columns.timestamp).to_numpy().astype(np.float64)
         deltas, embeddings = {}, {}
