@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pinads_rec import checkpoint, config, parallel  # noqa: E402
 from pinads_rec.data.batch import Batch  # noqa: E402
 from pinads_rec.data.contract import ContractError  # noqa: E402
-from pinads_rec.data.loader import ParquetBatches, make_loader  # noqa: E402
+from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader  # noqa: E402
 from pinads_rec.evaluate import MetricAccumulator, format_table  # noqa: E402
 from pinads_rec.models import build_model  # noqa: E402
 from pinads_rec.models.train_task import NonFiniteError, NonFiniteGuard, TrainTask, guard_gradients  # noqa: E402
@@ -124,7 +124,7 @@ def evaluate(dmp, cfg: config.ExperimentConfig, env: parallel.Distributed, group
     tasks = [t.name for t in cfg.features.tasks]
     has_oracle = all(t.true_probability_column for t in cfg.features.tasks)
     acc = MetricAccumulator(tasks, cfg.features.surfaces, has_oracle)
-    loader = make_loader(cfg, cfg.data.eval_dir, env.rank, env.world_size, shuffle=False)
+    loader = make_loader(cfg.data.eval_dir, LoaderSettings.of(cfg), env.rank, env.world_size, shuffle=False)
     for batch, logits in scoring_pass(dmp, env, group, loader, f"eval ({cfg.data.eval_dir})"):
         acc.update(torch.sigmoid(logits), batch.labels, batch.surface, batch.true_probs, valid=batch.valid)
     return acc.compute()
@@ -138,19 +138,17 @@ def calibrate(dmp, cfg: config.ExperimentConfig, env: parallel.Distributed, grou
     if layer.mode == "none":
         return
     layer.reset()  # identity: the pass below sees the raw logits
+    settings = LoaderSettings.of(cfg)
     if cfg.data.calibration_dir:
-        loader = make_loader(cfg, cfg.data.calibration_dir, env.rank, env.world_size, shuffle=False)
+        loader = make_loader(cfg.data.calibration_dir, settings, env.rank, env.world_size, shuffle=False)
     else:
-        loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=False, part="holdout")
+        loader = make_loader(cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=False, part="holdout")
     # The split may have fewer row groups than there are ranks: those without one replay a
     # (masked) training batch in the collective forwards.
-    spare = next(
-        iter(
-            ParquetBatches(
-                cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=False, drop_last=False, part="train"
-            )
-        )
+    train_part = ParquetBatches(
+        cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=False, drop_last=False, part="train"
     )
+    spare = next(iter(train_part))
     parts = [
         torch.cat([logits, batch.labels, batch.surface.unsqueeze(1).float()], dim=1)[batch.valid]
         for batch, logits in scoring_pass(dmp, env, group, loader, "calibration", spare)
@@ -186,19 +184,15 @@ def train(cfg: config.ExperimentConfig, env: parallel.Distributed) -> dict:
             )
     dmp = build(cfg, env, group=data_group)
     guard = guard_of(dmp)
+    settings = LoaderSettings.of(cfg)
+    pin_memory = env.device.type == "cuda"
     loader = make_loader(
-        cfg,
-        cfg.data.train_dir,
-        env.rank,
-        env.world_size,
-        shuffle=True,
-        pin_memory=env.device.type == "cuda",
-        part="train",
+        cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=True, pin_memory=pin_memory, part="train"
     )
     dataset = loader.dataset
     for later in (cfg.data.eval_dir, cfg.data.calibration_dir):  # their errors before training, not after it
         if later:
-            ParquetBatches(cfg, later, env.rank, env.world_size, shuffle=False)
+            ParquetBatches(later, settings, env.rank, env.world_size, shuffle=False)
     steps_per_epoch = max(dataset.num_rows // (cfg.data.batch_size * env.world_size), 1)
     total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
     optimizer, schedule = parallel.make_optimizer(dmp, cfg.train, total_steps)

@@ -271,7 +271,7 @@ def export_ad_embeddings(model: nn.Module, batches: Iterable[Batch], path: Union
     """Writes the ad tower's vectors of every distinct item seen in ``batches`` to a Parquet file.
 
     ``model``: a TwoTowerRanker (or a train task / unsharded wrapper of one) with its trained weights;
-    ``batches``: e.g. ``ParquetBatches(cfg, directory, shuffle=False)``; ``path``: the file to write.
+    ``batches``: e.g. ``pinads_rec.serve.file_order_batches(cfg, directory)``; ``path``: the file to write.
     Columns: ``item_id`` (int64, sorted, unique) and one ``fixed_size_list<float32, E>`` column per
     task, named after the task; the schema metadata ``pinads_rec`` holds {"tasks", "embedding_dim"}.
     An item seen in several rows keeps its first row's vector (the ad tower reads item features only,
