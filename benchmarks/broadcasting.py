@@ -5,7 +5,7 @@
 
 Batches of requests with exactly N candidates each are built from the demo eval data (each request's
 real rows, repeated or trimmed to N; ``--rows`` rows per batch, so rows // N requests): the same rows
-are then converted to a ``Batch`` twice by the loader's ``to_batch`` -- broadcasting on (one user slot
+are then converted to a ``Batch`` twice by the loader's ``BatchBuilder`` -- broadcasting on (one user slot
 per request, U = rows / N) and off (one user slot per row, U = rows, ``model.broadcast: false``) --
 and timed alternately on the same model:
 
@@ -25,7 +25,6 @@ reports how many cores other processes used on average while it was measured.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import time
@@ -41,19 +40,17 @@ import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 
 from pinads_rec import config  # noqa: E402
-from pinads_rec.data.batch import Batch  # noqa: E402
-from pinads_rec.data.loader import ParquetBatches  # noqa: E402
+from pinads_rec.data.batch import Batch, BatchBuilder  # noqa: E402
+from pinads_rec.data.reader import RowGroupReader, list_files, list_row_groups  # noqa: E402
+from pinads_rec.features import FeatureLayout  # noqa: E402
 from pinads_rec.scaling import CpuMeter, wait_quiet  # noqa: E402
-
-
-def with_broadcast(cfg: config.ExperimentConfig, on: bool) -> config.ExperimentConfig:
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, broadcast=on))
 
 
 def read_requests(cfg: config.ExperimentConfig, data_dir: str, row_groups: int) -> tuple:
     """(checked Arrow table of the first row groups, [(start, length)] of its requests)."""
-    ds = ParquetBatches(cfg, data_dir, shuffle=False)
-    table = pa.concat_tables([ds.read(g) for g in ds.row_groups[:row_groups]]).combine_chunks()
+    reader = RowGroupReader(cfg.features, cfg.data)
+    groups = list_row_groups(list_files(data_dir), cfg.features)[:row_groups]
+    table = pa.concat_tables([reader.read(g) for g in groups]).combine_chunks()
     req = table.column(cfg.features.columns.request_id).to_numpy()
     starts = np.flatnonzero(np.concatenate([[True], req[1:] != req[:-1]]))
     lengths = np.diff(np.append(starts, len(req)))
@@ -77,15 +74,14 @@ def request_tables(
 
 
 def to_batches(
-    cfg: config.ExperimentConfig, data_dir: str, tables: Sequence[pa.Table], rows: int, requests: int
+    cfg: config.ExperimentConfig, tables: Sequence[pa.Table], rows: int, requests: int
 ) -> Dict[bool, List[Batch]]:
-    """The same rows as broadcast (True) and per-row (False) batches, through the loader's to_batch;
+    """The same rows as broadcast (True) and per-row (False) batches, through the loader's BatchBuilder;
     broadcast batches get exactly one user slot per request."""
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_unique_users_per_batch=requests))
     out = {}
     for on in (True, False):
-        batcher = ParquetBatches(with_broadcast(cfg, on), data_dir, shuffle=False, batch_size=rows)
-        out[on] = [batcher.to_batch(t) for t in tables]
+        builder = BatchBuilder(FeatureLayout.of(cfg.features), user_slots=min(requests or rows, rows), broadcast=on)
+        out[on] = [builder.build(t) for t in tables]
     return out
 
 
@@ -187,7 +183,7 @@ def main(argv=None) -> int:
     results = []
     for n in args.candidates:
         tables = request_tables(table, requests, n, args.rows, args.batches)
-        batches = to_batches(cfg, data_dir, tables, args.rows, args.rows // n)
+        batches = to_batches(cfg, tables, args.rows, args.rows // n)
         users = batches[True][0].num_requests
 
         @torch.inference_mode()

@@ -50,7 +50,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from pinads_rec.data.batch import Batch  # noqa: E402
-from pinads_rec.data.loader import ParquetBatches  # noqa: E402
+from pinads_rec.data.dataset import LoaderSettings, ParquetBatches  # noqa: E402
 from pinads_rec.metrics import MetricAccumulator  # noqa: E402
 from pinads_rec.scaling import CpuMeter, wait_quiet  # noqa: E402
 
@@ -123,7 +123,7 @@ def latency_table(
         f"{'bf16 rows/s':>12} {'bg cores':>8}"
     ]
     for n in rows:
-        it = iter(ParquetBatches(cfg, eval_dir, shuffle=False, batch_size=n, drop_last=False))
+        it = iter(ParquetBatches(eval_dir, LoaderSettings.of(cfg), shuffle=False, batch_size=n, drop_last=False))
         sample = [next(it) for _ in range(batches)]
         ms = alternate({k: forward(m) for k, m in models.items()}, sample, repeats)
         lines.append(
@@ -138,7 +138,7 @@ def auc_table(models: Dict[str, nn.Module], cfg, eval_dir: str) -> tuple:
     tasks = [t.name for t in cfg.features.tasks]
     accs = {k: MetricAccumulator(tasks, cfg.features.surfaces) for k in models}
     rows = 0
-    for batch in ParquetBatches(cfg, eval_dir, shuffle=False, batch_size=4096, drop_last=False):
+    for batch in ParquetBatches(eval_dir, LoaderSettings.of(cfg), shuffle=False, batch_size=4096, drop_last=False):
         for k, m in models.items():
             probs = torch.sigmoid(forward(m)(batch).float())
             accs[k].update(probs, batch.labels, batch.surface, valid=batch.valid)
@@ -288,7 +288,7 @@ def training_steps(cfg, train_dir: str, rows: int, batches: int, repeats: int) -
 
     env = parallel.init_distributed()
     sample = []
-    for b in ParquetBatches(cfg, train_dir, shuffle=False, batch_size=rows):
+    for b in ParquetBatches(train_dir, LoaderSettings.of(cfg), shuffle=False, batch_size=rows):
         sample.append(b)
         if len(sample) == batches:
             break
@@ -449,7 +449,9 @@ def main(argv=None) -> int:
         report.append(f"max |delta AUC| = {worst:.5f} ({'within' if worst <= 0.001 else 'OUTSIDE'} 0.001)")
         print("\n".join(report[-len(lines) - 2 :]), flush=True)
     if "profile" not in args.skip:
-        batch = next(iter(ParquetBatches(cfg, eval_dir, shuffle=False, batch_size=args.profile_rows)))
+        batch = next(
+            iter(ParquetBatches(eval_dir, LoaderSettings.of(cfg), shuffle=False, batch_size=args.profile_rows))
+        )
         t = module_times(models, batch, args.repeats)
         lines = [
             f"{'part of the forward (median ms)':<40} {'fp32 ms':>8} {'bf16 ms':>8} {'fp32/bf16':>9} {'fp32 share':>10}"

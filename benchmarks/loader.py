@@ -39,7 +39,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from pinads_rec import config  # noqa: E402
-from pinads_rec.data.loader import ParquetBatches, make_loader  # noqa: E402
+from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader  # noqa: E402
 
 MB = 2**20
 
@@ -110,7 +110,7 @@ def generate_in_child(config_path: str, overrides: List[str], out: str) -> float
 
 def parquet_bytes(ds: ParquetBatches) -> Dict[str, int]:
     """Compressed / uncompressed bytes of the contract's column chunks over the dataset's row groups."""
-    wanted = set(ds.columns)
+    wanted = set(ds.reader.columns)
     out = {"compressed": 0, "uncompressed": 0}
     meta: Dict[str, pq.FileMetaData] = {}
     for g in ds.row_groups:
@@ -130,12 +130,12 @@ def parquet_bytes(ds: ParquetBatches) -> Dict[str, int]:
 
 
 def throughput(cfg, data_dir: str, workers: int, max_batches: int) -> dict:
-    probe = ParquetBatches(cfg, data_dir, shuffle=True)
+    probe = ParquetBatches(data_dir, LoaderSettings.of(cfg), shuffle=True)
     nbytes = parquet_bytes(probe)
     total_rows = probe.num_rows
     del probe
     t0 = time.perf_counter()
-    loader = make_loader(cfg, data_dir, shuffle=True, num_workers=workers)
+    loader = make_loader(data_dir, LoaderSettings.of(cfg), shuffle=True, num_workers=workers)
     first = None
     batches = examples = 0
     for batch in loader:
@@ -167,17 +167,17 @@ def throughput(cfg, data_dir: str, workers: int, max_batches: int) -> dict:
 
 
 def memory_stream(cfg, data_dir: str, sample_every: int) -> dict:
-    ds = ParquetBatches(cfg, data_dir, shuffle=True)
+    ds = ParquetBatches(data_dir, LoaderSettings.of(cfg), shuffle=True)
     total = ds.num_rows
     # The documented bound: shuffle_buffer_rows + one row group (+ one batch being cut), in Arrow bytes.
-    sample = ds.read(ds.row_groups[0])
+    sample = ds.reader.read(ds.row_groups[0])
     bytes_per_row = sample.nbytes / max(sample.num_rows, 1)
     del sample
     largest = max(g.num_rows for g in ds.row_groups)
     bound_mb = bytes_per_row * (max(cfg.data.shuffle_buffer_rows, ds.batch_size) + largest + ds.batch_size) / MB
     # Count the row-group tables still referenced (by the shuffle pool or a pending batch).
     alive: set = set()
-    read = ds.read
+    read = ds.reader.read
 
     def tracked_read(group):
         table = read(group)
@@ -186,7 +186,7 @@ def memory_stream(cfg, data_dir: str, sample_every: int) -> dict:
         weakref.finalize(table, alive.discard, key)
         return table
 
-    ds.read = tracked_read
+    ds.reader.read = tracked_read
     max_alive = 0
     can_reset = reset_hwm()
     baseline = rss_mb()
@@ -226,7 +226,7 @@ def memory_stream(cfg, data_dir: str, sample_every: int) -> dict:
         "ru_maxrss_mb": max_rss_mb(),
         "buffer_rows": cfg.data.shuffle_buffer_rows,
         "row_groups": len(ds.row_groups),
-        "repairs": dict(ds.checker.repairs),
+        "repairs": dict(ds.reader.checker.repairs),
         "max_alive_row_groups": max_alive,
         "row_group_mb": bytes_per_row * largest / MB,
         "bound_mb": bound_mb,

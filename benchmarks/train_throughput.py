@@ -140,7 +140,7 @@ def _sharded_training(
     import torch.distributed as dist
 
     from pinads_rec import parallel
-    from pinads_rec.data.loader import make_loader
+    from pinads_rec.data.dataset import LoaderSettings, make_loader
     from pinads_rec.train import EndTogether, build
 
     env = parallel.init_distributed()
@@ -148,8 +148,8 @@ def _sharded_training(
     dmp = build(cfg, env, group=group)
     optimizer, schedule = parallel.make_optimizer(dmp, cfg.train, total_steps)
     loader = make_loader(
-        cfg,
         cfg.data.train_dir,
+        LoaderSettings.of(cfg),
         env.rank,
         env.world_size,
         shuffle=True,
@@ -243,7 +243,7 @@ def measure_plain(
     from torch.nn.parallel import DistributedDataParallel
 
     from pinads_rec import parallel
-    from pinads_rec.data.loader import make_loader
+    from pinads_rec.data.dataset import LoaderSettings, make_loader
     from pinads_rec.models import build_model
     from pinads_rec.models.train_task import TrainTask
     from pinads_rec.train import EndTogether
@@ -256,7 +256,9 @@ def measure_plain(
     task = TrainTask(build_model(cfg.features, cfg.model))
     net = DistributedDataParallel(task) if env.world_size > 1 else task
     optimizers, schedule = plain_optimizers(task, cfg.train, warmup + steps)
-    loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True, num_workers=num_workers)
+    loader = make_loader(
+        cfg.data.train_dir, LoaderSettings.of(cfg), env.rank, env.world_size, shuffle=True, num_workers=num_workers
+    )
     batches = EndTogether(iter(loader), group)
     net.train()
     sums = dict.fromkeys(scaling.PHASES, 0.0)
@@ -328,14 +330,14 @@ def dense_flops_per_example(cfg: config.ExperimentConfig, batches: int = 3) -> f
     ``torch.utils.flop_counter``), request-level broadcasting on, as trained."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from pinads_rec.data.loader import ParquetBatches
+    from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
     from pinads_rec.models import build_model
     from pinads_rec.models.train_task import TrainTask
 
     torch.manual_seed(0)
     task = TrainTask(build_model(cfg.features, cfg.model))
     flops = rows = 0
-    for i, batch in enumerate(ParquetBatches(cfg, cfg.data.train_dir, shuffle=False)):
+    for i, batch in enumerate(ParquetBatches(cfg.data.train_dir, LoaderSettings.of(cfg), shuffle=False)):
         if i == batches:
             break
         counter = FlopCounterMode(display=False)
@@ -370,13 +372,13 @@ def loader_rate(cfg: config.ExperimentConfig, world: int, batches: int = 40, zer
     becomes ``torch.zeros`` -- the zero-filled allocations the loader avoids."""
     from unittest import mock
 
-    from pinads_rec.data.loader import ParquetBatches
+    from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with mock.patch.object(torch, "empty", torch.zeros) if zero_fill else contextlib.nullcontext():
-            it = iter(ParquetBatches(cfg, cfg.data.train_dir, 0, world, shuffle=True))
+            it = iter(ParquetBatches(cfg.data.train_dir, LoaderSettings.of(cfg), 0, world, shuffle=True))
             next(it)  # the first shuffle-buffer fill is not steady state
             rows = n = 0
             t0 = time.perf_counter()
@@ -392,10 +394,10 @@ def loader_rate(cfg: config.ExperimentConfig, world: int, batches: int = 40, zer
 def lookups_per_example(cfg: config.ExperimentConfig, batches: int = 5) -> float:
     """Embedding rows read per valid row as trained (pooled ids per row, plus each request's
     sequence and user-side ids once: request-level broadcasting)."""
-    from pinads_rec.data.loader import ParquetBatches
+    from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
 
     ids = rows = 0
-    for i, b in enumerate(ParquetBatches(cfg, cfg.data.train_dir, shuffle=False)):
+    for i, b in enumerate(ParquetBatches(cfg.data.train_dir, LoaderSettings.of(cfg), shuffle=False)):
         if i == batches:
             break
         ids += b.sparse.values().numel() + b.user_sparse.values().numel() + b.sequences.values().numel()
@@ -414,12 +416,13 @@ def fbgemm_lookup_rate(cfg: config.ExperimentConfig, batches: int = 5, repeats: 
         SplitTableBatchedEmbeddingBagsCodegen,
     )
 
-    from pinads_rec.data.loader import ParquetBatches
+    from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+    from pinads_rec.features import FeatureLayout
 
     tables = {t.name: t for t in cfg.features.tables}
     pooled = {f.name: f.table for f in cfg.features.sparse}
     events = {f"{g.name}.{f.name}": f.table for g in cfg.features.sequence_groups for f in g.features}
-    events.update({config.CANDIDATE_PREFIX + s.name: s.table for s in cfg.features.shared_sparse})
+    events.update({config.CANDIDATE_PREFIX + k: pooled[k] for k in FeatureLayout.of(cfg.features).shared_keys})
 
     def tbe(kjt, feature_table, pooling):
         # One table per feature: fbgemm's CPU kernel rejects unpooled features sharing a table
@@ -441,7 +444,7 @@ def fbgemm_lookup_rate(cfg: config.ExperimentConfig, batches: int = 5, repeats: 
         return op, kjt.values(), kjt.offsets().long()  # ids are in range: the contract checks hashed them
 
     work = []
-    for i, b in enumerate(ParquetBatches(cfg, cfg.data.train_dir, shuffle=False)):
+    for i, b in enumerate(ParquetBatches(cfg.data.train_dir, LoaderSettings.of(cfg), shuffle=False)):
         if i == batches:
             break
         for kjt, ft, pooling in (

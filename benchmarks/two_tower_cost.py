@@ -51,7 +51,7 @@ import torch  # noqa: E402
 
 from pinads_rec import config  # noqa: E402
 from pinads_rec.data.batch import Batch  # noqa: E402
-from pinads_rec.data.loader import ParquetBatches  # noqa: E402
+from pinads_rec.data.dataset import LoaderSettings, ParquetBatches  # noqa: E402
 from pinads_rec.models import build_model  # noqa: E402
 from pinads_rec.models.two_tower import export_ad_embeddings, load_ad_table, score_with_ad_table  # noqa: E402
 from pinads_rec.modules.precision import set_precision  # noqa: E402
@@ -61,7 +61,7 @@ def eval_table(dataset: ParquetBatches, max_rows: int) -> pa.Table:
     """The first row groups of the eval data (checked, ids hashed), at least max_rows rows."""
     tables, rows = [], 0
     for group in dataset.row_groups:
-        tables.append(dataset.read(group))
+        tables.append(dataset.reader.read(group))
         rows += tables[-1].num_rows
         if rows >= max_rows:
             break
@@ -70,20 +70,20 @@ def eval_table(dataset: ParquetBatches, max_rows: int) -> pa.Table:
 
 def as_one_request(dataset: ParquetBatches, table: pa.Table) -> Batch:
     """All rows of ``table`` as the candidates of one request (the first row's user side)."""
-    col = dataset.features.columns.request_id
+    col = dataset.layout.features.columns.request_id
     table = table.set_column(
         table.schema.get_field_index(col),
         col,
         pa.array(np.full(table.num_rows, table.column(col)[0].as_py()), pa.int64()),
     )
-    return dataset.to_batch(table)
+    return dataset.builder.build(table)
 
 
 def real_requests(dataset: ParquetBatches, table: pa.Table, count: int) -> List[Batch]:
-    req = table.column(dataset.features.columns.request_id).to_numpy()
+    req = table.column(dataset.layout.features.columns.request_id).to_numpy()
     starts = np.flatnonzero(np.concatenate([[True], req[1:] != req[:-1]]))
     ends = np.append(starts[1:], len(req))
-    return [dataset.to_batch(table.slice(s, e - s)) for s, e in list(zip(starts, ends))[:count]]
+    return [dataset.builder.build(table.slice(s, e - s)) for s, e in list(zip(starts, ends))[:count]]
 
 
 CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
@@ -124,14 +124,16 @@ def cost(args: argparse.Namespace) -> None:
         m.eval()
         if args.precision != "fp32":
             set_precision(m, args.precision, cast_weights=True)
-    rdata = ParquetBatches(rcfg, rcfg.data.eval_dir, shuffle=False)
-    tdata = ParquetBatches(tcfg, tcfg.data.eval_dir, shuffle=False)
+    rdata = ParquetBatches(rcfg.data.eval_dir, LoaderSettings.of(rcfg), shuffle=False)
+    tdata = ParquetBatches(tcfg.data.eval_dir, LoaderSettings.of(tcfg), shuffle=False)
 
     with torch.inference_mode(), tempfile.TemporaryDirectory() as tmp:
         # Offline step: every eval item's ad vectors, once.
         start = time.perf_counter()
         items = export_ad_embeddings(
-            two_tower, ParquetBatches(tcfg, tcfg.data.eval_dir, shuffle=False), Path(tmp) / "ads.parquet"
+            two_tower,
+            ParquetBatches(tcfg.data.eval_dir, LoaderSettings.of(tcfg), shuffle=False),
+            Path(tmp) / "ads.parquet",
         )
         export_s = time.perf_counter() - start
         ads = load_ad_table(Path(tmp) / "ads.parquet")

@@ -129,48 +129,6 @@ class FeaturesConfig:
     def table(self, name: str) -> TableConfig:
         return next(t for t in self.tables if t.name == name)
 
-    @property
-    def dense_dim(self) -> int:
-        return sum(d.dim for d in self.dense)
-
-    @property
-    def sequence_keys(self) -> List[str]:
-        """KeyedJaggedTensor keys of the sequence features, group by group: ``<group>.<feature>``."""
-        return [f"{g.name}.{f.name}" for g in self.sequence_groups for f in g.features]
-
-    @property
-    def sequence_tables(self) -> List[str]:
-        return sorted({f.table for g in self.sequence_groups for f in g.features})
-
-    @property
-    def pooled_sparse(self) -> List[SparseFeatureConfig]:
-        """Features looked up by the EmbeddingBagCollection."""
-        return [s for s in self.sparse if s.table not in self.sequence_tables]
-
-    @property
-    def user_sparse(self) -> List[SparseFeatureConfig]:
-        """Pooled user-side features looked up once per request (request-level broadcasting): those
-        marked user_side whose table no candidate-side feature uses."""
-        row_tables = {s.table for s in self.sparse if not s.user_side}
-        return [s for s in self.pooled_sparse if s.user_side and s.table not in row_tables]
-
-    @property
-    def row_sparse(self) -> List[SparseFeatureConfig]:
-        """Pooled features looked up once per row (candidate-side, or sharing a candidate table)."""
-        user = {s.name for s in self.user_sparse}
-        return [s for s in self.pooled_sparse if s.name not in user]
-
-    @property
-    def shared_sparse(self) -> List[SparseFeatureConfig]:
-        """Candidate features whose table is a sequence table: looked up by the EmbeddingCollection."""
-        return [s for s in self.sparse if s.table in self.sequence_tables]
-
-    @property
-    def embedding_collection_keys(self) -> List[str]:
-        """Keys of the per-request KJT: the sequence features, then ``candidate.<feature>`` holding
-        each request's candidates' ids in row order (so their lookups come back as [B, D])."""
-        return self.sequence_keys + [CANDIDATE_PREFIX + s.name for s in self.shared_sparse]
-
 
 # --------------------------------------------------------------------------------------------
 # Data loading, synthetic data, model and training.
@@ -275,7 +233,7 @@ class SequenceProjectionConfig:
 
 @dataclass
 class SequenceEncoderConfig:
-    """How one sequence group becomes features (modules/sequence.py; DESIGN.md section 4)."""
+    """How one sequence group becomes features (modules/sequence.py; docs/ablations.md compares the choices)."""
 
     # Event representation: each attribute (and the pretrained embedding) projected to d_model and
     # summed ("sum"), or concatenated at their own widths ("concat": the event is as wide as the sum

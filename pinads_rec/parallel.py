@@ -1,7 +1,8 @@
 """Parallelism in one place: process group, planner, sharders, DistributedModelParallel, optimizers.
 
-The model (``models/ranker.py``) is a plain module built on the meta device; everything that knows
-about ranks, devices and sharding lives here.
+The models (``pinads_rec/models/``) are plain modules built on the meta device; everything that knows
+about ranks, devices and sharding lives here. Which tables exist comes from the feature layout
+(``pinads_rec/features.py``), not from any one model.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import os
 import zlib
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -20,15 +21,17 @@ from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-from torchrec.distributed.planner.types import ParameterConstraints
-from torchrec.distributed.types import ShardingEnv, ShardingPlan, ShardingType
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption
+from torchrec.distributed.types import ModuleSharder, ShardingEnv, ShardingPlan, ShardingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from pinads_rec.config import ExperimentConfig, TrainConfig
-from pinads_rec.models.ranker import embedding_bag_configs, embedding_configs
+from pinads_rec.features import FeatureLayout
 
 
 @dataclass
@@ -115,8 +118,9 @@ def constraints(cfg: ExperimentConfig, compute_device: str) -> Dict[str, Paramet
     wanted = set(allowed_sharding_types(cfg, compute_device))
     saved = load_plan(cfg.train.plan_file)["tables"] if cfg.train.plan_file else {}
     out = {}
-    bags = embedding_bag_configs(cfg.features) + embedding_bag_configs(cfg.features, user_side=True)
-    for tables, allowed in ((bags, bag), (embedding_configs(cfg.features), seq)):
+    layout = FeatureLayout.of(cfg.features)
+    bags = layout.embedding_bag_configs() + layout.embedding_bag_configs(user_side=True)
+    for tables, allowed in ((bags, bag), (layout.embedding_configs(), seq)):
         for t in tables:
             if t.name in saved:
                 choice = saved[t.name]
@@ -173,28 +177,39 @@ def _kernel_for(kernel: str, compute_device: str) -> str:
     return kernel
 
 
-def ordered_enumerator(topology, batch_size: int, constraints):
-    """TorchRec's EmbeddingEnumerator, except that the sharding types and kernels a constraint allows
-    keep the sharder's order: TorchRec intersects them as sets, whose order changes with the hash
-    seed, and since the planner keeps the first of equally rated plans (row_wise and
-    table_row_wise on one host, for instance) the same command could print different plans."""
-    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+class OrderedEnumerator(EmbeddingEnumerator):
+    """TorchRec's EmbeddingEnumerator with a search space in a fixed order: table by table as TorchRec
+    walks the model, and within a table the sharding types, then the kernels, in the sharder's order.
 
-    class OrderedEnumerator(EmbeddingEnumerator):
-        def _filter_sharding_types(self, name, allowed_sharding_types, *args, **kwargs):
-            out = super()._filter_sharding_types(name, allowed_sharding_types, *args, **kwargs)
-            return sorted(out, key=_position(allowed_sharding_types))
+    TorchRec intersects the sharding types and kernels a constraint allows with the sharder's as
+    Python sets, whose order follows the string-hash seed (PYTHONHASHSEED), and the planner keeps the
+    first of equally rated plans (row_wise and table_row_wise on one host, for instance): without
+    this the same command could print different plans. Only the public ``enumerate`` is overridden,
+    reordering what TorchRec returns (its sharding options are public: fqn, module, sharding_type,
+    compute_kernel); no estimate depends on the order."""
 
-        def _filter_compute_kernels(self, name, allowed_compute_kernels, *args, **kwargs):
-            out = super()._filter_compute_kernels(name, allowed_compute_kernels, *args, **kwargs)
-            return sorted(out, key=_position(allowed_compute_kernels))
+    def __init__(self, topology: Topology, batch_size: int, constraints: Optional[Dict[str, ParameterConstraints]]):
+        super().__init__(topology=topology, batch_size=batch_size, constraints=constraints)
+        self.compute_device = topology.compute_device
 
-    return OrderedEnumerator(topology=topology, batch_size=batch_size, constraints=constraints)
+    def enumerate(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> List[ShardingOption]:
+        options = super().enumerate(module, sharders)
+        sharder_of = {s.module_type: s for s in sharders}
+        table_index: Dict[str, int] = {}
+        for option in options:
+            table_index.setdefault(option.fqn, len(table_index))
+
+        def position(option: ShardingOption) -> tuple:
+            sharder = sharder_of[type(option.module[1])]
+            types = sharder.sharding_types(self.compute_device)
+            kernels = sharder.compute_kernels(option.sharding_type, self.compute_device)
+            return table_index[option.fqn], types.index(option.sharding_type), kernels.index(option.compute_kernel)
+
+        return sorted(options, key=position)
 
 
-def _position(order: Sequence[str]):
-    index = {v: i for i, v in enumerate(order)}
-    return lambda v: (index.get(v, len(index)), v)
+def ordered_enumerator(topology: Topology, batch_size: int, constraints) -> OrderedEnumerator:
+    return OrderedEnumerator(topology, batch_size, constraints)
 
 
 def plan_sharding(
@@ -282,7 +297,7 @@ def embedding_optimizer(train: TrainConfig, device: torch.device):
 def attach_embedding_optimizer(model: nn.Module, train: TrainConfig, device: torch.device) -> None:
     optim_cls, kwargs = embedding_optimizer(train, device)
     for module in model.modules():
-        if type(module).__name__ in ("EmbeddingBagCollection", "EmbeddingCollection"):
+        if isinstance(module, (EmbeddingBagCollection, EmbeddingCollection)):
             apply_optimizer_in_backward(optim_cls, module.parameters(), kwargs)
 
 

@@ -260,7 +260,7 @@ def table_constraints(cfg, spec: PlanSpec, batch_size: int) -> Dict[str, object]
     """pinads_rec.parallel.constraints() plus per-feature pooling factors and batch sizes."""
     from pinads_rec import parallel
     from pinads_rec.config import CANDIDATE_PREFIX
-    from pinads_rec.models.ranker import embedding_bag_configs, embedding_configs
+    from pinads_rec.features import FeatureLayout
 
     out = parallel.constraints(cfg, spec.compute_device)
     if not spec.pooling_factors:
@@ -268,13 +268,14 @@ def table_constraints(cfg, spec: PlanSpec, batch_size: int) -> Dict[str, object]
     f = cfg.features
     per_request = max(1, math.ceil(batch_size / max(cfg.synth.candidates_per_request, 1.0)))
     max_len = {g.name: g.max_length for g in f.sequence_groups}
-    for t in embedding_bag_configs(f):
+    layout = FeatureLayout.of(f)
+    for t in layout.embedding_bag_configs():
         n = len(t.feature_names)
         out[t.name] = dataclasses.replace(out[t.name], pooling_factors=[1.0] * n, batch_sizes=[batch_size] * n)
-    for t in embedding_bag_configs(f, user_side=True):  # looked up once per request
+    for t in layout.embedding_bag_configs(user_side=True):  # looked up once per request
         n = len(t.feature_names)
         out[t.name] = dataclasses.replace(out[t.name], pooling_factors=[1.0] * n, batch_sizes=[per_request] * n)
-    for t in embedding_configs(f):
+    for t in layout.embedding_configs():
         factors = []
         for key in t.feature_names:
             if key.startswith(CANDIDATE_PREFIX):  # the request's candidates, in row order

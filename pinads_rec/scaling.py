@@ -496,7 +496,7 @@ def measure_rank(cfg: config.ExperimentConfig, warmup: int, steps: int, num_work
     import torch.distributed as dist
 
     from pinads_rec import parallel
-    from pinads_rec.data.loader import make_loader
+    from pinads_rec.data.dataset import LoaderSettings, make_loader
     from pinads_rec.train import EndTogether, build
 
     base_rss = _rss_mib()
@@ -512,7 +512,9 @@ def measure_rank(cfg: config.ExperimentConfig, warmup: int, steps: int, num_work
             embedding_rows += sum(x.shape[0] for x in local)
             embedding_numel += sum(x.numel() for x in local)
     timer = CommsTimer().install(dmp)
-    loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=True, num_workers=num_workers)
+    loader = make_loader(
+        cfg.data.train_dir, LoaderSettings.of(cfg), env.rank, env.world_size, shuffle=True, num_workers=num_workers
+    )
     batches = EndTogether(iter(loader), data_group)
     dmp.train()
 
@@ -804,12 +806,12 @@ def measured_pooling(cfg: config.ExperimentConfig, batches: int = 2) -> Dict[str
     """Per KJT key: (ids per input row, input rows per batch row), measured on the first batches of
     the training data. Pooled features have one input row per batch row; the EmbeddingCollection's
     input has one row per request (a sequence feature is looked up once per request)."""
-    from pinads_rec.data.loader import ParquetBatches
+    from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
 
     ids: Dict[str, float] = {}
     strides: Dict[str, float] = {}
     rows = 0
-    for i, batch in enumerate(ParquetBatches(cfg, cfg.data.train_dir, shuffle=False)):
+    for i, batch in enumerate(ParquetBatches(cfg.data.train_dir, LoaderSettings.of(cfg), shuffle=False)):
         for kjt in (batch.sparse, batch.sequences):
             for key, n in zip(kjt.keys(), kjt.length_per_key()):
                 ids[key] = ids.get(key, 0.0) + n
@@ -868,19 +870,14 @@ def project(
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
     from pinads_rec import parallel
+    from pinads_rec.features import FeatureLayout
     from pinads_rec.models import build_model
-    from pinads_rec.models.ranker import embedding_bag_configs, embedding_configs
     from pinads_rec.models.train_task import TrainTask
 
     batch = cfg.data.batch_size
     constraints = parallel.constraints(cfg, "cuda")
     if pooling:
-        tables = (
-            embedding_bag_configs(cfg.features)
-            + embedding_bag_configs(cfg.features, user_side=True)
-            + embedding_configs(cfg.features)
-        )
-        for table in tables:
+        for table in FeatureLayout.of(cfg.features).all_table_configs():
             measured = [pooling.get(name, (1.0, 1.0)) for name in table.feature_names]
             constraints[table.name] = dataclasses.replace(
                 constraints[table.name],

@@ -14,7 +14,7 @@ and its large layers (Transformer, DCNv2, MMoE experts) are cast to the inferenc
 (``model.precision.inference``, BF16 by default; sequence-modeling article, "Serving Efficiency").
 
 Scoring one request (``Predictor.score_request``): the request's rows go through the loader's
-contract checks and ``to_batch``, so the batch holds one user (U = 1) and the user-side work --
+contract checks and ``BatchBuilder``, so the batch holds one user (U = 1) and the user-side work --
 user features, sequence encoders -- runs once for all N candidates (request-level broadcasting,
 unified-surfaces article).
 
@@ -36,7 +36,7 @@ import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -46,9 +46,12 @@ import torch
 from torch import nn
 
 from pinads_rec import config
-from pinads_rec.data.batch import Batch
-from pinads_rec.data.contract import ContractError, check_schema, contract_columns
-from pinads_rec.data.loader import ParquetBatches
+from pinads_rec.data.batch import Batch, BatchBuilder
+from pinads_rec.data.contract import ContractError, RowGroupChecker, check_schema, contract_columns
+from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+from pinads_rec.data.reader import AS_READ_PREFIX, RowGroupReader, list_files, list_row_groups
+from pinads_rec.data.shuffle import ShufflePool, read_requests
+from pinads_rec.features import FeatureLayout
 from pinads_rec.models import build_model
 from pinads_rec.modules.precision import DTYPES, set_precision
 from pinads_rec.training import checkpoint as ckpt_lib
@@ -166,10 +169,28 @@ def unbounded_users(cfg: config.ExperimentConfig) -> config.ExperimentConfig:
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_unique_users_per_batch=0))
 
 
-def request_batcher(cfg: config.ExperimentConfig) -> ParquetBatches:
-    """The loader's contract checks and ``to_batch`` for in-memory requests of one user each.
-    Built over no files (``directory=None``). Batch size 1 gives one user slot: U = 1 per request."""
-    return ParquetBatches(cfg, None, shuffle=False, batch_size=1)
+class RequestBatcher:
+    """The loader's contract checks and ``BatchBuilder`` for in-memory requests of one user each: one
+    user slot, U = 1 per request."""
+
+    def __init__(self, cfg: config.ExperimentConfig):
+        self.cfg = cfg
+        self.columns = contract_columns(cfg.features)
+        self.checker = RowGroupChecker(cfg.features, cfg.data)
+        self.builder = BatchBuilder(FeatureLayout.of(cfg.features), user_slots=1, broadcast=cfg.model.broadcast)
+
+    def batch(self, request: pa.Table, where: str) -> Batch:
+        f = self.cfg.features
+        if request.num_rows == 0:
+            raise ContractError(f"{where}: no rows to score")
+        if f.columns.request_id in request.column_names:
+            ids = len(pc.unique(request.column(f.columns.request_id)))
+            if ids != 1:
+                raise ContractError(f"{where}: score_request takes the rows of one request, got {ids} request ids")
+        table = _with_label_columns(request, self.cfg)
+        check_schema(where, table.schema, self.columns)
+        table = table.select([c.name for c in self.columns])
+        return self.builder.build(self.checker(table, where))
 
 
 def _with_label_columns(table: pa.Table, cfg: config.ExperimentConfig) -> pa.Table:
@@ -179,6 +200,13 @@ def _with_label_columns(table: pa.Table, cfg: config.ExperimentConfig) -> pa.Tab
             if name and table.schema.get_field_index(name) < 0:
                 table = table.append_column(name, pa.array(np.zeros(table.num_rows, np.float32)))
     return table
+
+
+def file_order_batches(cfg: config.ExperimentConfig, data_dir: str, batch_size: Optional[int] = None) -> ParquetBatches:
+    """The loader over ``data_dir`` in file order, nothing dropped, without the unique-user bound."""
+    return ParquetBatches(
+        data_dir, LoaderSettings.of(unbounded_users(cfg)), shuffle=False, batch_size=batch_size, drop_last=False
+    )
 
 
 class _RowScorer:
@@ -191,17 +219,7 @@ class _RowScorer:
         return [t.name for t in self.cfg.features.tasks]
 
     def request_batch(self, request: pa.Table, where: str = "request") -> Batch:
-        f = self.cfg.features
-        if request.num_rows == 0:
-            raise ContractError(f"{where}: no rows to score")
-        if f.columns.request_id in request.column_names:
-            ids = len(pc.unique(request.column(f.columns.request_id)))
-            if ids != 1:
-                raise ContractError(f"{where}: score_request takes the rows of one request, got {ids} request ids")
-        table = _with_label_columns(request, self.cfg)
-        check_schema(where, table.schema, contract_columns(f))
-        table = table.select(self._batcher.columns)
-        return self._batcher.to_batch(self._batcher.checker(table, where))
+        return self._batcher.batch(request, where)
 
     def score_request(self, request: pa.Table) -> torch.Tensor:
         """Probabilities [N, T] (tasks in config order) for one request's N candidate rows, given as an
@@ -217,7 +235,7 @@ class Predictor(_RowScorer):
 
     def __init__(self, model: nn.Module, cfg: config.ExperimentConfig):
         self.model, self.cfg = model, cfg
-        self._batcher = request_batcher(cfg)
+        self._batcher = RequestBatcher(cfg)
 
     @classmethod
     def from_run(
@@ -240,32 +258,28 @@ class Predictor(_RowScorer):
 # Scoring a directory of requests.
 # --------------------------------------------------------------------------------------------
 
-_RAW = "__serve_raw_"
 
+class ScoringBatches:
+    """Every row of ``data_dir`` in file order, nothing shuffled or dropped, as (rows, batch) pairs:
+    ``batch`` padded to ``batch_size`` rows (padding marked invalid) and ``rows`` its valid rows, with
+    each row's request id and item id as read -- before the contract's id hashing, under
+    ``AS_READ_PREFIX + column`` -- so predictions join back to the input. The files are listed and
+    their schemas checked here, before the first batch."""
 
-class ScoringBatches(ParquetBatches):
-    """The loader in file order (no shuffle, nothing dropped), carrying each row's request id and
-    item id as read -- before the contract's id hashing -- so predictions join back to the input.
-    ``last_table`` is the Arrow table of the batch just yielded (padding rows included)."""
-
-    def __init__(self, cfg: config.ExperimentConfig, directory: str, batch_size: Optional[int] = None):
-        super().__init__(cfg, directory, shuffle=False, batch_size=batch_size, drop_last=False)
+    def __init__(self, cfg: config.ExperimentConfig, data_dir: str, batch_size: Optional[int] = None):
         names = cfg.features.columns
-        self.id_columns = list(dict.fromkeys([names.request_id, names.item_id]))
-        self.columns = self.columns + [c for c in self.id_columns if c not in self.columns]
-        contract_checker = self.checker
+        self.batch_size = batch_size or cfg.data.batch_size
+        self.request_column = names.request_id
+        self.reader = RowGroupReader(cfg.features, cfg.data, keep_as_read=[names.request_id, names.item_id])
+        self.row_groups = list_row_groups(list_files(data_dir), cfg.features)
+        # No data.max_unique_users_per_batch (see unbounded_users): up to batch_size requests a batch.
+        layout = FeatureLayout.of(cfg.features)
+        self.builder = BatchBuilder(layout, user_slots=self.batch_size, broadcast=cfg.model.broadcast)
 
-        def keep_raw_ids(table: pa.Table, where: str) -> pa.Table:
-            for c in self.id_columns:
-                table = table.append_column(_RAW + c, table.column(c))
-            return contract_checker(table, where)
-
-        self.contract_checker, self.checker = contract_checker, keep_raw_ids
-        self.last_table: Optional[pa.Table] = None
-
-    def to_batch(self, table: pa.Table, *args, **kwargs) -> Batch:
-        self.last_table = table
-        return super().to_batch(table, *args, **kwargs)
+    def __iter__(self) -> Iterator[Tuple[pa.Table, Batch]]:
+        pool = ShufflePool(self.batch_size, max_requests=self.batch_size, buffer_rows=0, rng=None)
+        for rows in pool.batches(read_requests(self.reader, self.row_groups, self.request_column)):
+            yield rows.table, self.builder.build(rows.table, rows.source, pad_to=self.batch_size)
 
 
 def score_directory(
@@ -275,19 +289,18 @@ def score_directory(
     ``p_<task>`` column per task to ``out``, streaming batch by batch. Padding rows are not written."""
     cfg = predictor.cfg
     names = cfg.features.columns
-    batches = ScoringBatches(unbounded_users(cfg), data_dir, batch_size)
+    batches = ScoringBatches(cfg, data_dir, batch_size)
     surfaces = np.array(cfg.features.surfaces, dtype=object)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     writer, rows, started = None, 0, time.perf_counter()
     try:
-        for batch in batches:
+        for table, batch in batches:
             probs = predictor.score_batch(batch)
             valid = batch.valid.numpy()
-            table = batches.last_table.filter(pa.array(valid))
             columns = {
-                names.request_id: table.column(_RAW + names.request_id),
-                names.item_id: table.column(_RAW + names.item_id),
+                names.request_id: table.column(AS_READ_PREFIX + names.request_id),
+                names.item_id: table.column(AS_READ_PREFIX + names.item_id),
                 names.surface: pa.array(surfaces[batch.surface.numpy()[valid]], pa.string()),
             }
             for t, task in enumerate(predictor.tasks):
@@ -357,9 +370,7 @@ class FlatScorer(nn.Module):
     def __init__(self, model: nn.Module, features: config.FeaturesConfig):
         super().__init__()
         self.model = model
-        self.row_keys = [s.name for s in features.row_sparse]
-        self.user_keys = [s.name for s in features.user_sparse]
-        self.sequence_keys = features.embedding_collection_keys
+        self.layout = FeatureLayout.of(features)
 
     def forward(
         self,
@@ -380,9 +391,9 @@ class FlatScorer(nn.Module):
         extra = {"source": ""} if "source" in fields else {}
         batch = Batch(
             dense=dense,
-            sparse=_kjt(self.row_keys, sparse_values, sparse_lengths, rows),
-            user_sparse=_kjt(self.user_keys, user_values, user_lengths, rows),
-            sequences=_kjt(self.sequence_keys, sequence_values, sequence_lengths, rows),
+            sparse=_kjt(self.layout.row_keys, sparse_values, sparse_lengths, rows),
+            user_sparse=_kjt(self.layout.user_keys, user_values, user_lengths, rows),
+            sequences=_kjt(self.layout.sequence_keys, sequence_values, sequence_lengths, rows),
             sequence_time_deltas=sequence_time_deltas,
             sequence_embeddings=sequence_embeddings,
             request_index=request_index,
@@ -443,10 +454,7 @@ def export_run(
     ``data_dir`` (default: the run's eval data)."""
     predictor = Predictor.from_run(run_dir, precision)
     cfg = predictor.cfg
-    batches = ParquetBatches(
-        unbounded_users(cfg), data_dir or cfg.data.eval_dir, shuffle=False, batch_size=example_rows, drop_last=False
-    )
-    example = next(iter(batches))
+    example = next(iter(file_order_batches(cfg, data_dir or cfg.data.eval_dir, example_rows)))
     program = export_program(predictor.model, cfg, example)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -481,7 +489,7 @@ class ExportedScorer(_RowScorer):
         self.meta = json.loads(extra[EXPORT_CONFIG])
         self.cfg = config.from_dict(self.meta["config"])
         self.module = self.program.module()
-        self._batcher = request_batcher(self.cfg)
+        self._batcher = RequestBatcher(self.cfg)
 
     @torch.inference_mode()
     def score_batch(self, batch: Batch) -> torch.Tensor:
@@ -511,10 +519,9 @@ def export_ads(
     cfg = predictor.cfg
     if cfg.model.kind != "two_tower":
         raise ServeError(f"{run_dir}: export-ads needs a two_tower run; this one is model.kind {cfg.model.kind!r}")
-    batches = ParquetBatches(
-        unbounded_users(cfg), data_dir or cfg.data.eval_dir, shuffle=False, batch_size=batch_size, drop_last=False
+    return export_ad_embeddings(
+        predictor.model, file_order_batches(cfg, data_dir or cfg.data.eval_dir, batch_size), out
     )
-    return export_ad_embeddings(predictor.model, batches, out)
 
 
 # --------------------------------------------------------------------------------------------

@@ -201,14 +201,6 @@ def test_reference_to_missing_table():
     assert_config_error(r"^features\.sequence_groups\[0\]\.features\[1\]\.table: no table named 'actions'", raw)
 
 
-def test_candidate_feature_may_share_a_sequence_table():
-    cfg = config.from_dict(demo_raw())
-    shared = [s.name for s in cfg.features.shared_sparse]
-    assert shared == ["item_id", "item_topic", "context_topic"]
-    assert "candidate.item_topic" in cfg.features.embedding_collection_keys
-    assert "item_topic" not in [s.name for s in cfg.features.pooled_sparse]
-
-
 def test_reserved_group_name():
     raw = demo_raw()
     raw["features"]["sequence_groups"][0]["name"] = "candidate"

@@ -23,7 +23,8 @@ from conftest import DEMO, load_tiny, tiny_overrides
 
 from pinads_rec import config
 from pinads_rec.data.contract import ContractError
-from pinads_rec.data.loader import ParquetBatches, make_loader
+from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader
+from pinads_rec.features import FeatureLayout
 
 RG = 500  # rows per row group of the rewritten files
 BAD = 700  # the row we spoil: row group 1, row 200 within it
@@ -84,7 +85,7 @@ def write(tmp_path: Path, table: pa.Table, name: str = "x.parquet", good: Option
 
 
 def read_all(cfg, d):
-    ds = ParquetBatches(cfg, str(d), shuffle=False)
+    ds = ParquetBatches(d, LoaderSettings.of(cfg), shuffle=False)
     return ds, list(ds)
 
 
@@ -174,7 +175,7 @@ def test_untouched_file_loads(base, tmp_path):
     d, _ = write(tmp_path, table)
     ds, batches = read_all(cfg, d)
     assert sum(int(b.valid.sum()) for b in batches) == table.num_rows
-    assert not ds.checker.repairs
+    assert not ds.reader.checker.repairs
     assert_file_order(batches, table)
 
 
@@ -295,7 +296,7 @@ def test_id_beyond_table_with_hash_sparse(base, tmp_path):
         lists(b.user_sparse["query_tokens"])[i] for b in batches for i in b.request_index[: int(b.valid.sum())].tolist()
     ]
     assert got_tokens == tokens.to_pylist()  # (x + 3 * 1024) mod 1024 == x
-    assert not ds.checker.repairs  # hashing is the table's declared behaviour, not a repair
+    assert not ds.reader.checker.repairs  # hashing is the table's declared behaviour, not a repair
 
 
 def test_id_beyond_table_with_hash_sequence(base, tmp_path):
@@ -364,7 +365,7 @@ def test_nonfinite_dense_replace(base, tmp_path, column, value):
         if got is batches[BAD // B]:
             mask[BAD % B, j] = False
         np.testing.assert_array_equal(got.dense.numpy()[mask], want.dense.numpy()[mask])
-    assert dict(ds.checker.repairs) == {f"{column}: non-finite replaced by 0": 1}
+    assert dict(ds.reader.checker.repairs) == {f"{column}: non-finite replaced by 0": 1}
 
 
 # --------------------------------------------------------------------------------------------
@@ -461,8 +462,8 @@ def test_overlong_sequence_truncate_keeps_newest(base, tmp_path):
         np.testing.assert_array_equal(emb[:, 0], np.arange(100, dtype=np.float32))
     for bt in batches:
         assert int(bt.sequences["pins.item"].lengths().max()) <= 100
-    assert ds.checker.repairs["sequence group pins: truncated to newest 100"] > 0
-    assert set(ds.checker.repairs) == {"sequence group pins: truncated to newest 100"}
+    assert ds.reader.checker.repairs["sequence group pins: truncated to newest 100"] > 0
+    assert set(ds.reader.checker.repairs) == {"sequence group pins: truncated to newest 100"}
 
 
 def test_overlong_sequence_truncate_counted_once(base, tmp_path):
@@ -472,7 +473,7 @@ def test_overlong_sequence_truncate_counted_once(base, tmp_path):
     d, _ = write(tmp_path, bad)
     ds, _ = read_all(cfg, d)
     # One truncated sequence per row of the request (sequences are stored per row).
-    assert ds.checker.repairs["sequence group pins: truncated to newest 100"] == b - a
+    assert ds.reader.checker.repairs["sequence group pins: truncated to newest 100"] == b - a
 
 
 def test_empty_sequences_are_fine(base, tmp_path):
@@ -484,9 +485,9 @@ def test_empty_sequences_are_fine(base, tmp_path):
             bad = replace_rows(bad, name, {r: [] for r in range(a, b)})
     d, _ = write(tmp_path, bad)
     ds, batches = read_all(cfg, d)
-    assert not ds.checker.repairs
+    assert not ds.reader.checker.repairs
     batch, slot, _ = slot_of(batches, a)
-    for key in cfg.features.sequence_keys:
+    for key in FeatureLayout.of(cfg.features).event_keys:
         assert int(batch.sequences[key].lengths()[slot]) == 0, key
     for bt in batches:  # events, time deltas and embeddings stay aligned
         for g in cfg.features.sequence_groups:
@@ -652,5 +653,5 @@ def test_error_in_worker_process_is_raised(base, tmp_path):
     cfg, _, table = base
     d, path = write(tmp_path, replace_rows(table, "item_id", {BAD: -3}))
     with pytest.raises(ContractError, match=where(path, BAD_RG, "item_id") + ": negative id -3"):
-        for _ in make_loader(cfg, str(d), shuffle=False, num_workers=1):
+        for _ in make_loader(d, LoaderSettings.of(cfg), shuffle=False, num_workers=1):
             pass

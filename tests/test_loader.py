@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import torch
 from conftest import load_tiny
 
-from pinads_rec.data.loader import ParquetBatches, make_loader
+from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader
+from pinads_rec.features import FeatureLayout
 
 
 def _all_rows(directory):
@@ -38,8 +39,9 @@ def _file_fingerprints(cfg, table):
 def test_round_trip_equals_parquet(tiny_data):
     cfg, data = tiny_data
     f = cfg.features
+    layout = FeatureLayout.of(f)
     table = _all_rows(f"{data}/train")
-    ds = ParquetBatches(cfg, f"{data}/train", shuffle=False)
+    ds = ParquetBatches(f"{data}/train", LoaderSettings.of(cfg), shuffle=False)
     row = 0
     for batch in ds:
         n = int(batch.valid.sum())
@@ -55,14 +57,14 @@ def test_round_trip_equals_parquet(tiny_data):
         np.testing.assert_allclose(batch.dense[:n, at : at + 32].numpy(), emb, rtol=0, atol=0)
         # pooled sparse features, including the multi-hot query tokens
         jt = batch.sparse.to_dict()
-        for s in f.row_sparse:
+        for s in map(layout.sparse_feature, layout.row_keys):
             got = [x.tolist() for x in jt[s.name].to_dense()[:n]]
             want = part.column(s.column).to_pylist()
             want = [w if isinstance(w, list) else [w] for w in want]
             size = f.table(s.table).num_embeddings
             assert got == [[v % size for v in w] for w in want], s.name
         # candidate ids sharing a sequence table ride in the per-request KJT, in row order
-        for s in f.shared_sparse:
+        for s in map(layout.sparse_feature, layout.shared_keys):
             got = batch.sequences[f"candidate.{s.name}"].values()[:n].tolist()
             assert got == part.column(s.column).to_pylist(), s.name
             assert int(batch.sequences[f"candidate.{s.name}"].lengths().sum()) == batch.batch_size
@@ -73,7 +75,9 @@ def test_round_trip_equals_parquet(tiny_data):
         assert batch.sequences.stride() == len(first)
         assert batch.user_sparse.stride() == ds.user_slots >= len(first)  # fixed slots, the rest empty
         users = batch.user_sparse.to_dict()
-        for s in f.user_sparse:  # user-side features: once per request, from its first row
+        for s in map(
+            layout.sparse_feature, layout.user_keys
+        ):  # user-side features: once per request, from its first row
             got = [x.tolist() for x in users[s.name].to_dense()]
             assert not any(got[len(first) :])
             got = got[: len(first)]
@@ -100,7 +104,9 @@ def test_two_ranks_two_workers_cover_every_row_once(tiny_data):
     table = _all_rows(f"{data}/train")
     seen = collections.Counter()
     for rank in range(2):
-        loader = make_loader(cfg, f"{data}/train", rank=rank, world_size=2, shuffle=True, num_workers=2)
+        loader = make_loader(
+            f"{data}/train", LoaderSettings.of(cfg), rank=rank, world_size=2, shuffle=True, num_workers=2
+        )
         loader.dataset.drop_last = False
         for batch in loader:
             seen.update(_fingerprints(batch))
@@ -131,13 +137,15 @@ def test_a_batch_crosses_processes_as_one_buffer_and_arrives_unchanged(tiny_data
     import pickle
 
     cfg, data = tiny_data
-    local = next(iter(ParquetBatches(cfg, f"{data}/train", shuffle=False)))
+    local = next(iter(ParquetBatches(f"{data}/train", LoaderSettings.of(cfg), shuffle=False)))
     _, (buffer, layout, _) = local.__reduce__()
     # one shared-memory segment per batch, whatever the number of tensors (~20)
     assert buffer.dtype == torch.uint8 and len(layout) > 15
     _assert_same_batch(local, pickle.loads(pickle.dumps(local)))
     # through a real DataLoader worker
-    _assert_same_batch(local, next(iter(make_loader(cfg, f"{data}/train", shuffle=False, num_workers=1))))
+    _assert_same_batch(
+        local, next(iter(make_loader(f"{data}/train", LoaderSettings.of(cfg), shuffle=False, num_workers=1)))
+    )
 
 
 def test_a_batch_with_a_variable_batch_kjt_crosses_whole(tiny_data):
@@ -149,7 +157,7 @@ def test_a_batch_with_a_variable_batch_kjt_crosses_whole(tiny_data):
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     cfg, data = tiny_data
-    local = next(iter(ParquetBatches(cfg, f"{data}/train", shuffle=False)))
+    local = next(iter(ParquetBatches(f"{data}/train", LoaderSettings.of(cfg), shuffle=False)))
     vbe = KeyedJaggedTensor(
         keys=["a", "b"],
         values=torch.arange(5),
@@ -165,7 +173,7 @@ def test_a_batch_with_a_variable_batch_kjt_crosses_whole(tiny_data):
 
 def test_shuffle_keeps_requests_together_and_changes_order(tiny_data):
     cfg, data = tiny_data
-    ds = ParquetBatches(cfg, f"{data}/train", shuffle=True)
+    ds = ParquetBatches(f"{data}/train", LoaderSettings.of(cfg), shuffle=True)
     orders = []
     for epoch in (0, 1):
         ds.set_epoch(epoch)
@@ -182,7 +190,7 @@ def test_shuffle_keeps_requests_together_and_changes_order(tiny_data):
 
 def test_eval_pads_last_batch_and_marks_it(tiny_data):
     cfg, data = tiny_data
-    ds = ParquetBatches(cfg, f"{data}/eval", shuffle=False)
+    ds = ParquetBatches(f"{data}/eval", LoaderSettings.of(cfg), shuffle=False)
     batches = list(ds)
     assert all(b.batch_size == cfg.data.batch_size for b in batches)
     assert sum(int(b.valid.sum()) for b in batches) == ds.num_rows
@@ -191,9 +199,9 @@ def test_eval_pads_last_batch_and_marks_it(tiny_data):
 
 def test_without_broadcasting_every_row_is_its_own_request(tiny_data):
     cfg, data = tiny_data
-    on = next(iter(ParquetBatches(cfg, f"{data}/eval", shuffle=False)))
+    on = next(iter(ParquetBatches(f"{data}/eval", LoaderSettings.of(cfg), shuffle=False)))
     cfg_off = load_tiny(data, ["model.broadcast=false"])
-    off = next(iter(ParquetBatches(cfg_off, f"{data}/eval", shuffle=False)))
+    off = next(iter(ParquetBatches(f"{data}/eval", LoaderSettings.of(cfg_off), shuffle=False)))
     assert on.num_requests < on.batch_size
     assert off.num_requests == off.batch_size == on.batch_size
     assert off.request_index.tolist() == list(range(off.batch_size))
@@ -209,7 +217,7 @@ def test_unique_user_bound_closes_batches_early(tiny_data):
     bounded = load_tiny(data, ["data.max_unique_users_per_batch=4"])
     table = _all_rows(f"{data}/train")
     seen = collections.Counter()
-    ds = ParquetBatches(bounded, f"{data}/train", shuffle=True, drop_last=False)
+    ds = ParquetBatches(f"{data}/train", LoaderSettings.of(bounded), shuffle=True, drop_last=False)
     batches = list(ds)
     for b in batches:
         assert b.num_requests <= 4 and b.batch_size == bounded.data.batch_size
@@ -225,7 +233,7 @@ def test_row_filter_keeps_only_the_segment(tiny_data):
     for ad_type in (0, 1):
         seg = load_tiny(data, [f"data.row_filter={{column: ad_type, values: [{ad_type}]}}"])
         rows = 0
-        for b in ParquetBatches(seg, f"{data}/train", shuffle=False):
+        for b in ParquetBatches(f"{data}/train", LoaderSettings.of(seg), shuffle=False):
             types = b.sparse["ad_type"].values()[b.valid]
             assert (types == ad_type).all()
             rows += int(b.valid.sum())
@@ -234,27 +242,31 @@ def test_row_filter_keeps_only_the_segment(tiny_data):
 
 def test_batches_name_their_row_groups(tiny_data):
     cfg, data = tiny_data
-    batch = next(iter(ParquetBatches(cfg, f"{data}/train", shuffle=True)))
+    batch = next(iter(ParquetBatches(f"{data}/train", LoaderSettings.of(cfg), shuffle=True)))
     assert "part-0000" in batch.source and "row group" in batch.source
 
 
 def test_calibration_holdout_is_the_last_row_groups_whatever_the_world_size(tiny_data):
     cfg, data = tiny_data
     held = load_tiny(data, ["data.calibration_holdout=0.25", "data.calibration_dir=null"])
-    every = ParquetBatches(held, f"{data}/train", shuffle=False).row_groups
+    every = ParquetBatches(f"{data}/train", LoaderSettings.of(held), shuffle=False).row_groups
     for world in (1, 2):
-        train = ParquetBatches(held, f"{data}/train", world_size=world, part="train").row_groups
-        holdout = ParquetBatches(held, f"{data}/train", world_size=world, part="holdout").row_groups
+        train = ParquetBatches(f"{data}/train", LoaderSettings.of(held), world_size=world, part="train").row_groups
+        holdout = ParquetBatches(f"{data}/train", LoaderSettings.of(held), world_size=world, part="holdout").row_groups
         assert train + holdout == every and holdout == every[-round(0.25 * len(every)) :]
     tiny_fraction = load_tiny(data, ["data.calibration_holdout=0.01", "data.calibration_dir=null"])
-    assert ParquetBatches(tiny_fraction, f"{data}/train", part="holdout").row_groups == every[-1:]  # at least one
+    assert (
+        ParquetBatches(f"{data}/train", LoaderSettings.of(tiny_fraction), part="holdout").row_groups == every[-1:]
+    )  # at least one
 
 
 def test_calibration_split_is_unseen_and_from_the_end_of_training(tiny_data):
     cfg, data = tiny_data
     assert cfg.data.calibration_holdout == 0.0  # the demo fits on its calibration split
-    train = ParquetBatches(cfg, f"{data}/train", shuffle=False, part="train")
-    assert train.row_groups == ParquetBatches(cfg, f"{data}/train", shuffle=False).row_groups  # nothing held out
+    train = ParquetBatches(f"{data}/train", LoaderSettings.of(cfg), shuffle=False, part="train")
+    assert (
+        train.row_groups == ParquetBatches(f"{data}/train", LoaderSettings.of(cfg), shuffle=False).row_groups
+    )  # nothing held out
 
     def column(directory, name):
         return np.concatenate(
@@ -267,3 +279,37 @@ def test_calibration_split_is_unseen_and_from_the_end_of_training(tiny_data):
     span = ts["train"].max() - ts["train"].min()
     assert ts["calibration"].min() >= ts["train"].max() - 0.06 * span
     assert ts["calibration"].max() <= ts["train"].max() + 0.01 * span
+
+
+def test_reader_keeps_columns_as_read_beside_the_checked_ones(tiny_data):
+    from pinads_rec.data.reader import AS_READ_PREFIX, RowGroupReader, list_files, list_row_groups
+
+    cfg, data = tiny_data
+    group = list_row_groups(list_files(f"{data}/train"), cfg.features)[0]
+    table = RowGroupReader(cfg.features, cfg.data, keep_as_read=["user_id"]).read(group)
+    raw = pq.ParquetFile(group.path).read_row_group(group.index, columns=["user_id"]).column("user_id").to_numpy()
+    size = cfg.features.table("user").num_embeddings
+    assert (raw >= size).any(), "some ids need hashing"
+    assert table.column(AS_READ_PREFIX + "user_id").to_numpy().tolist() == raw.tolist()
+    assert table.column("user_id").to_numpy().tolist() == (raw % size).tolist()
+    plain = RowGroupReader(cfg.features, cfg.data).read(group)
+    assert AS_READ_PREFIX + "user_id" not in plain.column_names
+
+
+def test_batch_builder_pads_with_the_last_row_marked_invalid(tiny_data):
+    from pinads_rec.data.batch import BatchBuilder
+    from pinads_rec.data.reader import RowGroupReader, list_files, list_row_groups
+
+    cfg, data = tiny_data
+    group = list_row_groups(list_files(f"{data}/train"), cfg.features)[0]
+    table = RowGroupReader(cfg.features, cfg.data).read(group).slice(0, 10)
+    builder = BatchBuilder(FeatureLayout.of(cfg.features), user_slots=16)
+    plain, padded = builder.build(table), builder.build(table, "here", pad_to=13)
+    assert plain.batch_size == 10 and plain.valid.all() and plain.source == ""
+    assert padded.batch_size == 13 and padded.valid.tolist() == [True] * 10 + [False] * 3 and padded.source == "here"
+    assert padded.num_requests == plain.num_requests  # the padding joins the last request
+    assert padded.request_index[10:].tolist() == [int(plain.request_index[-1])] * 3
+    assert torch.equal(padded.dense[:10], plain.dense) and torch.equal(
+        padded.dense[10:], plain.dense[-1:].expand(3, -1)
+    )
+    assert padded.user_sparse.stride() == 16

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from torchrec.modules.crossnet import CrossNet, LowRankCrossNet
 
 from pinads_rec.config import DenseFeatureConfig
 from pinads_rec.modules.dense_norm import DenseNormalization
@@ -48,3 +49,24 @@ def test_dense_normalizations():
     assert y[0, 1].item() == 1.0  # clipped
     assert y[0, 2:5].mean().abs().item() < 1e-6
     assert y[0, 5].item() == 7.0
+
+
+@pytest.mark.parametrize("low_rank,kind", [(4, LowRankCrossNet), (0, CrossNet)])
+def test_cross_network_is_low_rank_unless_low_rank_is_zero(low_rank, kind):
+    """The one place choosing the DCNv2 form: every model and the sequence projection use it."""
+    from pinads_rec.modules.cross_network import cross_network
+    from pinads_rec.modules.precision import LargeLayer
+
+    cross = cross_network(10, 2, low_rank)
+    assert isinstance(cross, LargeLayer) and type(cross.module) is kind
+    assert cross(torch.randn(3, 10)).shape == (3, 10)
+
+
+def test_sequence_projection_without_cross_layers_is_the_linear_map_alone():
+    from pinads_rec.config import SequenceProjectionConfig
+    from pinads_rec.modules.sequence_projection import SequenceProjection
+
+    plain = SequenceProjection(12, SequenceProjectionConfig(dim=5, num_layers=0, low_rank=4))
+    assert plain.cross is None and plain(torch.randn(2, 12)).shape == (2, 5)
+    crossed = SequenceProjection(12, SequenceProjectionConfig(dim=5, num_layers=2, low_rank=0))
+    assert type(crossed.cross.module) is CrossNet and crossed(torch.randn(2, 12)).shape == (2, 5)

@@ -7,7 +7,7 @@ from conftest import load_tiny
 from torch import nn
 from torchrec.modules.crossnet import LowRankCrossNet
 
-from pinads_rec.data.loader import ParquetBatches
+from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
 from pinads_rec.models import build_model
 from pinads_rec.models.objective import engagement_loss
 from pinads_rec.models.train_task import NonFiniteError, NonFiniteGuard, TrainTask, guard_gradients
@@ -16,7 +16,7 @@ from pinads_rec.modules.precision import LargeLayer, PrecisionOverflow, fallback
 
 
 def _batch(cfg):
-    return next(iter(ParquetBatches(cfg, cfg.data.eval_dir, shuffle=False)))
+    return next(iter(ParquetBatches(cfg.data.eval_dir, LoaderSettings.of(cfg), shuffle=False)))
 
 
 def test_calibration_maps_each_surface_and_task_separately():

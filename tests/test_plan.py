@@ -285,7 +285,7 @@ def _build_with_plan_file(rank, world, result_dir, data_dir, plan_file):
     import torch
 
     from pinads_rec import parallel
-    from pinads_rec.data.loader import ParquetBatches
+    from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
     from pinads_rec.training.trainer import shard_train_task
 
     env = parallel.init_distributed()
@@ -296,7 +296,7 @@ def _build_with_plan_file(rank, world, result_dir, data_dir, plan_file):
         for module, params in dmp.plan.plan.items()
         for name, ps in params.items()
     }
-    batch = next(iter(ParquetBatches(cfg, cfg.data.eval_dir, rank, world, shuffle=False)))
+    batch = next(iter(ParquetBatches(cfg.data.eval_dir, LoaderSettings.of(cfg), rank, world, shuffle=False)))
     with torch.no_grad():
         loss = float(dmp(batch)[0])
     if rank == 0:

@@ -64,7 +64,7 @@ def _checks(rank, world, result_dir, data_dir, run_root):
     import torch.distributed as dist
 
     from pinads_rec import parallel
-    from pinads_rec.data.loader import ParquetBatches
+    from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
     from pinads_rec.models.ranker import UnifiedRanker
     from pinads_rec.models.train_task import TrainTask
     from pinads_rec.training.run_log import RunLog
@@ -84,10 +84,12 @@ def _checks(rank, world, result_dir, data_dir, run_root):
         full = TrainTask(UnifiedRanker(cfg.features, cfg.model))
         dmp = shard_train_task(cfg, env)
         copy_full_weights(dmp, full.state_dict())
-        batch = next(iter(ParquetBatches(cfg, cfg.data.eval_dir, rank, world, shuffle=False)))
+        batch = next(iter(ParquetBatches(cfg.data.eval_dir, LoaderSettings.of(cfg), rank, world, shuffle=False)))
         if plan == "broadcast_off":  # the reference sees the same rows deduplicated into requests
             reference_cfg = load_tiny(data_dir)
-            reference_batch = next(iter(ParquetBatches(reference_cfg, cfg.data.eval_dir, rank, world, shuffle=False)))
+            reference_batch = next(
+                iter(ParquetBatches(cfg.data.eval_dir, LoaderSettings.of(reference_cfg), rank, world, shuffle=False))
+            )
             out["broadcast_off_batch"] = {
                 "rows": batch.batch_size,
                 "requests": batch.num_requests,

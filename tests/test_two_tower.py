@@ -12,7 +12,7 @@ from conftest import REPO, tiny_overrides
 from multiprocess import run_ranks
 
 from pinads_rec import config
-from pinads_rec.data.loader import ParquetBatches
+from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
 from pinads_rec.models import build_model
 from pinads_rec.models.two_tower import (
     TwoTowerRanker,
@@ -33,7 +33,7 @@ def load(data_dir, extra=()):
 
 def eval_batches(cfg, limit=None):
     batches = []
-    for b in ParquetBatches(cfg, cfg.data.eval_dir, shuffle=False):
+    for b in ParquetBatches(cfg.data.eval_dir, LoaderSettings.of(cfg), shuffle=False):
         batches.append(b)
         if limit and len(batches) == limit:
             break

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pinads_rec.config import DataConfig, FeaturesConfig
+from pinads_rec.features import FeatureLayout
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def contract_columns(features: FeaturesConfig) -> List[Column]:
     add(Column(names.request_id, REQUEST))
     add(Column(names.surface, SURFACE))
     add(Column(names.timestamp, TIME))
-    shared = {s.name for s in features.shared_sparse}
+    shared = set(FeatureLayout.of(features).shared_keys)
     for s in features.sparse:
         t = features.table(s.table)
         # ID: one id or a list (decided by the file's type); SHARED_ID: exactly one id per row.

@@ -10,7 +10,7 @@ Data path, top to bottom:
    request and broadcast to the request's candidate rows by ``request_index``, plus the light
    per-candidate attentions;
 3. dense arch: normalized dense features ++ pooled embeddings ++ sequence representations ->
-   DCNv2 cross network (torchrec ``LowRankCrossNet``) -> MMoE -> per-task towers giving one logit
+   DCNv2 cross network (modules/cross_network.py) -> MMoE -> per-task towers giving one logit
    per surface -> each row keeps its own surface's logits -> surface-specific calibration.
 
 User-side results are broadcast to the rows by ``request_index`` (request-level broadcasting); the
@@ -21,113 +21,52 @@ two collections from outside, and the forward is FX-traceable so ``TrainPipeline
 overlap their input distribution with compute.
 """
 
-from typing import List, Tuple
+from typing import Tuple
 
 import torch
 from torch import nn
-from torchrec.modules.crossnet import CrossNet, LowRankCrossNet
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig, PoolingType
-from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from pinads_rec.config import CANDIDATE_PREFIX, FeaturesConfig, ModelConfig
 from pinads_rec.data.batch import Batch
+from pinads_rec.features import FeatureLayout
 from pinads_rec.models.objective import engagement_loss
+from pinads_rec.models.sparse_arch import sparse_collections
 from pinads_rec.modules.calibration import Calibration
+from pinads_rec.modules.cross_network import cross_network
 from pinads_rec.modules.dense_norm import DenseNormalization
 from pinads_rec.modules.mmoe import MMoE
-from pinads_rec.modules.precision import LargeLayer
 from pinads_rec.modules.sequence import SequenceArch
-
-
-def embedding_bag_configs(features: FeaturesConfig, user_side: bool = False) -> List[EmbeddingBagConfig]:
-    """Tables of the pooled features looked up per row, or (user_side) once per request."""
-    out = []
-    for t in features.tables:
-        users = [s for s in (features.user_sparse if user_side else features.row_sparse) if s.table == t.name]
-        if users:
-            pooling = PoolingType.MEAN if users[0].pooling == "mean" else PoolingType.SUM
-            out.append(
-                EmbeddingBagConfig(
-                    name=t.name,
-                    embedding_dim=t.embedding_dim,
-                    num_embeddings=t.num_embeddings,
-                    feature_names=[s.name for s in users],
-                    pooling=pooling,
-                )
-            )
-    return out
-
-
-def embedding_configs(features: FeaturesConfig) -> List[EmbeddingConfig]:
-    out = []
-    for t in features.tables:
-        keys = [f"{g.name}.{f.name}" for g in features.sequence_groups for f in g.features if f.table == t.name]
-        keys += [CANDIDATE_PREFIX + s.name for s in features.shared_sparse if s.table == t.name]
-        if keys:
-            out.append(
-                EmbeddingConfig(
-                    name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings, feature_names=keys
-                )
-            )
-    return out
-
-
-def sparse_collections(features: FeaturesConfig, device: torch.device = None):
-    """The sparse arch every model shares, (ebc, user_ebc, ec, sequence width): the pooled row
-    features, the pooled user features (None without any), and the sequence + shared-candidate
-    lookups (None without sequence groups). Models keep them under these names, so plans, sharders
-    and constraints apply to all models alike."""
-    ebc = EmbeddingBagCollection(tables=embedding_bag_configs(features), device=device)
-    user_tables = embedding_bag_configs(features, user_side=True)
-    user_ebc = EmbeddingBagCollection(tables=user_tables, device=device) if user_tables else None
-    seq_tables = embedding_configs(features)
-    seq_dims = {t.embedding_dim for t in seq_tables}
-    if len(seq_dims) > 1:
-        raise ValueError(
-            f"sequence tables must share one embedding_dim (an EmbeddingCollection "
-            f"requirement); got {sorted(seq_dims)} for {[t.name for t in seq_tables]}"
-        )
-    ec = EmbeddingCollection(tables=seq_tables, device=device) if seq_tables else None
-    return ebc, user_ebc, ec, (seq_dims.pop() if seq_dims else 0)
 
 
 class UnifiedRanker(nn.Module):
     def __init__(self, features: FeaturesConfig, model: ModelConfig, device: torch.device = None):
         super().__init__()
         self.features = features
-        self.ebc, self.user_ebc, self.ec, seq_dim = sparse_collections(features, device)
-        self.sparse_keys = [s.name for s in features.sparse]
+        self.layout = layout = FeatureLayout.of(features)
+        self.ebc, self.user_ebc, self.ec, seq_dim = sparse_collections(layout, device)
 
         self.dense_norm = DenseNormalization(features.dense, model.resilient_bn)
 
-        # Target attention queries come from the candidate side: pooled features not marked user_side.
-        dims = {s.name: features.table(s.table).embedding_dim for s in features.sparse}
-        self.shared_keys = [s.name for s in features.shared_sparse]
-        self.bag_keys = [s.name for s in features.row_sparse]
-        self.user_keys = [s.name for s in features.user_sparse]
-        self.candidate_keys = [s.name for s in features.sparse if not s.user_side]
+        # Target attention queries come from the candidate side: sparse features not marked user_side.
         self.sequence_arch = (
             SequenceArch(
                 features,
                 {g.name: model.sequence_for(g.name) for g in features.sequence_groups},
                 seq_dim,
-                sum(dims[k] for k in self.candidate_keys),
-                sum(dims[k] for k in self.user_keys),
+                layout.width(layout.candidate_keys),
+                layout.width(layout.user_keys),
             )
             if features.sequence_groups
             else None
         )
 
         width = (
-            features.dense_dim
-            + sum(dims.values())
+            layout.dense_dim
+            + layout.width(layout.sparse_keys)
             + (self.sequence_arch.output_dim if self.sequence_arch is not None else 0)
         )
         self.interaction_width = width
-        dcn = model.dcn
-        self.cross = LargeLayer(
-            LowRankCrossNet(width, dcn.num_layers, dcn.low_rank) if dcn.low_rank else CrossNet(width, dcn.num_layers)
-        )
+        self.cross = cross_network(width, model.dcn.num_layers, model.dcn.low_rank)
         self.mmoe = MMoE(
             width,
             len(features.tasks),
@@ -146,24 +85,25 @@ class UnifiedRanker(nn.Module):
     def scores(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
         """(raw, calibrated) logits [B, T]."""
         # By name, in config order: a sharded EBC returns its keys grouped by sharding, not as declared.
+        layout = self.layout
         bags = self.ebc(batch.sparse).to_dict()
-        pooled = {k: bags[k] for k in self.bag_keys}
+        pooled = {k: bags[k] for k in layout.row_keys}
         user = None
         if self.user_ebc is not None:
             # Request-level broadcasting: looked up once per request, indexed out to its rows.
             users = self.user_ebc(batch.user_sparse).to_dict()
-            for k in self.user_keys:
+            for k in layout.user_keys:
                 pooled[k] = users[k].index_select(0, batch.request_index)
             if self.sequence_arch is not None and self.sequence_arch.uses_user:
-                user = torch.cat([users[k] for k in self.user_keys], dim=1)  # [S, D] per request slot
+                user = torch.cat([users[k] for k in layout.user_keys], dim=1)  # [S, D] per request slot
         if self.ec is not None:
             events = self.ec(batch.sequences)
-            for k in self.shared_keys:  # candidate ids looked up in a sequence table: [B, D] in row order
+            for k in layout.shared_keys:  # candidate ids looked up in a sequence table: [B, D] in row order
                 pooled[k] = events[CANDIDATE_PREFIX + k].values()
-        parts = [self.dense_norm(batch.dense)] + [pooled[k] for k in self.sparse_keys]
+        parts = [self.dense_norm(batch.dense)] + [pooled[k] for k in layout.sparse_keys]
         if self.sequence_arch is not None:
             query = (
-                torch.cat([pooled[k] for k in self.candidate_keys], dim=1) if self.sequence_arch.uses_query else None
+                torch.cat([pooled[k] for k in layout.candidate_keys], dim=1) if self.sequence_arch.uses_query else None
             )
             parts.append(
                 self.sequence_arch(

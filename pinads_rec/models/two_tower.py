@@ -16,7 +16,7 @@ Data path, top to bottom:
    ``num_layers > 0`` puts a Transformer in the user tower, still once per request;
 3. **ad tower**, per row [B, ...]: the candidate-side pooled features (incl. the candidate ids
    looked up in the sequence tables, ``candidate.<name>`` keys) and candidate-side dense features;
-4. each tower: normalized inputs -> DCNv2 (torchrec ``LowRankCrossNet``) -> MMoE giving one
+4. each tower: normalized inputs -> DCNv2 (modules/cross_network.py) -> MMoE giving one
    ``model.two_tower.embedding_dim`` vector per task: user [U, T, E], ad [B, T, E];
 5. score: per task, the dot product of the row's request's user vector (request-level
    broadcasting by ``request_index``) and the row's ad vector, plus a per-(surface, task) bias ->
@@ -48,16 +48,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from torch import nn
-from torchrec.modules.crossnet import CrossNet, LowRankCrossNet
 
 from pinads_rec.config import CANDIDATE_PREFIX, DCNConfig, FeaturesConfig, MMoEConfig, ModelConfig
 from pinads_rec.data.batch import Batch
+from pinads_rec.features import FeatureLayout
 from pinads_rec.models.objective import engagement_loss
-from pinads_rec.models.ranker import sparse_collections
+from pinads_rec.models.sparse_arch import sparse_collections
 from pinads_rec.modules.calibration import Calibration
+from pinads_rec.modules.cross_network import cross_network
 from pinads_rec.modules.dense_norm import DenseNormalization
 from pinads_rec.modules.mmoe import MMoE
-from pinads_rec.modules.precision import LargeLayer
 from pinads_rec.modules.sequence import SequenceArch
 
 SURFACE_EMBEDDING_DIM = 8
@@ -82,9 +82,7 @@ class Tower(nn.Module):
 
     def __init__(self, width: int, num_tasks: int, embedding_dim: int, dcn: DCNConfig, mmoe: MMoEConfig):
         super().__init__()
-        self.cross = LargeLayer(
-            LowRankCrossNet(width, dcn.num_layers, dcn.low_rank) if dcn.low_rank else CrossNet(width, dcn.num_layers)
-        )
+        self.cross = cross_network(width, dcn.num_layers, dcn.low_rank)
         # The MMoE's per-task tower outputs ("one logit per surface" in the ranker) are here the
         # task's embedding_dim-wide vector.
         self.mmoe = MMoE(width, num_tasks, embedding_dim, mmoe.num_experts, mmoe.expert_dims, mmoe.tower_dims)
@@ -102,19 +100,18 @@ class TwoTowerRanker(nn.Module):
         self.embedding_dim = tt.embedding_dim
 
         # Sparse arch: the ranker's tables, module names and keys (same plans, same sharders).
-        self.ebc, self.user_ebc, self.ec, seq_dim = sparse_collections(features, device)
+        self.layout = layout = FeatureLayout.of(features)
+        self.ebc, self.user_ebc, self.ec, seq_dim = sparse_collections(layout, device)
 
-        # Which tower each feature feeds, fixed at build time (no data-dependent branches).
-        dims = {s.name: features.table(s.table).embedding_dim for s in features.sparse}
-        self.user_bag_keys = [s.name for s in features.user_sparse]  # [U] from user_ebc
-        self.user_row_keys = [s.name for s in features.row_sparse if s.user_side]  # [B] from ebc: first row
-        self.user_shared_keys = [s.name for s in features.shared_sparse if s.user_side]  # [B] from ec: first row
-        self.ad_bag_keys = [s.name for s in features.row_sparse if not s.user_side]
-        self.ad_shared_keys = [s.name for s in features.shared_sparse if not s.user_side]
-        at, user_cols, ad_cols = 0, [], []
-        for d in features.dense:
-            (user_cols if d.user_side else ad_cols).extend(range(at, at + d.dim))
-            at += d.dim
+        # Which tower each feature feeds, fixed at build time (no data-dependent branches). The user
+        # tower also reads the user-side features looked up per row or in a sequence table (at the
+        # request's first row); layout.user_keys come from user_ebc, once per request.
+        user_side = set(layout.user_side_keys)
+        self.user_row_keys = [k for k in layout.row_keys if k in user_side]  # [B] from ebc: first row
+        self.user_shared_keys = [k for k in layout.shared_keys if k in user_side]  # [B] from ec: first row
+        self.ad_bag_keys = [k for k in layout.row_keys if k not in user_side]
+        self.ad_shared_keys = [k for k in layout.shared_keys if k not in user_side]
+        user_cols, ad_cols = layout.dense_indices(user_side=True), layout.dense_indices(user_side=False)
         self.register_buffer("user_dense_cols", torch.tensor(user_cols, dtype=torch.int64), persistent=False)
         self.register_buffer("ad_dense_cols", torch.tensor(ad_cols, dtype=torch.int64), persistent=False)
         self.user_dense_norm = DenseNormalization([d for d in features.dense if d.user_side], model.resilient_bn)
@@ -139,10 +136,10 @@ class TwoTowerRanker(nn.Module):
         user_width = (
             len(user_cols)
             + SURFACE_EMBEDDING_DIM
-            + sum(dims[k] for k in self.user_bag_keys + self.user_row_keys + self.user_shared_keys)
+            + layout.width(layout.user_keys + self.user_row_keys + self.user_shared_keys)
             + (self.sequence_arch.output_dim if self.sequence_arch is not None else 0)
         )
-        ad_width = len(ad_cols) + sum(dims[k] for k in self.ad_bag_keys + self.ad_shared_keys)
+        ad_width = len(ad_cols) + layout.width(self.ad_bag_keys + self.ad_shared_keys)
         if ad_width == 0:
             raise ValueError(
                 "two_tower: the ad tower has no input; declare candidate-side features "
@@ -210,7 +207,7 @@ class TwoTowerRanker(nn.Module):
             self.surface_embedding(batch.surface.index_select(0, first)),
         ]
         # By name, in config order: a sharded collection returns its keys grouped by sharding.
-        parts += [looked_up["users"][k].index_select(0, slots) for k in self.user_bag_keys]
+        parts += [looked_up["users"][k].index_select(0, slots) for k in self.layout.user_keys]
         parts += [looked_up["bags"][k].index_select(0, first) for k in self.user_row_keys]
         if self.ec is not None:
             events = looked_up["events"]
@@ -258,7 +255,7 @@ def item_ids(model: TwoTowerRanker, batch: Batch) -> torch.Tensor:
             f"two_tower export needs a sparse feature reading the item column "
             f"{f.columns.item_id!r} (features.sparse[*].column)"
         )
-    if feature.name in {s.name for s in f.shared_sparse}:
+    if feature.name in model.layout.shared_keys:
         ids = batch.sequences[CANDIDATE_PREFIX + feature.name].values()
     else:
         ids = batch.sparse[feature.name].values()
@@ -274,7 +271,7 @@ def export_ad_embeddings(model: nn.Module, batches: Iterable[Batch], path: Union
     """Writes the ad tower's vectors of every distinct item seen in ``batches`` to a Parquet file.
 
     ``model``: a TwoTowerRanker (or a train task / unsharded wrapper of one) with its trained weights;
-    ``batches``: e.g. ``ParquetBatches(cfg, directory, shuffle=False)``; ``path``: the file to write.
+    ``batches``: e.g. ``pinads_rec.serve.file_order_batches(cfg, directory)``; ``path``: the file to write.
     Columns: ``item_id`` (int64, sorted, unique) and one ``fixed_size_list<float32, E>`` column per
     task, named after the task; the schema metadata ``pinads_rec`` holds {"tasks", "embedding_dim"}.
     An item seen in several rows keeps its first row's vector (the ad tower reads item features only,

@@ -1,5 +1,6 @@
 """Sequence arch: every user action sequence group turned into features (sequence-modeling
-article; DESIGN.md section 4). Each group has its own ``SequenceEncoderConfig``; per group:
+article; docs/ablations.md compares the variants). Each group has its own ``SequenceEncoderConfig``;
+per group:
 
 1. ``EventRepresentation``: attributes combined by sum or concat, padded; time-delta positions;
 2. ``EarlyInteraction`` (optional): cosine similarities with the candidate / user as event

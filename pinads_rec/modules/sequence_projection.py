@@ -1,26 +1,22 @@
 """DCNv2 projection of the (wide) Transformer output (sequence-modeling article): the pooled
-Transformer features go through DCNv2 cross layers (torchrec ``LowRankCrossNet``, or the full-rank
-``CrossNet`` with low_rank 0) and a linear map to a small representation before they join the rest
-of the network, so a wide sequence model does not dominate the dense arch's input.
+Transformer features go through DCNv2 cross layers (modules/cross_network.py: low-rank, or full-rank
+with low_rank 0) and a linear map to a small representation before they join the rest of the
+network, so a wide sequence model does not dominate the dense arch's input.
 
 In: [U, D]. Out: [U, dim].
 """
 
 import torch
 from torch import nn
-from torchrec.modules.crossnet import CrossNet, LowRankCrossNet
 
 from pinads_rec.config import SequenceProjectionConfig
-from pinads_rec.modules.precision import LargeLayer
+from pinads_rec.modules.cross_network import cross_network
 
 
 class SequenceProjection(nn.Module):
     def __init__(self, in_dim: int, cfg: SequenceProjectionConfig):
         super().__init__()
-        cross = (
-            LowRankCrossNet(in_dim, cfg.num_layers, cfg.low_rank) if cfg.low_rank else CrossNet(in_dim, cfg.num_layers)
-        )
-        self.cross = LargeLayer(cross) if cfg.num_layers else None
+        self.cross = cross_network(in_dim, cfg.num_layers, cfg.low_rank) if cfg.num_layers else None
         self.out = nn.Linear(in_dim, cfg.dim)
         self.output_dim = cfg.dim
 

@@ -30,7 +30,7 @@ from torchrec.distributed.types import ShardingPlan
 from pinads_rec import config, parallel
 from pinads_rec.data.batch import Batch
 from pinads_rec.data.contract import ContractError
-from pinads_rec.data.loader import ParquetBatches, make_loader
+from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader
 from pinads_rec.metrics import MetricAccumulator, gather_rows
 from pinads_rec.models import build_model
 from pinads_rec.models.train_task import NonFiniteError, NonFiniteGuard, TrainTask, guard_gradients
@@ -159,7 +159,7 @@ def evaluation_rows(model, cfg: config.ExperimentConfig, env: parallel.Distribut
     tasks = [t.name for t in cfg.features.tasks]
     has_oracle = all(t.true_probability_column for t in cfg.features.tasks)
     acc = MetricAccumulator(tasks, cfg.features.surfaces, has_oracle)
-    loader = make_loader(cfg, cfg.data.eval_dir, env.rank, env.world_size, shuffle=False)
+    loader = make_loader(cfg.data.eval_dir, LoaderSettings.of(cfg), env.rank, env.world_size, shuffle=False)
     for batch, logits in scoring_pass(model, env, group, loader, f"eval ({cfg.data.eval_dir})"):
         acc.update(torch.sigmoid(logits), batch.labels, batch.surface, batch.true_probs, valid=batch.valid)
     return acc.compute()
@@ -173,19 +173,17 @@ def fit_calibration(model, cfg: config.ExperimentConfig, env: parallel.Distribut
     if layer.mode == "none":
         return
     layer.reset()  # identity: the pass below sees the raw logits
+    settings = LoaderSettings.of(cfg)
     if cfg.data.calibration_dir:
-        loader = make_loader(cfg, cfg.data.calibration_dir, env.rank, env.world_size, shuffle=False)
+        loader = make_loader(cfg.data.calibration_dir, settings, env.rank, env.world_size, shuffle=False)
     else:
-        loader = make_loader(cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=False, part="holdout")
+        loader = make_loader(cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=False, part="holdout")
     # The split may have fewer row groups than there are ranks: those without one replay a
     # (masked) training batch in the collective forwards.
-    spare = next(
-        iter(
-            ParquetBatches(
-                cfg, cfg.data.train_dir, env.rank, env.world_size, shuffle=False, drop_last=False, part="train"
-            )
-        )
+    train_part = ParquetBatches(
+        cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=False, drop_last=False, part="train"
     )
+    spare = next(iter(train_part))
     parts = [
         torch.cat([logits, batch.labels, batch.surface.unsqueeze(1).float()], dim=1)[batch.valid]
         for batch, logits in scoring_pass(model, env, group, loader, "calibration", spare)
@@ -243,18 +241,14 @@ class Trainer:
         cfg, env = self.cfg, self.env
         self.dmp = shard_train_task(cfg, env, self.plan, group=self.data_group)
         self.guard = next(m for m in self.dmp.modules() if isinstance(m, NonFiniteGuard))
+        settings = LoaderSettings.of(cfg)
+        pin_memory = env.device.type == "cuda"
         self.loader = make_loader(
-            cfg,
-            cfg.data.train_dir,
-            env.rank,
-            env.world_size,
-            shuffle=True,
-            pin_memory=env.device.type == "cuda",
-            part="train",
+            cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=True, pin_memory=pin_memory, part="train"
         )
         for later in (cfg.data.eval_dir, cfg.data.calibration_dir):  # their errors before training, not after it
             if later:
-                ParquetBatches(cfg, later, env.rank, env.world_size, shuffle=False)
+                ParquetBatches(later, settings, env.rank, env.world_size, shuffle=False)
         steps_per_epoch = max(self.loader.dataset.num_rows // (cfg.data.batch_size * env.world_size), 1)
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
         self.optimizer, self.schedule = parallel.make_optimizer(self.dmp, cfg.train, self.total_steps)

@@ -1,0 +1,160 @@
+"""Streaming Parquet loader: row groups -> shuffled whole requests -> ``Batch``, for one rank.
+
+``ParquetBatches`` composes the three steps: ``RowGroupReader`` (data/reader.py: files, checks, row
+filter), ``ShufflePool`` (data/shuffle.py: whole requests, bounded shuffle buffer) and
+``BatchBuilder`` (data/batch.py: Arrow -> tensors). ``make_loader`` wraps it in a DataLoader. What
+they read of the experiment is ``LoaderSettings`` (``LoaderSettings.of(cfg)``): the feature layout,
+the data section, the seed and ``model.broadcast`` -- never the whole config.
+
+- Row groups are dealt to (rank, worker) slots round-robin after a per-epoch shuffle, so every row
+  is read exactly once per epoch by exactly one slot.
+- The shuffle pool holds whole requests (all candidates of a request stay together, which
+  request-level broadcasting relies on): at most ``shuffle_buffer_rows`` rows plus one row group.
+- Batches have exactly ``batch_size`` rows: sharded embeddings exchange equal-sized blocks between
+  ranks. A slot's last, partial batch is dropped in training (``drop_last``: fewer than batch_size
+  rows per worker and epoch) or, in evaluation, padded by repeating a row marked ``valid = False``.
+- ``data.max_unique_users_per_batch`` bounds the requests (unique users) in a batch: a batch that
+  reaches it closes early and is padded to ``batch_size`` the same way, so user-side shapes stay
+  bounded.
+- ``data.row_filter`` keeps only the rows whose column holds one of the listed values (ad-type
+  segmentation), before shuffling; requests left without rows disappear.
+
+Random numbers: the row-group deal draws from (seed, epoch), the request shuffle from (seed, epoch,
+rank, worker), so a run is reproducible whatever the workers' timing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, List, Optional
+
+import numpy as np
+import torch
+
+from pinads_rec.config import DataConfig, ExperimentConfig
+from pinads_rec.data.batch import Batch, BatchBuilder
+from pinads_rec.data.reader import (
+    RowGroup,
+    RowGroupReader,
+    assign_row_groups,
+    list_files,
+    list_row_groups,
+    select_part,
+)
+from pinads_rec.data.shuffle import ShufflePool, read_requests
+from pinads_rec.features import FeatureLayout
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """What the loader reads from an experiment, and nothing else."""
+
+    layout: FeatureLayout  # the features' columns, KJT keys and widths
+    data: DataConfig  # batch size, shuffle buffer, workers, repairs, row filter, user bound, holdout
+    seed: int  # draws the row-group deal and the request shuffle (train.seed)
+    broadcast: bool  # model.broadcast: one user slot per request, or per row
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig) -> "LoaderSettings":
+        return cls(FeatureLayout.of(cfg.features), cfg.data, cfg.train.seed, cfg.model.broadcast)
+
+
+class ParquetBatches(torch.utils.data.IterableDataset):
+    """The batches of one rank over ``directory``; inside a DataLoader each worker takes its share.
+    ``part`` is ``all``, ``train`` or ``holdout`` (``data.calibration_holdout``'s last row groups)."""
+
+    def __init__(
+        self,
+        directory: str,
+        settings: LoaderSettings,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        shuffle: bool = True,
+        batch_size: Optional[int] = None,
+        drop_last: Optional[bool] = None,
+        part: str = "all",
+    ):
+        super().__init__()
+        self.settings, self.layout = settings, settings.layout
+        layout, data = settings.layout, settings.data
+        self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
+        self.batch_size = batch_size or data.batch_size
+        self.drop_last = shuffle if drop_last is None else drop_last
+        self.row_groups = select_part(
+            list_row_groups(list_files(directory), layout.features), part, data.calibration_holdout, directory
+        )
+        self.epoch = 0
+        self.reader = RowGroupReader(layout.features, data)
+        # Requests (unique users) a batch may hold: the user-side lookups' fixed batch size.
+        self.user_slots = min(data.max_unique_users_per_batch or self.batch_size, self.batch_size)
+        self.builder = BatchBuilder(layout, self.user_slots, settings.broadcast)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    @property
+    def num_rows(self) -> int:
+        return sum(g.num_rows for g in self.row_groups)
+
+    def my_row_groups(self) -> List[RowGroup]:
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info else (1, 0)
+        return assign_row_groups(
+            self.row_groups,
+            self.rank * workers + worker,
+            self.world_size * workers,
+            self.settings.seed,
+            self.epoch,
+            self.shuffle,
+        )
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = torch.utils.data.get_worker_info()
+        rng = np.random.default_rng([self.settings.seed, self.epoch, self.rank, info.id if info else 0])
+        pool = ShufflePool(
+            self.batch_size,
+            self.user_slots if self.settings.broadcast else self.batch_size,
+            max(self.settings.data.shuffle_buffer_rows, self.batch_size) if self.shuffle else 0,
+            rng if self.shuffle else None,
+        )
+        spans = read_requests(self.reader, self.my_row_groups(), self.layout.features.columns.request_id)
+        for rows in pool.batches(spans):
+            if rows.last and self.drop_last and rows.table.num_rows < self.batch_size:
+                return
+            yield self.builder.build(rows.table, rows.source, pad_to=self.batch_size)
+
+
+def make_loader(
+    directory: str,
+    settings: LoaderSettings,
+    rank: int = 0,
+    world_size: int = 1,
+    *,
+    part: str = "all",
+    shuffle: bool = True,
+    num_workers: Optional[int] = None,
+    epoch: int = 0,
+    pin_memory: bool = False,
+    prefetch_factor: int = 4,
+) -> torch.utils.data.DataLoader:
+    """A DataLoader over this rank's ``ParquetBatches``; workers (``data.num_workers`` unless given)
+    read disjoint row groups in parallel, each keeping ``prefetch_factor`` batches ready."""
+    dataset = ParquetBatches(directory, settings, rank, world_size, shuffle=shuffle, part=part)
+    dataset.set_epoch(epoch)
+    workers = settings.data.num_workers if num_workers is None else num_workers
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=None,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        persistent_workers=False,
+        prefetch_factor=prefetch_factor if workers else None,
+        worker_init_fn=_one_thread if workers else None,
+    )
+
+
+def _one_thread(worker_id: int) -> None:
+    """Loader workers share the host's cores with the trainer: one torch thread each. (A module-level
+    function, so workers also start under spawn/forkserver.)"""
+    torch.set_num_threads(1)

@@ -1,0 +1,30 @@
+"""The sparse arch every model shares: the three TorchRec collections of the feature layout
+(pinads_rec/features.py), built on the given device (``meta`` before sharding).
+
+Models keep them under the names ``ebc``, ``user_ebc`` and ``ec``, so sharding plans, sharders,
+planner constraints and checkpoints apply to every model alike.
+"""
+
+from typing import NamedTuple, Optional
+
+import torch
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+from pinads_rec.features import FeatureLayout
+
+
+class SparseCollections(NamedTuple):
+    ebc: EmbeddingBagCollection  # pooled per row: KJT of stride B -> [B, D] per row_keys feature
+    user_ebc: Optional[EmbeddingBagCollection]  # pooled per request slot: [S, D] per user_keys feature; None without
+    ec: Optional[EmbeddingCollection]  # per request: sequence_keys -> JaggedTensor; None without sequence groups
+    sequence_dim: int  # the width every ec table shares (0 without)
+
+
+def sparse_collections(layout: FeatureLayout, device: Optional[torch.device] = None) -> SparseCollections:
+    ebc = EmbeddingBagCollection(tables=layout.embedding_bag_configs(), device=device)
+    user_tables = layout.embedding_bag_configs(user_side=True)
+    user_ebc = EmbeddingBagCollection(tables=user_tables, device=device) if user_tables else None
+    sequence_dim = layout.sequence_dim
+    seq_tables = layout.embedding_configs()
+    ec = EmbeddingCollection(tables=seq_tables, device=device) if seq_tables else None
+    return SparseCollections(ebc, user_ebc, ec, sequence_dim)

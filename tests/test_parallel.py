@@ -1,0 +1,105 @@
+"""The sharding half of pinads_rec/parallel.py: the planner's search space in a fixed order whatever
+the string-hash seed, and the fused embedding optimizer attached to every embedding collection."""
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import DEMO, REPO
+from torchrec.distributed.planner import Topology
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+from pinads_rec import config, parallel
+from pinads_rec.models import build_model
+from pinads_rec.models.train_task import TrainTask
+
+# A GPU cluster's topology: every sharding type and several kernels per table, so the order of the
+# search space has something to get wrong.
+SEARCH_SPACE = f"""
+import json, torch
+from torchrec.distributed.planner import Topology
+from pinads_rec import config, parallel
+from pinads_rec.models import build_model
+from pinads_rec.models.train_task import TrainTask
+cfg = config.load({str(DEMO)!r})
+model = TrainTask(build_model(cfg.features, cfg.model, device=torch.device("meta")))
+topology = Topology(world_size=16, compute_device="cuda", local_world_size=8)
+enumerator = parallel.ordered_enumerator(topology, cfg.data.batch_size, parallel.constraints(cfg, "cuda"))
+options = enumerator.enumerate(model, parallel.sharders())
+print(json.dumps([[o.fqn, o.sharding_type, o.compute_kernel] for o in options]))
+"""
+
+
+def search_space_with_hash_seed(seed: str) -> list:
+    env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run(
+        [sys.executable, "-c", SEARCH_SPACE], env=env, cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def demo_search_space():
+    cfg = config.load(DEMO)
+    model = TrainTask(build_model(cfg.features, cfg.model, device=torch.device("meta")))
+    topology = Topology(world_size=16, compute_device="cuda", local_world_size=8)
+    enumerator = parallel.ordered_enumerator(topology, cfg.data.batch_size, parallel.constraints(cfg, "cuda"))
+    return enumerator.enumerate(model, parallel.sharders())
+
+
+def test_the_enumerator_overrides_only_torchrecs_public_interface():
+    """OrderedEnumerator reorders what the public EmbeddingEnumerator.enumerate returns; if TorchRec
+    changes that interface, say so here rather than as a wrong plan."""
+    params = list(inspect.signature(EmbeddingEnumerator.enumerate).parameters)
+    assert params == ["self", "module", "sharders"], f"TorchRec changed EmbeddingEnumerator.enumerate: {params}"
+    init = inspect.signature(EmbeddingEnumerator.__init__).parameters
+    assert {"topology", "batch_size", "constraints"} <= set(init), f"TorchRec changed EmbeddingEnumerator(): {init}"
+    overridden = {k for k, v in vars(parallel.OrderedEnumerator).items() if callable(v) and not k.startswith("__")}
+    assert overridden == {"enumerate"}, f"OrderedEnumerator overrides more than the public enumerate: {overridden}"
+
+
+def test_within_a_table_the_search_space_follows_the_sharders_order(demo_search_space):
+    sharder_of = {s.module_type: s for s in parallel.sharders()}
+    seen = []
+    for option in demo_search_space:
+        if not seen or seen[-1] != option.fqn:
+            assert option.fqn not in seen, f"{option.fqn}: its options are not together"
+            seen.append(option.fqn)
+    for fqn in seen:
+        options = [o for o in demo_search_space if o.fqn == fqn]
+        sharder = sharder_of[type(options[0].module[1])]
+        types = sharder.sharding_types("cuda")
+        got = [
+            (types.index(o.sharding_type), sharder.compute_kernels(o.sharding_type, "cuda").index(o.compute_kernel))
+            for o in options
+        ]
+        assert got == sorted(got), fqn
+    assert len({o.sharding_type for o in demo_search_space}) > 3  # the order had choices to make
+
+
+def test_the_search_space_does_not_depend_on_the_hash_seed(demo_search_space):
+    here = [[o.fqn, o.sharding_type, o.compute_kernel] for o in demo_search_space]
+    seed = "1" if os.environ.get("PYTHONHASHSEED") == "0" else "0"
+    assert search_space_with_hash_seed(seed) == here
+
+
+def test_the_fused_embedding_optimizer_is_attached_to_every_collection_and_nothing_else():
+    cfg = config.load(DEMO)
+    model = build_model(cfg.features, cfg.model)
+    parallel.attach_embedding_optimizer(model, cfg.train, torch.device("cpu"))
+    tables = {
+        id(p)
+        for m in model.modules()
+        if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))
+        for p in m.parameters()
+    }
+    assert len(tables) == len(cfg.features.tables)
+    fused = {id(p) for _, p in in_backward_optimizer_filter(model.named_parameters(), include=True)}
+    assert fused == tables
