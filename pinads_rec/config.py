@@ -478,22 +478,35 @@ def _set_override(raw: dict, assignment: str) -> None:
     node[parts[-1]] = value
 
 
+# --------------------------------------------------------------------------------------------
+# Semantic checks, one function per section (each error names the key it is about).
+# --------------------------------------------------------------------------------------------
+
+
+def positive(path: str, value: float, allow_zero: bool = False) -> None:
+    if not math.isfinite(value):
+        raise ConfigError(f"{path}: must be a finite number, got {value}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def unique(path: str, names: List[str]) -> None:
+    seen = set()
+    for i, n in enumerate(names):
+        if n in seen:
+            raise ConfigError(f"{path}[{i}].name: duplicate name {n!r}")
+        seen.add(n)
+
+
 def _validate(cfg: ExperimentConfig) -> None:
-    f = cfg.features
+    _validate_features(cfg.features)
+    _validate_data(cfg.data, cfg.features, cfg.model)
+    _validate_synth(cfg.synth)
+    _validate_model(cfg.model, cfg.features)
+    _validate_train(cfg.train)
 
-    def positive(path: str, value: float, allow_zero: bool = False) -> None:
-        if not math.isfinite(value):
-            raise ConfigError(f"{path}: must be a finite number, got {value}")
-        if value < 0 or (value == 0 and not allow_zero):
-            raise ConfigError(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
-    def unique(path: str, names: List[str]) -> None:
-        seen = set()
-        for i, n in enumerate(names):
-            if n in seen:
-                raise ConfigError(f"{path}[{i}].name: duplicate name {n!r}")
-            seen.add(n)
-
+def _validate_features(f: FeaturesConfig) -> None:
     unique("features.tables", [t.name for t in f.tables])
     unique("features.sparse", [s.name for s in f.sparse])
     unique("features.dense", [d.name for d in f.dense])
@@ -529,7 +542,9 @@ def _validate(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"features.sequence_groups[{i}].name: 'candidate' is reserved")
         if g.embedding_column is not None:
             positive(f"features.sequence_groups[{i}].embedding_dim", g.embedding_dim)
-    d, s, m, t = cfg.data, cfg.synth, cfg.model, cfg.train
+
+
+def _validate_data(d: DataConfig, f: FeaturesConfig, m: ModelConfig) -> None:
     positive("data.batch_size", d.batch_size)
     positive("data.shuffle_buffer_rows", d.shuffle_buffer_rows, allow_zero=True)
     positive("data.num_workers", d.num_workers, allow_zero=True)
@@ -541,9 +556,9 @@ def _validate(cfg: ExperimentConfig) -> None:
             f"data.calibration_holdout: {d.calibration_holdout} rows held out of training would go "
             f"unused: the calibration is fit on data.calibration_dir; set it to 0"
         )
-    if d.calibration_holdout == 0.0 and not d.calibration_dir and cfg.model.calibration != "none":
+    if d.calibration_holdout == 0.0 and not d.calibration_dir and m.calibration != "none":
         raise ConfigError(
-            f"data.calibration_holdout: model.calibration {cfg.model.calibration!r} is fit on "
+            f"data.calibration_holdout: model.calibration {m.calibration!r} is fit on "
             f"unseen rows; set a fraction > 0 (e.g. 0.05), or data.calibration_dir, or "
             f"model.calibration: none"
         )
@@ -556,6 +571,9 @@ def _validate(cfg: ExperimentConfig) -> None:
             )
         if not d.row_filter.values:
             raise ConfigError("data.row_filter.values: list at least one value to keep")
+
+
+def _validate_synth(s: SynthConfig) -> None:
     positive("synth.calibration_requests", s.calibration_requests, allow_zero=True)
     for name in (
         "train_requests",
@@ -571,6 +589,9 @@ def _validate(cfg: ExperimentConfig) -> None:
     ):
         positive(f"synth.{name}", getattr(s, name))
     positive("synth.candidates_per_request", s.candidates_per_request)
+
+
+def _validate_model(m: ModelConfig, f: FeaturesConfig) -> None:
     group_names = [g.name for g in f.sequence_groups]
     for name in m.sequence_groups:
         if name not in group_names:
@@ -578,10 +599,10 @@ def _validate(cfg: ExperimentConfig) -> None:
                 f"model.sequence_groups.{name}: no sequence group named {name!r} in "
                 f"features.sequence_groups ({group_names})"
             )
-    _validate_encoder("model.sequence", m.sequence, f, None, positive)
+    _validate_encoder("model.sequence", m.sequence, f, None)
     for g in f.sequence_groups:
         path = f"model.sequence_groups.{g.name}" if g.name in m.sequence_groups else "model.sequence"
-        _validate_encoder(path, m.sequence_for(g.name), f, g, positive)
+        _validate_encoder(path, m.sequence_for(g.name), f, g)
     positive("model.dcn.num_layers", m.dcn.num_layers, allow_zero=True)
     positive("model.dcn.low_rank", m.dcn.low_rank, allow_zero=True)
     positive("model.mmoe.num_experts", m.mmoe.num_experts)
@@ -603,6 +624,9 @@ def _validate(cfg: ExperimentConfig) -> None:
             positive(f"model.mmoe.{name}[{i}]", v)
     if not m.mmoe.expert_dims:
         raise ConfigError("model.mmoe.expert_dims: at least one expert layer is required")
+
+
+def _validate_train(t: TrainConfig) -> None:
     positive("train.epochs", t.epochs)
     positive("train.keep_checkpoints", t.keep_checkpoints)
     positive("train.max_steps", t.max_steps, allow_zero=True)
@@ -616,7 +640,7 @@ def _validate(cfg: ExperimentConfig) -> None:
 
 
 def _validate_encoder(
-    path: str, enc: SequenceEncoderConfig, features: "FeaturesConfig", group: Optional[SequenceGroupConfig], positive
+    path: str, enc: SequenceEncoderConfig, features: FeaturesConfig, group: Optional[SequenceGroupConfig]
 ) -> None:
     positive(f"{path}.d_model", enc.d_model)
     positive(f"{path}.num_layers", enc.num_layers, allow_zero=True)
