@@ -1,4 +1,4 @@
-"""Serving (pinads_rec/serve.py): a checkpoint written by a real 2-rank training run loads into the
+"""Serving (pinads_rec/serve/): a checkpoint written by a real 2-rank training run loads into the
 unsharded model and reproduces the trainer's eval; broadcasting on/off, one request vs the batch,
 an exported program reloaded in a fresh process, BF16 vs FP32, and FP16 overflow detection.
 
@@ -57,7 +57,7 @@ def trained(tiny_data, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fp32(trained):
-    from pinads_rec.serve import Predictor
+    from pinads_rec.serve.scoring import Predictor
 
     return Predictor.from_run(trained[0], precision="fp32")
 
@@ -144,12 +144,12 @@ def test_broadcasting_on_and_off_give_the_same_scores(trained, fp32, fp32_eval):
 
 
 def test_score_request_equals_batch_scoring_and_the_cli_output(trained, fp32, tmp_path):
-    from pinads_rec import serve
+    from pinads_rec.serve import cli
 
     run_dir, _, data_dir = trained
     out = tmp_path / "predictions.parquet"
     assert (
-        serve.main(
+        cli.main(
             [
                 "score",
                 "--run",
@@ -198,11 +198,12 @@ def test_score_request_equals_batch_scoring_and_the_cli_output(trained, fp32, tm
 
 
 def test_export_reloads_in_a_fresh_process_with_the_same_scores(trained, tmp_path):
-    from pinads_rec import serve
+    from pinads_rec.serve.export import export_run
+    from pinads_rec.serve.scoring import Predictor
 
     run_dir, _, data_dir = trained
-    path = serve.export_run(run_dir, tmp_path / "model.pt2", os.path.join(data_dir, "eval"), precision="bf16")
-    eager = serve.Predictor.from_run(run_dir, precision="bf16")
+    path = export_run(run_dir, tmp_path / "model.pt2", os.path.join(data_dir, "eval"), precision="bf16")
+    eager = Predictor.from_run(run_dir, precision="bf16")
     requests = _request_rows(data_dir, 3)
     for i, r in enumerate(requests):
         pq.write_table(r, tmp_path / f"request-{i}.parquet")
@@ -231,7 +232,7 @@ json.dump(out, open({str(tmp_path / "out.json")!r}, "w"))
 
 
 def test_bf16_inference_is_close_to_fp32(trained, fp32, fp32_eval):
-    from pinads_rec.serve import Predictor
+    from pinads_rec.serve.scoring import Predictor
 
     bf16 = Predictor.from_run(trained[0], precision="bf16")
     assert bf16.model.cross.module.W_kernels[0].dtype == torch.bfloat16  # a large layer, cast once
@@ -248,7 +249,8 @@ def test_bf16_inference_is_close_to_fp32(trained, fp32, fp32_eval):
 
 def test_fp16_overflow_is_detected_never_a_silent_nan(trained, fp32):
     from pinads_rec.modules.precision import PrecisionOverflow, fallback_count
-    from pinads_rec.serve import Predictor, prepare
+    from pinads_rec.serve.loading import prepare
+    from pinads_rec.serve.scoring import Predictor
 
     batch = next(iter(_batches(fp32.cfg, os.path.join(trained[2], "eval"))))
     fp16 = Predictor(copy.deepcopy(fp32.model), fp32.cfg)
@@ -276,7 +278,8 @@ def test_fp16_overflow_is_detected_never_a_silent_nan(trained, fp32):
 
 def test_fp16_fallback_scores_a_crafted_request(trained, fp32):
     from pinads_rec.modules.precision import fallback_count
-    from pinads_rec.serve import Predictor, prepare
+    from pinads_rec.serve.loading import prepare
+    from pinads_rec.serve.scoring import Predictor
 
     batch = next(iter(_batches(fp32.cfg, os.path.join(trained[2], "eval"))))
     crafted = dataclasses.replace(batch, sequence_embeddings={k: v * 1e6 for k, v in batch.sequence_embeddings.items()})

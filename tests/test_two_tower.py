@@ -14,14 +14,9 @@ from multiprocess import run_ranks
 from pinads_rec import config
 from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
 from pinads_rec.models import build_model
-from pinads_rec.models.two_tower import (
-    TwoTowerRanker,
-    export_ad_embeddings,
-    item_ids,
-    load_ad_table,
-    score_with_ad_table,
-)
+from pinads_rec.models.two_tower import TwoTowerRanker
 from pinads_rec.modules.precision import set_precision
+from pinads_rec.serve.ad_table import export_ad_embeddings, item_ids, load_ad_table, score_with_ad_table
 from pinads_rec.training.run_log import read_run_log
 
 TWO_TOWER = os.path.join(REPO, "configs", "two_tower.yaml")
