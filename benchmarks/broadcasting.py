@@ -106,7 +106,7 @@ def side_by_side(fns: Dict[bool, Callable], batches: Dict[bool, List[Batch]], re
 
 def inference_model(args, cfg):
     from pinads_rec.models import build_model
-    from pinads_rec.serve import load_model, prepare
+    from pinads_rec.serve.loading import load_model, prepare
 
     precision = args.precision or cfg.model.precision.inference
     if args.run:
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
 
     if args.run:
-        from pinads_rec.serve import find_checkpoint, run_config
+        from pinads_rec.serve.loading import find_checkpoint, run_config
 
         cfg = run_config(args.run, find_checkpoint(args.run))
     else:

@@ -99,7 +99,7 @@ def wide_models(cfg, wide_config: str) -> tuple:
 
     from pinads_rec import config
     from pinads_rec.models import build_model
-    from pinads_rec.serve import prepare
+    from pinads_rec.serve.loading import prepare
 
     raw = config.to_dict(cfg)
     wide = yaml.safe_load(Path(wide_config).read_text())["model"]
@@ -378,7 +378,7 @@ def run_aucs(runs: Dict[str, str]) -> List[str]:
 
 
 def main(argv=None) -> int:
-    from pinads_rec.serve import find_checkpoint, load_model, run_config
+    from pinads_rec.serve.loading import find_checkpoint, load_model, run_config
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", default="runs/demo", help="a trained run (train.run_dir)")
@@ -415,10 +415,10 @@ def main(argv=None) -> int:
     global QUIET_WAIT
     QUIET_WAIT = args.quiet_wait
 
-    from pinads_rec.serve import unbounded_users
+    from pinads_rec.serve.batching import unbounded_users
 
     # Batches of exactly --rows real rows: no unique-user bound closing them early and padding them
-    # (serving batches files the same way, pinads_rec.serve.unbounded_users).
+    # (serving batches files the same way, pinads_rec.serve.batching.unbounded_users).
     run_cfg = run_config(args.run, find_checkpoint(args.run))
     cfg = unbounded_users(run_cfg)
     eval_dir = args.data or cfg.data.eval_dir

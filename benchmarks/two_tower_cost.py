@@ -53,8 +53,8 @@ from pinads_rec import config  # noqa: E402
 from pinads_rec.data.batch import Batch  # noqa: E402
 from pinads_rec.data.dataset import LoaderSettings, ParquetBatches  # noqa: E402
 from pinads_rec.models import build_model  # noqa: E402
-from pinads_rec.models.two_tower import export_ad_embeddings, load_ad_table, score_with_ad_table  # noqa: E402
 from pinads_rec.modules.precision import set_precision  # noqa: E402
+from pinads_rec.serve.ad_table import export_ad_embeddings, load_ad_table, score_with_ad_table  # noqa: E402
 
 
 def eval_table(dataset: ParquetBatches, max_rows: int) -> pa.Table:

@@ -1,6 +1,7 @@
-"""Serving (pinads_rec/serve.py): a checkpoint written by a real 2-rank training run loads into the
-unsharded model and reproduces the trainer's eval; broadcasting on/off, one request vs the batch,
-an exported program reloaded in a fresh process, BF16 vs FP32, and FP16 overflow detection.
+"""Serving (pinads_rec/serve/): a checkpoint written by a real 2-rank training run loads into the
+unsharded model and reproduces the trainer's eval (loading.py); broadcasting on/off, one request vs
+the command line's batch scores (scoring.py, batching.py, cli.py); an exported program reloaded in
+a fresh process (export.py); BF16 vs FP32, and FP16 overflow detection.
 
 One 2-rank training launch per module (row-wise sharded tables, so every table is split across the
 ranks' shards and the load really reassembles them)."""
@@ -57,9 +58,16 @@ def trained(tiny_data, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fp32(trained):
-    from pinads_rec.serve import Predictor
+    from pinads_rec.serve.scoring import Predictor
 
     return Predictor.from_run(trained[0], precision="fp32")
+
+
+@pytest.fixture(scope="module")
+def bf16(trained):
+    from pinads_rec.serve.scoring import Predictor
+
+    return Predictor.from_run(trained[0], precision="bf16")
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +118,9 @@ def _request_rows(data_dir, count):
     return out
 
 
-def test_checkpoint_loads_unsharded_and_reproduces_the_trainers_eval(trained, fp32, fp32_eval):
+def test_checkpoint_loads_into_the_unsharded_model_with_full_trained_tables(fp32):
     from pinads_rec.models.ranker import UnifiedRanker
 
-    run_dir, trainer_rows, data_dir = trained
     model = fp32.model
     assert isinstance(model, UnifiedRanker) and not model.training
     # Full-shape plain tensors, and trained (the row-wise shards were reassembled, not left at init).
@@ -121,6 +128,10 @@ def test_checkpoint_loads_unsharded_and_reproduces_the_trainers_eval(trained, fp
     assert type(table) is torch.nn.Parameter and table.shape[0] == fp32.cfg.features.table("item").num_embeddings
     fresh = UnifiedRanker(fp32.cfg.features, fp32.cfg.model)
     assert not torch.equal(fresh.cross.module.W_kernels[0], model.cross.module.W_kernels[0])
+
+
+def test_loaded_model_reproduces_the_trainers_eval(trained, fp32, fp32_eval):
+    trainer_rows = trained[1]
     ours = _metrics(fp32.cfg, *fp32_eval[:3])
     assert len(ours) == len(trainer_rows) == 12
     for mine, theirs in zip(ours, trainer_rows):
@@ -143,32 +154,39 @@ def test_broadcasting_on_and_off_give_the_same_scores(trained, fp32, fp32_eval):
     assert float((on - off).abs().max()) < 1e-5
 
 
-def test_score_request_equals_batch_scoring_and_the_cli_output(trained, fp32, tmp_path):
-    from pinads_rec import serve
+@pytest.fixture(scope="module")
+def cli_predictions(trained, tmp_path_factory):
+    """``python -m pinads_rec.serve score`` of the eval files in FP32, read back."""
+    from pinads_rec.serve.cli import main
 
     run_dir, _, data_dir = trained
-    out = tmp_path / "predictions.parquet"
-    assert (
-        serve.main(
-            [
-                "score",
-                "--run",
-                run_dir,
-                "--data",
-                os.path.join(data_dir, "eval"),
-                "--out",
-                str(out),
-                "--precision",
-                "fp32",
-            ]
-        )
-        == 0
-    )
-    written = pq.read_table(out)
+    out = tmp_path_factory.mktemp("serve_cli") / "predictions.parquet"
+    args = [
+        "score",
+        "--run",
+        run_dir,
+        "--data",
+        os.path.join(data_dir, "eval"),
+        "--out",
+        str(out),
+        "--precision",
+        "fp32",
+    ]
+    assert main(args) == 0
+    return pq.read_table(out)
+
+
+def test_cli_score_writes_every_input_row_once(trained, fp32, cli_predictions):
+    data_dir = trained[2]
+    written = cli_predictions
     total = sum(pq.ParquetFile(p.path).metadata.num_rows for p in os.scandir(os.path.join(data_dir, "eval")))
     assert written.num_rows == total, "every row once, padding rows not written"
     assert written.column_names == ["request_id", "item_id", "surface", "p_click", "p_good_click", "p_save"]
     assert set(written.column("surface").to_pylist()) <= set(fp32.cfg.features.surfaces)
+
+
+def test_score_request_equals_the_cli_batch_scores(trained, fp32, cli_predictions):
+    written = cli_predictions
     by_key = {
         (r, i): row
         for r, i, row in zip(
@@ -177,7 +195,7 @@ def test_score_request_equals_batch_scoring_and_the_cli_output(trained, fp32, tm
             np.stack([written.column(f"p_{t}").to_numpy() for t in fp32.tasks], 1),
         )
     }
-    for request in _request_rows(data_dir, 4):
+    for request in _request_rows(trained[2], 4):
         labels = [t.label_column for t in fp32.cfg.features.tasks] + [
             t.true_probability_column for t in fp32.cfg.features.tasks
         ]
@@ -193,49 +211,64 @@ def test_score_request_equals_batch_scoring_and_the_cli_output(trained, fp32, tm
             ]
         )
         assert np.abs(probs.numpy() - expected).max() < 1e-5
+
+
+def test_score_request_refuses_the_rows_of_two_requests(trained, fp32):
     with pytest.raises(ValueError, match="one request"):
-        fp32.score_request(pa.concat_tables(_request_rows(data_dir, 2)))
+        fp32.score_request(pa.concat_tables(_request_rows(trained[2], 2)))
 
 
-def test_export_reloads_in_a_fresh_process_with_the_same_scores(trained, tmp_path):
-    from pinads_rec import serve
+@pytest.fixture(scope="module")
+def exported(trained, bf16, tmp_path_factory):
+    """A BF16 export reloaded in a fresh process: (its scores of a 200-row batch and of single
+    requests, the batch, the requests -- the first one a single candidate)."""
+    from pinads_rec.serve.export import export_run
 
     run_dir, _, data_dir = trained
-    path = serve.export_run(run_dir, tmp_path / "model.pt2", os.path.join(data_dir, "eval"), precision="bf16")
-    eager = serve.Predictor.from_run(run_dir, precision="bf16")
+    tmp = tmp_path_factory.mktemp("serve_export")
+    path = export_run(run_dir, tmp / "model.pt2", os.path.join(data_dir, "eval"), precision="bf16")
     requests = _request_rows(data_dir, 3)
     for i, r in enumerate(requests):
-        pq.write_table(r, tmp_path / f"request-{i}.parquet")
-    batch = next(iter(_batches(eager.cfg, os.path.join(data_dir, "eval"), batch_size=200)))
-    torch.save(batch, tmp_path / "batch.pt")
+        pq.write_table(r, tmp / f"request-{i}.parquet")
+    batch = next(iter(_batches(bf16.cfg, os.path.join(data_dir, "eval"), batch_size=200)))
+    torch.save(batch, tmp / "batch.pt")
+    # cwd=REPO: ``python -c`` puts the working directory first on sys.path, so this checkout is imported.
     script = f"""
-import json, sys, torch, pyarrow.parquet as pq
-sys.path.insert(0, {REPO!r})
+import json, torch, pyarrow.parquet as pq
 from pinads_rec.serve import load_exported
 scorer = load_exported({str(path)!r})
-out = {{"batch": scorer.score_batch(torch.load({str(tmp_path / "batch.pt")!r}, weights_only=False)).tolist(),
-        "requests": [scorer.score_request(pq.read_table({str(tmp_path)!r} + f"/request-{{i}}.parquet")).tolist()
+out = {{"batch": scorer.score_batch(torch.load({str(tmp / "batch.pt")!r}, weights_only=False)).tolist(),
+        "requests": [scorer.score_request(pq.read_table({str(tmp)!r} + f"/request-{{i}}.parquet")).tolist()
                      for i in range({len(requests)})]}}
-json.dump(out, open({str(tmp_path / "out.json")!r}, "w"))
+json.dump(out, open({str(tmp / "out.json")!r}, "w"))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
-    with open(tmp_path / "out.json") as f:
+    with open(tmp / "out.json") as f:
         got = json.load(f)
-    expected = eager.score_batch(batch)
+    return got, batch, requests
+
+
+def test_exported_program_scores_a_batch_like_the_eager_model(bf16, exported):
+    got, batch, _ = exported
+    expected = bf16.score_batch(batch)
     assert torch.tensor(got["batch"]).shape == expected.shape
     assert float((torch.tensor(got["batch"]) - expected).abs().max()) < 1e-5
+
+
+def test_exported_program_scores_single_requests_like_the_eager_model(bf16, exported):
+    got, _, requests = exported
     assert [len(r) for r in got["requests"]] == [r.num_rows for r in requests] and requests[0].num_rows == 1
     for rows, r in zip(got["requests"], requests):
-        assert float((torch.tensor(rows) - eager.score_request(r)).abs().max()) < 1e-5
+        assert float((torch.tensor(rows) - bf16.score_request(r)).abs().max()) < 1e-5
 
 
-def test_bf16_inference_is_close_to_fp32(trained, fp32, fp32_eval):
-    from pinads_rec.serve import Predictor
-
-    bf16 = Predictor.from_run(trained[0], precision="bf16")
+def test_bf16_casts_the_large_layers_only(bf16):
     assert bf16.model.cross.module.W_kernels[0].dtype == torch.bfloat16  # a large layer, cast once
     assert bf16.model.calibration.scale.dtype == torch.float32  # small layers stay FP32
+
+
+def test_bf16_inference_is_close_to_fp32(trained, fp32, fp32_eval, bf16):
     a, labels, surface, _ = fp32_eval
     b, _ = _score_all(bf16, os.path.join(trained[2], "eval"))
     assert torch.isfinite(b).all()
@@ -246,27 +279,59 @@ def test_bf16_inference_is_close_to_fp32(trained, fp32, fp32_eval):
             assert abs(x["auc"] - y["auc"]) < 0.01, (x, y)
 
 
-def test_fp16_overflow_is_detected_never_a_silent_nan(trained, fp32):
-    from pinads_rec.modules.precision import PrecisionOverflow, fallback_count
-    from pinads_rec.serve import Predictor, prepare
+@pytest.fixture(scope="module")
+def first_batch(trained, fp32):
+    return next(iter(_batches(fp32.cfg, os.path.join(trained[2], "eval"))))
 
-    batch = next(iter(_batches(fp32.cfg, os.path.join(trained[2], "eval"))))
+
+def _fp16(fp32, overflow):
+    """A copy of the FP32 predictor's model in FP16, overflow handled by ``overflow`` (error | bf16)."""
+    from pinads_rec.serve.loading import prepare
+    from pinads_rec.serve.scoring import Predictor
+
     fp16 = Predictor(copy.deepcopy(fp32.model), fp32.cfg)
-    prepare(fp16.model, "fp16", fp16_overflow="error")
-    assert torch.isfinite(fp16.score_batch(batch)).all()  # ordinary input: FP16 is fine
-    # Crafted request: pretrained event embeddings far beyond FP16's range (max 65504).
-    crafted = dataclasses.replace(batch, sequence_embeddings={k: v * 1e6 for k, v in batch.sequence_embeddings.items()})
+    prepare(fp16.model, "fp16", fp16_overflow=overflow)
+    return fp16
+
+
+def _crafted(batch):
+    """Pretrained event embeddings far beyond FP16's range (max 65504)."""
+    return dataclasses.replace(batch, sequence_embeddings={k: v * 1e6 for k, v in batch.sequence_embeddings.items()})
+
+
+def _cross_overflowing_input(model):
+    """The articles' case: the DCNv2 cross layer overflows inside (inputs of a few hundred are in range)."""
+    return 300.0 * torch.ones(8, model.cross.module.W_kernels[0].shape[0])
+
+
+def test_fp16_scores_an_ordinary_batch(fp32, first_batch):
+    assert torch.isfinite(_fp16(fp32, "error").score_batch(first_batch)).all()
+
+
+def test_fp16_overflow_in_the_transformer_is_an_error_never_a_silent_nan(fp32, first_batch):
+    from pinads_rec.modules.precision import PrecisionOverflow
+
     with pytest.raises(PrecisionOverflow, match="transformer.stack: FP16 overflow"):
-        fp16.score_batch(crafted)
-    # The articles' case: the DCNv2 cross layer overflows inside (inputs of a few hundred are in range).
-    cross = fp16.model.cross
-    x = 300.0 * torch.ones(8, cross.module.W_kernels[0].shape[0])
+        _fp16(fp32, "error").score_batch(_crafted(first_batch))
+
+
+def test_fp16_overflow_in_the_cross_network_is_an_error_never_a_silent_nan(fp32):
+    from pinads_rec.modules.precision import PrecisionOverflow
+
+    model = _fp16(fp32, "error").model
     with pytest.raises(PrecisionOverflow, match="cross: FP16 overflow"):
-        cross(x)
-    prepare(fp16.model, "fp16", fp16_overflow="bf16")
-    before = fallback_count(fp16.model)
-    y = cross(x)
-    assert fallback_count(fp16.model) == before + 1, "the layer was redone in BF16, and counted"
+        model.cross(_cross_overflowing_input(model))
+
+
+def test_fp16_fallback_redoes_an_overflowing_layer_in_bf16_and_counts_it(fp32):
+    from pinads_rec.modules.precision import fallback_count
+    from pinads_rec.serve.loading import prepare
+
+    model = _fp16(fp32, "bf16").model
+    x = _cross_overflowing_input(model)
+    before = fallback_count(model)
+    y = model.cross(x)
+    assert fallback_count(model) == before + 1, "the layer was redone in BF16, and counted"
     assert torch.isfinite(y).all()
     bf16 = copy.deepcopy(fp32.model)
     prepare(bf16, "bf16")
@@ -274,14 +339,10 @@ def test_fp16_overflow_is_detected_never_a_silent_nan(trained, fp32):
     assert float((y - reference).norm() / reference.norm()) < 0.05  # what BF16 inference gives
 
 
-def test_fp16_fallback_scores_a_crafted_request(trained, fp32):
+def test_fp16_fallback_scores_a_crafted_request(fp32, first_batch):
     from pinads_rec.modules.precision import fallback_count
-    from pinads_rec.serve import Predictor, prepare
 
-    batch = next(iter(_batches(fp32.cfg, os.path.join(trained[2], "eval"))))
-    crafted = dataclasses.replace(batch, sequence_embeddings={k: v * 1e6 for k, v in batch.sequence_embeddings.items()})
-    fp16 = Predictor(copy.deepcopy(fp32.model), fp32.cfg)
-    prepare(fp16.model, "fp16", fp16_overflow="bf16")
-    probs = fp16.score_batch(crafted)
+    fp16 = _fp16(fp32, "bf16")
+    probs = fp16.score_batch(_crafted(first_batch))
     assert fallback_count(fp16.model) >= 1, "the overflowing Transformer was redone in BF16, and counted"
     assert torch.isfinite(probs).all()

@@ -1,11 +1,10 @@
-"""The two-tower ranker (models/two_tower.py): shapes, request-level broadcasting, precomputed ad
-embeddings reproducing its scores, and training on 2 gloo ranks through the real trainer."""
+"""The two-tower ranker (models/two_tower.py): shapes, request-level broadcasting, and training on 2
+gloo ranks through the real trainer (its precomputed ad table: test_ad_table.py)."""
 
 import dataclasses
 import json
 import os
 
-import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import REPO, tiny_overrides
@@ -14,13 +13,7 @@ from multiprocess import run_ranks
 from pinads_rec import config
 from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
 from pinads_rec.models import build_model
-from pinads_rec.models.two_tower import (
-    TwoTowerRanker,
-    export_ad_embeddings,
-    item_ids,
-    load_ad_table,
-    score_with_ad_table,
-)
+from pinads_rec.models.two_tower import TwoTowerRanker
 from pinads_rec.modules.precision import set_precision
 from pinads_rec.training.run_log import read_run_log
 
@@ -107,29 +100,6 @@ def test_user_tower_once_per_request_equals_once_per_row(model_and_cfg, tiny_dat
         a, b = model.scores(shared)[1], model.scores(per_row)[1]
     assert torch.allclose(users_shared.index_select(0, shared.request_index), users_per_row, atol=1e-5)
     assert torch.allclose(a, b, atol=1e-5), float((a - b).abs().max())
-
-
-def test_exported_ad_embeddings_reproduce_scores(model_and_cfg, tmp_path):
-    model, cfg = model_and_cfg
-    batches = eval_batches(cfg)
-    path = tmp_path / "ads.parquet"
-    n = export_ad_embeddings(model, batches, path)
-    seen = torch.cat([item_ids(model, b)[b.valid] for b in batches]).unique()
-    table = pq.read_table(path)
-    assert n == len(seen) == table.num_rows  # every distinct item, once
-    assert table.column_names == ["item_id"] + [t.name for t in cfg.features.tasks]
-    assert table.schema.field("click").type.list_size == cfg.model.two_tower.embedding_dim
-    ads = load_ad_table(path)
-    assert torch.equal(ads.ids, seen)
-    worst = 0.0
-    with torch.no_grad():
-        for b in batches:
-            raw, calibrated = model.scores(b)
-            raw_t, calibrated_t = score_with_ad_table(model, b, ads)
-            worst = max(worst, float((calibrated_t - calibrated).abs().max()), float((raw_t - raw).abs().max()))
-    assert worst < 1e-4, worst
-    with pytest.raises(KeyError, match="missing from the ad table"):
-        ads.lookup(torch.tensor([10**9]))
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,112 @@
+"""Scoring: a loaded model -> probabilities [N, T] (tasks in config order), per request, per batch,
+or for a whole Parquet directory written back as Parquet.
+
+``Predictor.score_request`` takes one request's candidate rows (an Arrow table in the data
+contract, labels optional) through ``RequestBatcher``: the batch holds one user (U = 1), so the
+user-side work -- user features, sequence encoders -- runs once for all N candidates (request-level
+broadcasting, unified-surfaces article). ``score_directory`` streams ``ScoringBatches`` through any
+``RowScorer`` (the eager ``Predictor`` or the reloaded ``export.ExportedScorer``) into one file.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch import nn
+
+from pinads_rec import config
+from pinads_rec.data.batch import Batch
+from pinads_rec.data.contract import ContractError
+from pinads_rec.data.reader import AS_READ_PREFIX
+from pinads_rec.serve.batching import RequestBatcher, ScoringBatches
+from pinads_rec.serve.loading import load_model
+
+
+class RowScorer:
+    """Shared by the eager ``Predictor`` and the reloaded ``ExportedScorer``: rows -> Batch -> [N, T].
+    A subclass sets ``cfg`` and ``_batcher`` (a ``RequestBatcher``) and implements ``score_batch``."""
+
+    cfg: config.ExperimentConfig
+    _batcher: RequestBatcher
+
+    @property
+    def tasks(self) -> List[str]:
+        return [t.name for t in self.cfg.features.tasks]
+
+    def request_batch(self, request: pa.Table, where: str = "request") -> Batch:
+        return self._batcher.batch(request, where)
+
+    def score_request(self, request: pa.Table) -> torch.Tensor:
+        """Probabilities [N, T] (tasks in config order) for one request's N candidate rows, given as an
+        Arrow table in the data contract (label columns optional). The user-side work runs once."""
+        return self.score_batch(self.request_batch(request))
+
+    def score_batch(self, batch: Batch) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Predictor(RowScorer):
+    """A trained model on CPU, ready to score: ``Predictor.from_run("runs/demo").score_request(rows)``."""
+
+    def __init__(self, model: nn.Module, cfg: config.ExperimentConfig):
+        self.model, self.cfg = model, cfg
+        self._batcher = RequestBatcher(cfg)
+
+    @classmethod
+    def from_run(
+        cls,
+        run_dir: Union[str, Path],
+        precision: Optional[str] = None,
+        step: Optional[int] = None,
+        fp16_overflow: Optional[str] = None,
+    ) -> "Predictor":
+        model, cfg = load_model(run_dir, precision, step, fp16_overflow)
+        return cls(model, cfg)
+
+    @torch.inference_mode()
+    def score_batch(self, batch: Batch) -> torch.Tensor:
+        """Probabilities [B, T] of a loader batch (padding rows included: mask with ``batch.valid``)."""
+        return torch.sigmoid(self.model(batch).float())
+
+
+def score_directory(
+    predictor: RowScorer, data_dir: str, out: Union[str, Path], batch_size: Optional[int] = None
+) -> Dict[str, float]:
+    """Scores every row of a Parquet directory; writes request_id, item_id, surface (name) and one
+    ``p_<task>`` column per task to ``out``, streaming batch by batch. Padding rows are not written."""
+    cfg = predictor.cfg
+    names = cfg.features.columns
+    batches = ScoringBatches(cfg, data_dir, batch_size)
+    surfaces = np.array(cfg.features.surfaces, dtype=object)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    writer, rows, started = None, 0, time.perf_counter()
+    try:
+        for table, batch in batches:
+            probs = predictor.score_batch(batch)
+            valid = batch.valid.numpy()
+            columns = {
+                names.request_id: table.column(AS_READ_PREFIX + names.request_id),
+                names.item_id: table.column(AS_READ_PREFIX + names.item_id),
+                names.surface: pa.array(surfaces[batch.surface.numpy()[valid]], pa.string()),
+            }
+            for t, task in enumerate(predictor.tasks):
+                columns[f"p_{task}"] = pa.array(probs[:, t].numpy()[valid], pa.float32())
+            chunk = pa.table(columns)
+            if writer is None:
+                writer = pq.ParquetWriter(str(out), chunk.schema)
+            writer.write_table(chunk)
+            rows += chunk.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+    seconds = time.perf_counter() - started
+    if writer is None:
+        raise ContractError(f"{data_dir}: no rows to score")
+    return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds if seconds else 0.0}
