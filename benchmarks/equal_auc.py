@@ -34,7 +34,8 @@ for path in (REPO, REPO / "benchmarks"):
 
 from train_throughput import REFERENCE, measure_plain  # noqa: E402
 
-from pinads_rec import ablate, config, scaling  # noqa: E402
+from pinads_rec import config  # noqa: E402
+from pinads_rec.experiments import ablate, scaling  # noqa: E402
 
 
 def train_py(config_path: str, overrides: List[str], run_dir: Path, ranks: int) -> dict:

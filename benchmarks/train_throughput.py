@@ -66,7 +66,8 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from pinads_rec import config, scaling  # noqa: E402
+from pinads_rec import config  # noqa: E402
+from pinads_rec.experiments import scaling  # noqa: E402
 from pinads_rec.plan import SHARDING_TYPES  # noqa: E402
 
 REFERENCE = {

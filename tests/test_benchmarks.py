@@ -65,7 +65,8 @@ def test_training_efficiency_switches_run(tiny_data, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([benchmarks] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     import train_throughput as tt
 
-    from pinads_rec import config, scaling
+    from pinads_rec import config
+    from pinads_rec.experiments import scaling
 
     cfg = config.load(
         os.path.join(REPO, "configs", "demo.yaml"),

@@ -8,7 +8,8 @@ import pytest
 import torch.distributed as dist
 from conftest import DEMO, load_tiny, tiny_overrides
 
-from pinads_rec import config, scaling
+from pinads_rec import config
+from pinads_rec.experiments import scaling
 
 BRIEF_SWEEPS = ["ranks=1,2", "batch_size=256,512,1024", "sequence_length=25,50,100", "table_rows=10000,100000,1000000"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

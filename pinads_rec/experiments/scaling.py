@@ -1,6 +1,6 @@
 """Scaling experiments: real multi-process gloo runs over a sweep, plus the planner's GPU projection.
 
-    python -m pinads_rec.scaling --config configs/demo.yaml --sweep ranks=1,2 \\
+    python -m pinads_rec.experiments.scaling --config configs/demo.yaml --sweep ranks=1,2 \\
         --sweep batch_size=256,512,1024 --sweep sequence_length=25,50,100 \\
         --sweep table_rows=10000,100000,1000000 [--grid] [--steps N --warmup N --out runs/scaling]
 
@@ -94,7 +94,7 @@ import torch
 
 from pinads_rec import config
 
-log = logging.getLogger("pinads_rec.scaling")
+log = logging.getLogger("pinads_rec.experiments.scaling")
 
 DIMENSIONS = ("ranks", "batch_size", "sequence_length", "table_rows")
 DEFAULT_GPUS = (8, 16, 32, 64, 128)
@@ -1319,7 +1319,7 @@ def _parse_ints(text: str, what: str) -> List[int]:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m pinads_rec.scaling", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m pinads_rec.experiments.scaling", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/demo.yaml")
     p.add_argument(
         "--set",

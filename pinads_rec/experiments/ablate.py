@@ -1,6 +1,6 @@
 """Ablations: train variants of one model on the same data and seed, write the comparison.
 
-    python -m pinads_rec.ablate --config configs/ablations/calibration.yaml [--quick] [--ranks 2]
+    python -m pinads_rec.experiments.ablate --config configs/ablations/calibration.yaml [--quick] [--ranks 2]
 
 An ablation file names a base experiment config, overrides for every variant, and the variants
 (each a list of ``--set`` overrides), what to report and where:
@@ -47,7 +47,7 @@ import yaml
 
 from pinads_rec import config
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 METRIC_NAMES = {
     "auc": "AUC",
     "ne": "NE",
@@ -350,7 +350,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             params[v.name] = _param_counts(config.load(ab.base, overrides))
         else:
             params[v.name] = params[v.eval_of]
-    command = f"python -m pinads_rec.ablate --config {args.config}" + (" --quick" if args.quick else "")
+    command = f"python -m pinads_rec.experiments.ablate --config {args.config}" + (" --quick" if args.quick else "")
     out.parent.mkdir(parents=True, exist_ok=True)
     write_report(ab, results, params, out, command, base_cfg)
     print(f"wrote {out}")
