@@ -9,7 +9,8 @@ import os
 
 import pytest
 from conftest import load_tiny
-from multiprocess import run_ranks
+
+from pinads_rec.experiments.harness import run_ranks
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, load_tiny, tiny_overrides
-from multiprocess import run_ranks
+
+from pinads_rec.experiments.harness import run_ranks
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,8 @@ import shutil
 import pytest
 import torch
 from conftest import load_tiny
-from multiprocess import run_ranks
+
+from pinads_rec.experiments.harness import run_ranks
 
 pytestmark = pytest.mark.slow
 

@@ -9,10 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import REPO, tiny_overrides
-from multiprocess import run_ranks
 
 from pinads_rec import config
 from pinads_rec.data.loader import ParquetBatches
+from pinads_rec.experiments.harness import run_ranks
 from pinads_rec.models import build_model
 from pinads_rec.models.two_tower import (
     TwoTowerRanker,
