@@ -43,7 +43,7 @@ import torch  # noqa: E402
 from pinads_rec import config  # noqa: E402
 from pinads_rec.data.batch import Batch  # noqa: E402
 from pinads_rec.data.loader import ParquetBatches  # noqa: E402
-from pinads_rec.experiments.scaling import CpuMeter, wait_quiet  # noqa: E402
+from pinads_rec.experiments.harness import CpuMeter, wait_quiet  # noqa: E402
 
 
 def with_broadcast(cfg: config.ExperimentConfig, on: bool) -> config.ExperimentConfig:
