@@ -280,14 +280,7 @@ def _parse_ints(text: str, what: str) -> List[int]:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pinads_rec.experiments.scaling", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/demo.yaml")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config override applied before the sweep (repeatable)",
-    )
+    config.add_overrides_flag(p, help="config override applied before the sweep (repeatable)")
     p.add_argument(
         "--sweep",
         action="append",

@@ -344,14 +344,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--config", default="configs/stability.yaml")
     p.add_argument("--out", default="docs/stability.md")
     p.add_argument("--nproc", type=int, default=1, help="trainer processes per run (torchrun when > 1)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config override for the generator and both runs (repeatable)",
-    )
+    config.add_overrides_flag(p, help="config override for the generator and both runs (repeatable)")
     p.add_argument(
         "--reuse-runs",
         action="store_true",
