@@ -22,7 +22,7 @@ An ablation file names a base experiment config, overrides for every variant, an
 Every variant is a real training run of ``pinads_rec/train.py`` under torchrun (gloo on CPU), in
 a run directory named by a hash of its full config and of the package's source code
 (``runs/ablations/<hash>``), on data generated
-once for the base config (``python -m pinads_rec.data.synth``, skipped when present). A finished
+once for the base config (``pinads_rec.data.synth.ensure``: skipped when present). A finished
 run of the same config and code is reused -- by an interrupted ablation resuming, or by another ablation that
 needs the same model (the unified model of the segmentation table is the calibration table's).
 The report has, per variant, training examples/s and parameter counts, then every metric per
@@ -46,6 +46,10 @@ from typing import Dict, List, Optional
 import yaml
 
 from pinads_rec import config
+from pinads_rec.data import synth
+
+# NOT YET MERGED: pinads_rec.training.run_log is the train helper's (read_run_log per the brief).
+from pinads_rec.training.run_log import read_run_log
 
 REPO = Path(__file__).resolve().parents[2]
 METRIC_NAMES = {
@@ -105,13 +109,10 @@ def slug(text: str) -> str:
 
 
 def run_summary(run_dir: Path) -> Optional[dict]:
-    """The finished run's summary line (the last metrics.jsonl line with eval rows), if any."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
+    """The finished run's summary (metrics.jsonl's last evaluation line), if any."""
+    if not (run_dir / "metrics.jsonl").exists():
         return None
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    done = [line for line in lines if "eval" in line]
-    return done[-1] if done else None
+    return read_run_log(run_dir).summary
 
 
 def _param_counts(cfg: config.ExperimentConfig) -> Dict[str, int]:
@@ -327,18 +328,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     tag = slug(ab.title) + ("-quick" if args.quick else "")
     out = Path(args.out or (f"runs/ablations/{tag}.md" if args.quick else ab.out))
-    data = Path(base_cfg.data.train_dir).parent
-    summary = data / "summary.json"
-    wanted = json.loads(json.dumps(dataclasses.asdict(base_cfg.synth)))
-    if not summary.exists() or json.loads(summary.read_text()).get("synth") != wanted:
-        print(f"generating the data into {data}", flush=True)
-        shutil.rmtree(data, ignore_errors=True)
-        subprocess.run(
-            [sys.executable, "-m", "pinads_rec.data.synth", "--config", ab.base, "--out", str(data)]
-            + [a for o in common for a in ("--set", o)],
-            check=True,
-            cwd=REPO,
-        )
+    synth.ensure(base_cfg, Path(base_cfg.data.train_dir).parent, echo=lambda m: print(m, flush=True))
     results, params = {}, {}
     for v in ab.variants:
         overrides = common + v.overrides
