@@ -269,7 +269,7 @@ class _Step:
         self.dmp, self.optimizer, self.schedule = trainer.dmp, trainer.optimizer, trainer.schedule
         self.batches = trainer.epoch_batches(0)
         self.phase = phase or (lambda name: contextlib.nullcontext())
-        self.rank = dist_rank()
+        self.rank = _dist_rank()
         self.done = 0
 
     def run(self):
@@ -295,7 +295,7 @@ class _Step:
         return (t1 - t0, t2 - t1, t3 - t2, t4 - t3), batch, loss
 
 
-def dist_rank() -> int:
+def _dist_rank() -> int:
     import torch.distributed as dist
 
     return dist.get_rank() if dist.is_initialized() else 0
@@ -427,7 +427,7 @@ def measure_training(cfg, warmup: int, steps: int, num_workers: int = 0, comms_s
         size = embedding_size(trainer.dmp)
         timed = timed_steps(trainer, warmup, steps, comms_steps)
     return {
-        "rank": dist.get_rank() if dist.is_initialized() else 0,
+        "rank": _dist_rank(),
         "world_size": dist.get_world_size() if dist.is_initialized() else 1,
         **timed,
         "base_rss_mib": base_rss,
