@@ -32,11 +32,7 @@ def _rank_one_fails(rank, world, result_dir):
 
 def _rank_one_hangs(rank, world, result_dir):
     if rank == 1:
-        time.sleep(3600)
-
-
-def _pid(rank):
-    return {"rank": rank, "pid": os.getpid()}
+        time.sleep(3600)  # rank 0 waits for it in the launcher's closing barrier
 
 
 def test_results_come_back(tmp_path):
@@ -44,7 +40,6 @@ def test_results_come_back(tmp_path):
     for rank in (0, 1):
         got = json.loads((out / f"sum-{rank}.json").read_text())
         assert got == {"sum": 21, "world": 2, "hash_seed": "0"}
-    assert harness.rank_results(_pid, 2, tmp_path / "json", 5, timeout_s=120)[1]["rank"] == 5
     assert not list(tmp_path.glob("error-*"))
 
 
@@ -57,6 +52,6 @@ def test_a_failing_rank_raises_its_traceback(tmp_path):
 
 def test_a_hung_rank_is_stopped_at_the_deadline(tmp_path):
     started = time.monotonic()
-    with pytest.raises(harness.RanksFailed, match="exceeded its 20 s deadline") as info:
-        harness.run_ranks(_rank_one_hangs, 2, tmp_path, timeout_s=20)
-    assert info.value.timed_out and time.monotonic() - started < 40
+    with pytest.raises(harness.RanksFailed, match="exceeded its 10 s deadline") as info:
+        harness.run_ranks(_rank_one_hangs, 2, tmp_path, timeout_s=10)
+    assert info.value.timed_out and time.monotonic() - started < 30

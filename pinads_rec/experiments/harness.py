@@ -89,6 +89,9 @@ def _rank_main(rank: int, world: int, rdzv_file: str, work_dir: str, timeout_s: 
             timeout=datetime.timedelta(seconds=timeout_s),
         )
         fn(rank, world, work_dir, *args)
+        # Leave together: a rank tearing gloo down while a peer is still connecting (an ``fn``
+        # without collectives returns at once) fails the peer's init_process_group.
+        dist.barrier()
     except BaseException:
         with open(os.path.join(work_dir, f"error-{rank}.txt"), "w") as f:
             f.write(traceback.format_exc())
