@@ -90,8 +90,10 @@ def _rank_main(rank: int, world: int, rdzv_file: str, work_dir: str, timeout_s: 
         )
         fn(rank, world, work_dir, *args)
         # Leave together: a rank tearing gloo down while a peer is still connecting (an ``fn``
-        # without collectives returns at once) fails the peer's init_process_group.
-        dist.barrier()
+        # without collectives returns at once) fails the peer's init_process_group. (``fn`` may
+        # have ended the group itself, as train.main does.)
+        if dist.is_initialized():
+            dist.barrier()
     except BaseException:
         with open(os.path.join(work_dir, f"error-{rank}.txt"), "w") as f:
             f.write(traceback.format_exc())
