@@ -42,8 +42,8 @@ import torch  # noqa: E402
 from pinads_rec import config  # noqa: E402
 from pinads_rec.data.batch import Batch, BatchBuilder  # noqa: E402
 from pinads_rec.data.reader import RowGroupReader, list_files, list_row_groups  # noqa: E402
+from pinads_rec.experiments.harness import CpuMeter, wait_quiet  # noqa: E402
 from pinads_rec.features import FeatureLayout  # noqa: E402
-from pinads_rec.scaling import CpuMeter, wait_quiet  # noqa: E402
 
 
 def read_requests(cfg: config.ExperimentConfig, data_dir: str, row_groups: int) -> tuple:

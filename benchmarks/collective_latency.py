@@ -14,21 +14,23 @@ process group's worker and transport threads wait for a core at every hand-off.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
+import json
 import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import List, Optional, Sequence
 
+from pinads_rec.experiments.harness import run_ranks
 
-def _rank(rank: int, world: int, rdzv: str, calls: int, compute_us: List[float], queue) -> None:
+
+def _rank(rank: int, world: int, work_dir: str, calls: int, compute_us: List[float]) -> None:
+    """One rank (run_ranks: gloo joined, one torch thread); rank 0 writes ``latency.json``."""
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=world)
+    results = []
     x, out = torch.randn(1024), torch.empty(1024)
     a = torch.randn(128, 128)
     # matmuls per compute phase: calibrated once, on this rank
@@ -56,10 +58,10 @@ def _rank(rank: int, world: int, rdzv: str, calls: int, compute_us: List[float],
             dist.all_to_all_single(out, x)
             waits.append(time.perf_counter() - t1)
         step = (time.perf_counter() - t0) / calls
-        if rank == 0:
-            queue.put((us, alone, step, waits))
+        results.append((us, alone, step, waits))
     dist.barrier()
-    dist.destroy_process_group()
+    if rank == 0:
+        (Path(work_dir) / "latency.json").write_text(json.dumps(results))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -68,21 +70,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--compute-us", type=float, nargs="+", default=[0.0, 1000.0])
     args = ap.parse_args(argv)
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    tmp = tempfile.mkdtemp(prefix="pinads_latency_")
-    rdzv = os.path.join(tmp, "rdzv")
-    procs = [
-        ctx.Process(target=_rank, args=(r, args.ranks, rdzv, args.calls, args.compute_us, queue))
-        for r in range(args.ranks)
-    ]
-    for p in procs:
-        p.start()
     print(f"all_to_all_single of 1,024 floats, {args.ranks} gloo ranks, one thread each, {args.calls} calls")
-    for _ in args.compute_us:
-        us, alone, step, waits = queue.get(timeout=600)
+    with tempfile.TemporaryDirectory(prefix="pinads_latency_") as tmp:
+        run_ranks(_rank, args.ranks, tmp, args.calls, args.compute_us, timeout_s=600)
+        results = json.loads((Path(tmp) / "latency.json").read_text())
+    for us, alone, step, waits in results:
         ms = sorted(1e3 * w for w in waits)
         print(
             f"  after {us:6.0f} us of compute: collective mean {statistics.mean(ms):.3f} ms, median "
@@ -90,10 +82,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"alone {1e3 * alone:.3f} ms (+{1e3 * (step - alone):.3f})",
             flush=True,
         )
-    for p in procs:
-        p.join(60)
-    shutil.rmtree(tmp, ignore_errors=True)
-    return 0 if all(p.exitcode == 0 for p in procs) else 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ for path in (REPO, REPO / "benchmarks"):
 
 from train_throughput import REFERENCE, measure_plain  # noqa: E402
 
-from pinads_rec import ablate, config, scaling  # noqa: E402
+from pinads_rec import config  # noqa: E402
+from pinads_rec.experiments import ablate, harness  # noqa: E402
 
 
 def train_py(config_path: str, overrides: List[str], run_dir: Path, ranks: int) -> dict:
@@ -47,15 +48,15 @@ def train_py(config_path: str, overrides: List[str], run_dir: Path, ranks: int) 
 def plain(cfg: config.ExperimentConfig, steps: int, ranks: int, run_dir: Path) -> dict:
     """The plain baseline trained ``steps`` steps and evaluated: examples/s and eval rows."""
     # Timed as train.py times itself: the first step (the loader's start) is trained, not timed.
-    per_rank = scaling.launch(
-        cfg,
+    per_rank = harness.rank_results(
+        functools.partial(measure_plain, evaluate=True),
         ranks,
+        run_dir,
+        cfg,
         1,
         steps - 1,
-        run_dir,
-        num_workers=cfg.data.num_workers,
+        cfg.data.num_workers,
         timeout_s=6 * 3600.0,
-        measure=functools.partial(measure_plain, evaluate=True),
     )
     rows = sum(r["valid_rows_per_step"] for r in per_rank) * (steps - 1)
     return {"train_examples_per_s": rows / max(r["wall_s"] for r in per_rank), "eval": per_rank[0]["eval"]}

@@ -51,8 +51,8 @@ from torch import nn  # noqa: E402
 
 from pinads_rec.data.batch import Batch  # noqa: E402
 from pinads_rec.data.dataset import LoaderSettings, ParquetBatches  # noqa: E402
+from pinads_rec.experiments.harness import CpuMeter, wait_quiet  # noqa: E402
 from pinads_rec.metrics import MetricAccumulator  # noqa: E402
-from pinads_rec.scaling import CpuMeter, wait_quiet  # noqa: E402
 
 QUIET_WAIT = 0.0  # --quiet-wait
 BEST: Dict[str, float] = {}  # the last alternate()'s fastest repeat per fn (least disturbed by other processes)

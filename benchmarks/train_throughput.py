@@ -66,7 +66,8 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from pinads_rec import config, scaling  # noqa: E402
+from pinads_rec import config  # noqa: E402
+from pinads_rec.experiments import harness  # noqa: E402
 from pinads_rec.plan import SHARDING_TYPES  # noqa: E402
 
 REFERENCE = {
@@ -210,13 +211,13 @@ def measure_pipeline(
 
 
 def measure_loop(cfg: config.ExperimentConfig, warmup: int, steps: int, num_workers: int) -> dict:
-    """The sharded model in a plain loop, timed per phase (scaling.measure_rank)."""
-    out = scaling.measure_rank(cfg, warmup, steps, num_workers)
+    """The sharded model in a plain loop, timed per phase (harness.measure_training)."""
+    out = harness.measure_training(cfg, warmup, steps, num_workers)
     return {
         "rank": out["rank"],
         "wall_s": out["wall_s"],
         "steps": steps,
-        **{f"{k}_ms": out[f"{k}_ms"] for k in scaling.PHASES},
+        **{f"{k}_ms": out[f"{k}_ms"] for k in harness.PHASES},
     }
 
 
@@ -261,7 +262,7 @@ def measure_plain(
     )
     batches = EndTogether(iter(loader), group)
     net.train()
-    sums = dict.fromkeys(scaling.PHASES, 0.0)
+    sums = dict.fromkeys(harness.PHASES, 0.0)
     rows = 0
     started = None
     for i in range(warmup + steps):
@@ -281,7 +282,7 @@ def measure_plain(
         schedule.step()
         t4 = time.perf_counter()
         if i >= warmup:
-            for k, dt in zip(scaling.PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            for k, dt in zip(harness.PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                 sums[k] += dt
             rows += _valid_rows(batch)
     wall = time.perf_counter() - started
@@ -481,17 +482,18 @@ def run(
     label: str = "",
 ) -> dict:
     t0 = time.perf_counter()
-    per_rank = scaling.launch(
-        cfg,
+    per_rank = harness.rank_results(
+        measure or MEASURES[mode],
         ranks,
+        out / "runs" / f"{name}-{mode}-r{ranks}",
+        cfg,
         warmup,
         steps,
-        out / "runs" / f"{name}-{mode}-r{ranks}",
-        num_workers=workers,
-        measure=measure or MEASURES[mode],
+        workers,
+        timeout_s=600,
     )
     wall = max(r["wall_s"] for r in per_rank)
-    # The loop mode counts whole batches (scaling.measure_rank); the padding share is the pipeline's.
+    # The loop mode counts whole batches (harness.measure_training); the padding share is the pipeline's.
     valid = sum(r.get("valid_rows_per_step", cfg.data.batch_size) for r in per_rank)
     row = {
         "model": name,
@@ -506,13 +508,13 @@ def run(
         "examples_per_s": valid * steps / wall,
         "run_s": time.perf_counter() - t0,
     }
-    for k in scaling.PHASES:
+    for k in harness.PHASES:
         if f"{k}_ms" in per_rank[0]:
             row[f"{k}_ms"] = sum(r[f"{k}_ms"] for r in per_rank) / len(per_rank)
     print(
         f"  {name + (', ' + label if label else ''):<24} {mode:<9} ranks {ranks}  {row['examples_per_s']:>9,.0f} ex/s  "
         f"step {row['step_ms']:7.1f} ms"
-        + "".join(f"  {k} {row[k + '_ms']:6.1f}" for k in scaling.PHASES if k + "_ms" in row),
+        + "".join(f"  {k} {row[k + '_ms']:6.1f}" for k in harness.PHASES if k + "_ms" in row),
         flush=True,
     )
     return row
@@ -661,14 +663,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for name, cfg in cfgs.items():
             for ranks in sorted({1, max(args.ranks)}):
                 suffix = "" if ranks == 1 else f"-r{ranks}"
-                prof = scaling.launch(
-                    cfg,
+                prof = harness.rank_results(
+                    measure_profile,
                     ranks,
+                    out / "runs" / f"{name}-profile{suffix}",
+                    cfg,
                     args.warmup,
                     min(args.steps, 20),
-                    out / "runs" / f"{name}-profile{suffix}",
-                    num_workers=args.workers,
-                    measure=measure_profile,
+                    args.workers,
+                    timeout_s=600,
                 )[0]
                 path = out / f"profile-{name}{suffix}.txt"
                 path.write_text(f"{prof['wall_s'] / prof['steps'] * 1e3:.1f} ms per profiled step\n" + prof["table"])

@@ -15,16 +15,18 @@ See docs/planning.md. On a container scheduler the plan file lands in the contai
 
 Notes for whoever edits this file (as for components/train.py):
   * every parameter needs a torchx-supported type annotation and an ``Args:`` entry;
-  * TorchX ``exec``s this file inside one of its own modules: no ``__file__``, no imports from the
-    repository (paths are relative to the working directory, the repository root);
+  * TorchX ``exec``s this file inside one of its own modules: no ``__file__`` (paths are relative
+    to the working directory, the repository root), and imports from the repository only from the
+    installed package (``pinads_rec``; this directory is not on ``sys.path``);
   * no ``from __future__ import annotations``: TorchX reads the annotations as real types.
 """
 
-import re
 from typing import Dict, List, Optional
 
 import torchx
 import torchx.specs as specs
+
+from pinads_rec.config import split_overrides
 
 PINADS_PLAN_MODULE = "pinads_rec.plan"
 PINADS_DEFAULT_CONFIG = "configs/demo.yaml"
@@ -33,17 +35,6 @@ PINADS_DEFAULT_CONFIG = "configs/demo.yaml"
 PINADS_PLAN_CPU = 2
 PINADS_PLAN_MEM_MB = 8 * 1024
 PINADS_ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": "."}
-
-# Same splitting as components/train.py:split_overrides (this file cannot import it): pairs are
-# separated by commas or whitespace, but only before another ``key=``, so ``[a,b]`` stays whole.
-_OVERRIDE_SPLIT = re.compile(r"[,\s]+(?=[A-Za-z_][\w.\-]*=)")
-
-
-def split_overrides(text: Optional[str]) -> List[str]:
-    """``"a.b=1, c=[x,y]"`` -> ``["a.b=1", "c=[x,y]"]``."""
-    if not text or not text.strip():
-        return []
-    return [part for part in _OVERRIDE_SPLIT.split(text.strip().strip(",")) if part]
 
 
 def plan_args(

@@ -15,18 +15,21 @@ Notes for whoever edits this file:
   * TorchX builds the CLI from the signature and the docstring: every parameter needs a type
     annotation from torchx's supported set and an ``Args:`` entry.
   * TorchX ``exec``s this file inside one of its own modules, so ``__file__`` is not this file:
-    use paths relative to the working directory (the repository root), never ``__file__``.
+    use paths relative to the working directory (the repository root), never ``__file__``; code
+    shared with components/plan.py lives in the installed package (``pinads_rec``), which imports
+    here as anywhere (this directory is not on ``sys.path``).
   * No ``from __future__ import annotations``: TorchX reads the annotations as real types.
 """
 
 import os
-import re
 import sys
 from typing import Dict, List, Optional
 
 import torchx
 import torchx.components.dist as torchx_dist
 import torchx.specs as specs
+
+from pinads_rec.config import split_overrides
 
 PINADS_SCRIPT = "pinads_rec/train.py"
 PINADS_DEFAULT_CONFIG = "configs/demo.yaml"
@@ -46,17 +49,6 @@ PINADS_GPU_PER_PROC = 1
 #    the workers, restarted workers can read the previous round's gloo/NCCL addresses and fail to
 #    connect (pytorch/pytorch#135712); a separate store per round makes restarts work.
 PINADS_ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": ".", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-
-# `key.path=value` assignments separated by commas or whitespace; a comma inside a value (a YAML
-# list such as [a,b]) is kept because a split only happens before another `key=`.
-_OVERRIDE_SPLIT = re.compile(r"[,\s]+(?=[A-Za-z_][\w.\-]*=)")
-
-
-def split_overrides(text: Optional[str]) -> List[str]:
-    """``"a.b=1, c=[x,y]"`` -> ``["a.b=1", "c=[x,y]"]``."""
-    if not text or not text.strip():
-        return []
-    return [part for part in _OVERRIDE_SPLIT.split(text.strip().strip(",")) if part]
 
 
 def repeated_set_flags(argv: List[str]) -> int:

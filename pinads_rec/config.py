@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -734,3 +735,25 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
 
 def to_dict(cfg: ExperimentConfig) -> Dict[str, Any]:
     return dataclasses.asdict(cfg)
+
+
+# --------------------------------------------------------------------------------------------
+# Overrides on a command line.
+# --------------------------------------------------------------------------------------------
+
+# `key.path=value` assignments separated by commas or whitespace; a comma inside a value (a YAML
+# list such as [a,b]) is kept because a split only happens before another `key=`.
+_OVERRIDE_SPLIT = re.compile(r"[,\s]+(?=[A-Za-z_][\w.\-]*=)")
+
+
+def split_overrides(text: Optional[str]) -> List[str]:
+    """Several overrides in one argument (as the TorchX components take them):
+    ``"a.b=1, c=[x,y]"`` -> ``["a.b=1", "c=[x,y]"]``."""
+    if not text or not text.strip():
+        return []
+    return [part for part in _OVERRIDE_SPLIT.split(text.strip().strip(",")) if part]
+
+
+def add_overrides_flag(parser, help: str) -> None:
+    """The commands' repeatable ``--set KEY=VALUE`` (into ``args.overrides``) on an argparse parser."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help)

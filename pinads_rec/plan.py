@@ -227,7 +227,7 @@ def _quiet_planner(verbose: bool):
 
 
 def build_model(cfg, compute_device: str):
-    """The training task (what train.build shards) on the meta device, with the fused embedding
+    """The training task (what training.trainer.shard_train_task shards) on the meta device, with the fused embedding
     optimizer attached so the planner counts its state."""
     import torch
 
@@ -306,9 +306,11 @@ def make_topology(spec: PlanSpec):
         )
 
 
-def plan(cfg, spec: PlanSpec, config_path: str = "", verbose: bool = False) -> dict:
+def plan(cfg, spec: PlanSpec, config_path: str = "", verbose: bool = False, constraints: Optional[dict] = None) -> dict:
     """Plans ``cfg`` for ``spec``; returns the report (JSON-able, the --out format). Raises
-    PlanFailed with a readable message when no plan fits."""
+    PlanFailed with a readable message when no plan fits. ``constraints``: the per-table
+    ParameterConstraints to plan with instead of ``table_constraints(cfg, spec, batch)`` (e.g. with
+    pooling factors measured on data)."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.stats import EmbeddingStats
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
@@ -325,7 +327,8 @@ def plan(cfg, spec: PlanSpec, config_path: str = "", verbose: bool = False) -> d
     started = time.perf_counter()
     model = build_model(cfg, spec.compute_device)
     topology = make_topology(spec)
-    constraints = table_constraints(cfg, spec, batch)
+    if constraints is None:
+        constraints = table_constraints(cfg, spec, batch)
     dense = dense_bytes(model)
     capture = _Capture()
     stats = [capture, EmbeddingStats()] if verbose else [capture]
@@ -389,7 +392,15 @@ def _report(best_plan, cfg, spec: PlanSpec, config_path, topology, reservation, 
     tables: Dict[str, dict] = {}
     perf_keys = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch_compute")
     ranks = [
-        {"rank": r, "host": r // spec.local, "hbm_bytes": 0, "ddr_bytes": 0, "shards": 0, **{k: 0.0 for k in perf_keys}}
+        {
+            "rank": r,
+            "host": r // spec.local,
+            "hbm_bytes": 0,
+            "ddr_bytes": 0,
+            "shards": 0,
+            **{k: 0.0 for k in perf_keys},
+            "input_dist_comms": 0.0,  # TorchRec's Perf.total leaves it out; kept apart
+        }
         for r in range(spec.world_size)
     ]
     for so in sorted(best_plan, key=lambda so: order.get(so.name, len(order))):
@@ -418,6 +429,7 @@ def _report(best_plan, cfg, spec: PlanSpec, config_path, topology, reservation, 
             r["shards"] += 1
             for k in perf_keys:
                 r[k] += getattr(s.perf, k)
+            r["input_dist_comms"] += s.perf.input_dist_comms
     for r in ranks:
         r["total"] = sum(r[k] for k in perf_keys)
         r["hbm_total_bytes"] = r["hbm_bytes"] + in_use_hbm

@@ -7,7 +7,7 @@ import pytest
 import yaml
 from conftest import DEMO, tiny_overrides
 
-from pinads_rec import ablate
+from pinads_rec.experiments import ablate
 
 pytestmark = pytest.mark.slow
 

@@ -65,15 +65,16 @@ def test_training_efficiency_switches_run(tiny_data, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([benchmarks] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     import train_throughput as tt
 
-    from pinads_rec import config, scaling
+    from pinads_rec import config
+    from pinads_rec.experiments import harness
 
     cfg = config.load(
         os.path.join(REPO, "configs", "demo.yaml"),
         tiny_overrides(tiny_data[1]) + ["model.calibration=none"] + tt.REFERENCE["full"],
     )
     for kwargs in ({"attention": "math", "dense_adamw": "for_loop"}, {"dense_adamw": "foreach", "prefetch_factor": 1}):
-        (r,) = scaling.launch(
-            cfg, 1, 1, 2, tmp_path / "switch", num_workers=1, measure=functools.partial(tt.measure_pipeline, **kwargs)
+        (r,) = harness.rank_results(
+            functools.partial(tt.measure_pipeline, **kwargs), 1, tmp_path / "switch", cfg, 1, 2, 1, timeout_s=600
         )
         assert r["steps"] == 2 and r["valid_rows_per_step"] > 0
 

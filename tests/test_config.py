@@ -408,7 +408,7 @@ def test_every_shipped_config_loads(path):
 
 @pytest.mark.parametrize("path", ABLATIONS, ids=[p.name for p in ABLATIONS])
 def test_every_shipped_ablation_loads_with_valid_variants(path):
-    from pinads_rec.ablate import load_ablation
+    from pinads_rec.experiments.ablate import load_ablation
 
     ab = load_ablation(str(path))
     for quick in (False, True):
@@ -420,7 +420,7 @@ def test_every_shipped_ablation_loads_with_valid_variants(path):
 def test_ablations_sharing_a_data_directory_generate_the_same_data():
     # The runner regenerates a data directory whose synth settings differ from the file's: two files
     # sharing one with different settings would wipe each other's data on every run.
-    from pinads_rec.ablate import load_ablation
+    from pinads_rec.experiments.ablate import load_ablation
 
     wanted = {}
     for path in ABLATIONS:

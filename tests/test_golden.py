@@ -59,8 +59,7 @@ def _train_main(rank, world, result_dir, argv):
 
 def train_run(data_dir, run_dir, work_dir):
     """Runs train.py's main on 2 gloo ranks; returns its metrics.jsonl (read_run_log's RunRecords)."""
-    from multiprocess import run_ranks
-
+    from pinads_rec.experiments.harness import run_ranks
     from pinads_rec.training.run_log import read_run_log
 
     argv = ["--config", str(CONFIG)] + [
@@ -169,6 +168,5 @@ if __name__ == "__main__":
 
     if sys.argv[1:] != ["--write"]:
         sys.exit("usage: python tests/test_golden.py --write   (regenerates tests/golden/)")
-    sys.path.insert(0, str(GOLDEN.parent))  # run as a script: the tests' helpers (multiprocess.py)
     with tempfile.TemporaryDirectory() as tmp:
         write(tmp)

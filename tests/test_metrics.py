@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from multiprocess import run_ranks
 from torchmetrics.functional.classification import binary_auroc
 
+from pinads_rec.experiments.harness import run_ranks
 from pinads_rec.metrics import (
     MetricAccumulator,
     auc,

@@ -17,7 +17,8 @@ import time
 
 import pytest
 from conftest import REPO, load_tiny
-from multiprocess import run_ranks
+
+from pinads_rec.experiments.harness import run_ranks
 
 PROD = os.path.join(REPO, "configs", "prod_8gpu.yaml")
 DEMO = os.path.join(REPO, "configs", "demo.yaml")

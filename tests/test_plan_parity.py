@@ -9,8 +9,8 @@ import os
 
 import pytest
 from conftest import load_tiny
-from multiprocess import run_ranks
 
+from pinads_rec.experiments.harness import run_ranks
 from pinads_rec.training.run_log import read_run_log
 
 pytestmark = pytest.mark.slow

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, load_tiny, tiny_overrides
-from multiprocess import run_ranks
 
+from pinads_rec.experiments.harness import run_ranks
 from pinads_rec.training.run_log import read_run_log
 
 pytestmark = pytest.mark.slow

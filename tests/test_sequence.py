@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 import yaml
 from conftest import REPO, load_tiny
-from multiprocess import run_ranks
 
 from pinads_rec import config
 from pinads_rec.config import SequenceEncoderConfig, SequenceFeatureConfig, SequenceGroupConfig
+from pinads_rec.experiments.harness import run_ranks
 from pinads_rec.modules.din import DINAttention
 from pinads_rec.modules.early_interaction import EarlyInteraction
 from pinads_rec.modules.event_representation import EventRepresentation, time_delta_bucket

@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import REPO, load_tiny
-from multiprocess import run_ranks
+
+from pinads_rec.experiments.harness import run_ranks
 
 pytestmark = pytest.mark.slow
 

@@ -410,3 +410,20 @@ def test_cli(tmp_path, capsys):
     assert summary["seed"] == 3 and summary["splits"]["train"]["requests"] == 200
     assert summary["splits"]["eval"]["requests"] == 60
     assert "rows/s" in capsys.readouterr().out
+
+
+def test_ensure_generates_once_and_reuses_matching_data(tmp_path, tiny):
+    cfg, out, *_ = tiny
+    assert S.is_cached(cfg.synth, out)
+    fewer = _cfg(*TINY, "synth.train_requests=200").synth
+    assert not S.is_cached(fewer, out)  # exact by default
+    assert S.is_cached(fewer, out, at_least=["train_requests"])  # more rows than asked also serve
+    assert not S.is_cached(_cfg(*TINY, "synth.train_requests=400").synth, out, at_least=["train_requests"])
+    assert not S.is_cached(_cfg(*TINY, "synth.seed=3").synth, out, at_least=["train_requests"])
+    assert not S.is_cached(cfg.synth, tmp_path / "nothing")
+
+    heard = []
+    assert S.ensure(cfg, tmp_path / "d", echo=heard.append)
+    assert _read(tmp_path / "d", "train").equals(_read(out, "train"))
+    assert not S.ensure(cfg, tmp_path / "d", echo=heard.append)
+    assert "generating" in heard[0] and "reusing" in heard[-1]

@@ -8,7 +8,6 @@ component defaults, argument parsing) without starting anything, so they cost we
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
 import signal
@@ -233,11 +232,10 @@ def test_torchx_launch_trains_two_ranks(tmp_path):
         out, _ = proc.communicate()
         pytest.fail(f"torchx launch exceeded {LAUNCH_TIMEOUT_S} s:\n{out[-6000:]}")
     assert proc.returncode == 0, f"torchx exited {proc.returncode}:\n{out[-6000:]}"
+    from pinads_rec.training.run_log import read_run_log
 
-    metrics = run_dir / "metrics.jsonl"
-    assert metrics.exists(), f"no {metrics}:\n{out[-3000:]}"
-    lines = metrics.read_text().splitlines()
-    last = json.loads(lines[-1])
-    assert isinstance(last.get("eval"), list) and last["eval"], last
-    assert last["world_size"] == 2 and last["step"] == 4
-    assert any("loss" in json.loads(line) for line in lines[:-1])  # train.log_every=2 logged steps
+    assert (run_dir / "metrics.jsonl").exists(), f"no metrics.jsonl in {run_dir}:\n{out[-3000:]}"
+    log = read_run_log(run_dir)
+    assert log.summary is not None and isinstance(log.summary.get("eval"), list) and log.summary["eval"], log
+    assert log.summary["world_size"] == 2 and log.summary["step"] == 4
+    assert any("loss" in step for step in log.steps)  # train.log_every=2 logged steps

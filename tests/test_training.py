@@ -12,8 +12,8 @@ import shutil
 import pytest
 import torch
 from conftest import load_tiny
-from multiprocess import run_ranks
 
+from pinads_rec.experiments.harness import run_ranks
 from pinads_rec.training.run_log import read_run_log
 from pinads_rec.training.trainer import Hook
 

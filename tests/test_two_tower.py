@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 from conftest import REPO, tiny_overrides
-from multiprocess import run_ranks
 
 from pinads_rec import config
 from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+from pinads_rec.experiments.harness import run_ranks
 from pinads_rec.models import build_model
 from pinads_rec.models.two_tower import TwoTowerRanker
 from pinads_rec.modules.precision import set_precision

@@ -887,6 +887,30 @@ def generate(cfg: ExperimentConfig, out_dir: str | Path, num_threads: int = 0) -
     return summary
 
 
+def is_cached(s: SynthConfig, out_dir: str | Path, at_least: Sequence[str] = ()) -> bool:
+    """Whether ``out_dir/summary.json`` was written with the settings ``s``: every field equal, except
+    the fields named in ``at_least`` (e.g. ``train_requests``), where more than asked also serves."""
+    try:
+        old = json.loads((Path(out_dir) / "summary.json").read_text())["synth"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    want = json.loads(json.dumps(dataclasses.asdict(s)))  # tuples as lists, as the summary holds them
+    return all(old.get(k, -math.inf) >= v if k in at_least else k in old and old[k] == v for k, v in want.items())
+
+
+def ensure(cfg: ExperimentConfig, out_dir: str | Path, at_least: Sequence[str] = (), echo=None) -> bool:
+    """Generates ``cfg.synth``'s data into ``out_dir`` unless it is there already (``is_cached``);
+    returns True when it generated. ``echo`` (e.g. ``print``) hears what was decided."""
+    say = echo or (lambda _: None)
+    if is_cached(cfg.synth, out_dir, at_least):
+        say(f"data {out_dir}: reusing it (same synth settings)")
+        return False
+    say(f"data {out_dir}: generating {cfg.synth.train_requests:,} train requests")
+    summary = generate(cfg, out_dir)
+    say(f"data {out_dir}: generated in {summary['seconds']:.1f} s")
+    return True
+
+
 def format_summary(summary: dict) -> str:
     lines = [
         f"wrote {summary['rows']:,} rows / {summary['requests']:,} requests, "

@@ -1,6 +1,6 @@
 """Ablations: train variants of one model on the same data and seed, write the comparison.
 
-    python -m pinads_rec.ablate --config configs/ablations/calibration.yaml [--quick] [--ranks 2]
+    python -m pinads_rec.experiments.ablate --config configs/ablations/calibration.yaml [--quick] [--ranks 2]
 
 An ablation file names a base experiment config, overrides for every variant, and the variants
 (each a list of ``--set`` overrides), what to report and where:
@@ -22,7 +22,7 @@ An ablation file names a base experiment config, overrides for every variant, an
 Every variant is a real training run of ``pinads_rec/train.py`` under torchrun (gloo on CPU), in
 a run directory named by a hash of its full config and of the package's source code
 (``runs/ablations/<hash>``), on data generated
-once for the base config (``python -m pinads_rec.data.synth``, skipped when present). A finished
+once for the base config (``pinads_rec.data.synth.ensure``: skipped when present). A finished
 run of the same config and code is reused -- by an interrupted ablation resuming, or by another ablation that
 needs the same model (the unified model of the segmentation table is the calibration table's).
 The report has, per variant, training examples/s and parameter counts, then every metric per
@@ -46,8 +46,10 @@ from typing import Dict, List, Optional
 import yaml
 
 from pinads_rec import config
+from pinads_rec.data import synth
+from pinads_rec.training.run_log import read_run_log
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 METRIC_NAMES = {
     "auc": "AUC",
     "ne": "NE",
@@ -105,13 +107,10 @@ def slug(text: str) -> str:
 
 
 def run_summary(run_dir: Path) -> Optional[dict]:
-    """The finished run's summary line (the last metrics.jsonl line with eval rows), if any."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
+    """The finished run's summary (metrics.jsonl's last evaluation line), if any."""
+    if not (run_dir / "metrics.jsonl").exists():
         return None
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    done = [line for line in lines if "eval" in line]
-    return done[-1] if done else None
+    return read_run_log(run_dir).summary
 
 
 def _param_counts(cfg: config.ExperimentConfig) -> Dict[str, int]:
@@ -327,18 +326,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     tag = slug(ab.title) + ("-quick" if args.quick else "")
     out = Path(args.out or (f"runs/ablations/{tag}.md" if args.quick else ab.out))
-    data = Path(base_cfg.data.train_dir).parent
-    summary = data / "summary.json"
-    wanted = json.loads(json.dumps(dataclasses.asdict(base_cfg.synth)))
-    if not summary.exists() or json.loads(summary.read_text()).get("synth") != wanted:
-        print(f"generating the data into {data}", flush=True)
-        shutil.rmtree(data, ignore_errors=True)
-        subprocess.run(
-            [sys.executable, "-m", "pinads_rec.data.synth", "--config", ab.base, "--out", str(data)]
-            + [a for o in common for a in ("--set", o)],
-            check=True,
-            cwd=REPO,
-        )
+    synth.ensure(base_cfg, Path(base_cfg.data.train_dir).parent, echo=lambda m: print(m, flush=True))
     results, params = {}, {}
     for v in ab.variants:
         overrides = common + v.overrides
@@ -350,7 +338,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             params[v.name] = _param_counts(config.load(ab.base, overrides))
         else:
             params[v.name] = params[v.eval_of]
-    command = f"python -m pinads_rec.ablate --config {args.config}" + (" --quick" if args.quick else "")
+    command = f"python -m pinads_rec.experiments.ablate --config {args.config}" + (" --quick" if args.quick else "")
     out.parent.mkdir(parents=True, exist_ok=True)
     write_report(ab, results, params, out, command, base_cfg)
     print(f"wrote {out}")
