@@ -896,6 +896,8 @@ def parse_compare(text: str, base: PlanSpec) -> PlanSpec:
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    from pinads_rec import config
+
     p = argparse.ArgumentParser(
         prog="python -m pinads_rec.plan",
         description=__doc__,
@@ -903,14 +905,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         epilog="docs/planning.md has worked examples (1 x 8 and 2 x 8 GPUs).",
     )
     p.add_argument("--config", default=DEFAULT_CONFIG, help="experiment YAML (default %(default)s)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config override, e.g. --set model.sequence.d_model=256 (repeatable)",
-    )
+    config.add_overrides_flag(p, "config override, e.g. --set model.sequence.d_model=256 (repeatable)")
     g = p.add_argument_group("topology (GB = 2^30 bytes, GB/s = 2^30 bytes/s)")
     g.add_argument(
         "--world-size", type=int, default=8, metavar="N", help="devices (ranks) in all (default %(default)s)"

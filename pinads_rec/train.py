@@ -35,14 +35,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("config_path", nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--config", default=None, help=f"experiment YAML (default {DEFAULT_CONFIG})")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override any config field, e.g. --set train.max_steps=100 (repeatable)",
-    )
+    config.add_overrides_flag(p, "override any config field, e.g. --set train.max_steps=100 (repeatable)")
     args = p.parse_args(argv)
     args.config = (
         args.config

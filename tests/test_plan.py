@@ -73,22 +73,9 @@ def test_prod_config_plans_on_8_cuda_ranks(tmp_path):
 
     out_json = tmp_path / "plan.json"
     rc, out, err = run_main(
-        [
-            "--config",
-            PROD,
-            "--world-size",
-            "8",
-            "--local-world-size",
-            "8",
-            "--hbm-gb",
-            "80",
-            "--ddr-gb",
-            "512",
-            "--batch-size",
-            "4096",
-            "--out",
-            str(out_json),
-        ]
+        ["--config", PROD]
+        + "--world-size 8 --local-world-size 8 --hbm-gb 80 --ddr-gb 512 --batch-size 4096".split()
+        + ["--out", str(out_json)]
     )
     assert rc == 0, err
     tables = config_tables(PROD)
@@ -108,25 +95,11 @@ def test_prod_config_plans_on_8_cuda_ranks(tmp_path):
 
 def test_acceptance_command_as_a_subprocess(tmp_path):
     """The issue's command, 2 x 8 GPUs of 80 GB, through `python -m`: well under a minute here."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pinads_rec.plan",
-        "--config",
-        "configs/prod_8gpu.yaml",
-        "--world-size",
-        "16",
-        "--local-world-size",
-        "8",
-        "--hbm-gb",
-        "80",
-        "--ddr-gb",
-        "512",
-        "--batch-size",
-        "4096",
-        "--out",
-        str(tmp_path / "plan.json"),
-    ]
+    cmd = (
+        [sys.executable, "-m", "pinads_rec.plan", "--config", "configs/prod_8gpu.yaml"]
+        + "--world-size 16 --local-world-size 8 --hbm-gb 80 --ddr-gb 512 --batch-size 4096".split()
+        + ["--out", str(tmp_path / "plan.json")]
+    )
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     elapsed = time.perf_counter() - started
