@@ -313,3 +313,17 @@ def test_batch_builder_pads_with_the_last_row_marked_invalid(tiny_data):
         padded.dense[10:], plain.dense[-1:].expand(3, -1)
     )
     assert padded.user_sparse.stride() == 16
+
+
+def test_batch_builder_zero_filled_allocations_build_the_same_batch(tiny_data):
+    """BatchBuilder.zero_fill (a benchmark's comparison) changes how tensors are allocated, not what
+    the batch holds: every allocated tensor is written whole."""
+    from pinads_rec.data.batch import BatchBuilder
+    from pinads_rec.data.reader import RowGroupReader, list_files, list_row_groups
+
+    cfg, data = tiny_data
+    group = list_row_groups(list_files(f"{data}/train"), cfg.features)[0]
+    table = RowGroupReader(cfg.features, cfg.data).read(group).slice(0, 40)
+    layout = FeatureLayout.of(cfg.features)
+    empty, zeroed = (BatchBuilder(layout, 16, zero_fill=z).build(table, pad_to=48) for z in (False, True))
+    _assert_same_batch(empty, zeroed)
