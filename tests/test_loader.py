@@ -327,3 +327,11 @@ def test_batch_builder_zero_filled_allocations_build_the_same_batch(tiny_data):
     layout = FeatureLayout.of(cfg.features)
     empty, zeroed = (BatchBuilder(layout, 16, zero_fill=z).build(table, pad_to=48) for z in (False, True))
     _assert_same_batch(empty, zeroed)
+
+
+def test_loader_workers_prefetch_data_prefetch_factor_batches(tiny_data):
+    _, data = tiny_data
+    cfg = load_tiny(data, ["data.prefetch_factor=2"])
+    assert make_loader(f"{data}/train", LoaderSettings.of(cfg), num_workers=1).prefetch_factor == 2
+    assert make_loader(f"{data}/train", LoaderSettings.of(cfg), num_workers=1, prefetch_factor=3).prefetch_factor == 3
+    assert make_loader(f"{data}/train", LoaderSettings.of(cfg), num_workers=0).prefetch_factor is None
