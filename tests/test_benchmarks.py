@@ -57,7 +57,8 @@ def test_train_throughput_measures_every_mode_and_the_utilization(tiny_data, tmp
 
 
 def test_training_efficiency_switches_run(tiny_data, tmp_path, monkeypatch):
-    """The switches' keywords (unfused attention, non-fused dense AdamW, loader prefetch) train."""
+    """The switches (attention pinned to SDPA's MATH kernel, the non-fused dense AdamW kernels,
+    loader prefetch) train; the MATH switch reaches every self-attention layer."""
     import functools
 
     benchmarks = os.path.join(REPO, "benchmarks")
@@ -68,15 +69,21 @@ def test_training_efficiency_switches_run(tiny_data, tmp_path, monkeypatch):
     from pinads_rec import config
     from pinads_rec.experiments import harness
 
-    cfg = config.load(
-        os.path.join(REPO, "configs", "demo.yaml"),
-        tiny_overrides(tiny_data[1]) + ["model.calibration=none"] + tt.REFERENCE["full"],
+    switches = (
+        (["train.dense_optimizer_kernel=for_loop"], {"attention": "math"}),
+        (["train.dense_optimizer_kernel=foreach", "data.prefetch_factor=1"], {}),
     )
-    for kwargs in ({"attention": "math", "dense_adamw": "for_loop"}, {"dense_adamw": "foreach", "prefetch_factor": 1}):
+    for overrides, kwargs in switches:
+        cfg = config.load(
+            os.path.join(REPO, "configs", "demo.yaml"),
+            tiny_overrides(tiny_data[1]) + ["model.calibration=none"] + tt.REFERENCE["full"] + overrides,
+        )
         (r,) = harness.rank_results(
             functools.partial(tt.measure_pipeline, **kwargs), 1, tmp_path / "switch", cfg, 1, 2, 1, timeout_s=600
         )
         assert r["steps"] == 2 and r["valid_rows_per_step"] > 0
+        # 3 sequence groups x 2 Transformer layers
+        assert r["attention_layers_pinned"] == (6 if kwargs else 0)
 
 
 def test_equal_auc_trains_both_and_evaluates_both(tiny_data, tmp_path):
