@@ -31,19 +31,17 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence
 
+import numpy as np
+import pyarrow as pa
+import torch
+
+from pinads_rec import config
+from pinads_rec.data.batch import Batch, BatchBuilder
+from pinads_rec.data.reader import RowGroupReader, list_files, list_row_groups
+from pinads_rec.experiments.harness import CpuMeter, wait_quiet
+from pinads_rec.features import FeatureLayout
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import torch  # noqa: E402
-
-from pinads_rec import config  # noqa: E402
-from pinads_rec.data.batch import Batch, BatchBuilder  # noqa: E402
-from pinads_rec.data.reader import RowGroupReader, list_files, list_row_groups  # noqa: E402
-from pinads_rec.experiments.harness import CpuMeter, wait_quiet  # noqa: E402
-from pinads_rec.features import FeatureLayout  # noqa: E402
 
 
 def read_requests(cfg: config.ExperimentConfig, data_dir: str, row_groups: int) -> tuple:
@@ -117,11 +115,13 @@ def inference_model(args, cfg):
 
 
 def training_task(cfg):
-    """A 1-rank DMP train task with its optimizer (fused embedding optimizer + AdamW)."""
-    from pinads_rec import parallel, train
+    """A 1-rank train step on given batches: the trainer's sharded TrainTask (``shard_train_task``)
+    and optimizers (``parallel.make_optimizer``: fused embedding optimizer + AdamW); no loader."""
+    from pinads_rec import parallel
+    from pinads_rec.training.trainer import shard_train_task
 
     env = parallel.init_distributed()
-    dmp = train.build(cfg, env)
+    dmp = shard_train_task(cfg, env)
     optimizer, _ = parallel.make_optimizer(dmp, cfg.train, total_steps=1000)
     dmp.train()
 

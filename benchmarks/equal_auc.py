@@ -27,15 +27,13 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+# A sibling script: ``python benchmarks/equal_auc.py`` puts benchmarks/ on sys.path.
+from train_throughput import REFERENCE, measure_plain
+
+from pinads_rec import config
+from pinads_rec.experiments import ablate, harness
+
 REPO = Path(__file__).resolve().parents[1]
-for path in (REPO, REPO / "benchmarks"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-from train_throughput import REFERENCE, measure_plain  # noqa: E402
-
-from pinads_rec import config  # noqa: E402
-from pinads_rec.experiments import ablate, harness  # noqa: E402
 
 
 def train_py(config_path: str, overrides: List[str], run_dir: Path, ranks: int) -> dict:

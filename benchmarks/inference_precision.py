@@ -10,17 +10,20 @@
    (configs/prod_8gpu.yaml: Transformer d_model 128 x 2 layers, DCNv2 3 x rank 256, 8 experts of
    [1024, 512]): does BF16 pay off once the large layers are large?
 2. Accuracy: the whole eval set scored in both precisions; AUC per surface x task
-   (``pinads_rec.evaluate``) and the difference.
+   (``pinads_rec.metrics``) and the difference.
 3. Where the time goes: per-module forward time (forward hooks, on a ``--profile-rows`` batch) in
    both precisions -- embedding lookups, each sequence encoder's Transformer (a large layer), target
    attention, DCNv2 (large), MMoE (experts large) -- so the end-to-end ratio can be read against the
    share of time the BF16 layers take (Amdahl).
-4. Training throughput: 1-rank ``DistributedModelParallel`` train steps (forward, backward with the
-   fused embedding optimizer, AdamW) on train batches, timed alternately: FP32; BF16 autocast with the
-   MATH SDPA backend (what modules/sequence.py picks for BF16 CPU training); BF16 with SDPA's default
-   choice (the fused flash-attention kernel) -- which confirms or refutes that choice.
-5. With ``--runs``: final eval AUC of real training runs (their metrics.jsonl), e.g. one trained with
-   ``model.precision.train=fp32`` and one with ``bf16``.
+4. Training throughput: 1-rank ``DistributedModelParallel`` train steps (the trainer's
+   ``shard_train_task`` and ``parallel.make_optimizer``: forward, backward with the fused embedding
+   optimizer, AdamW) on train batches, timed alternately: FP32; BF16 autocast with the MATH SDPA
+   backend (what modules/transformer.py picks for BF16 CPU training); BF16 with every SDPA kernel
+   allowed (SDPA then runs the fused flash-attention kernel; pinned by
+   ``modules.transformer.set_attention_backends``) -- which confirms or refutes that choice.
+5. With ``--runs``: final eval AUC of real training runs (their metrics.jsonl, through
+   ``run_log.read_run_log``), e.g. one trained with ``model.precision.train=fp32`` and one with
+   ``bf16``.
 
 2 threads by default (``--threads``). Every table gives the median of the alternating repeats and
 the ratio of the fastest repeats ("best-of": the least disturbed by other processes). The machine may
@@ -32,9 +35,7 @@ used on average while it measured.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
-import json
 import statistics
 import sys
 import time
@@ -42,17 +43,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence
 
+import torch
+from torch import nn
+
+from pinads_rec.data.batch import Batch
+from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+from pinads_rec.experiments.harness import CpuMeter, wait_quiet
+from pinads_rec.metrics import MetricAccumulator
+from pinads_rec.modules.transformer import ALL_BACKENDS, set_attention_backends
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from pinads_rec.data.batch import Batch  # noqa: E402
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches  # noqa: E402
-from pinads_rec.experiments.harness import CpuMeter, wait_quiet  # noqa: E402
-from pinads_rec.metrics import MetricAccumulator  # noqa: E402
 
 QUIET_WAIT = 0.0  # --quiet-wait
 BEST: Dict[str, float] = {}  # the last alternate()'s fastest repeat per fn (least disturbed by other processes)
@@ -263,28 +263,11 @@ def op_times(models: Dict[str, nn.Module], batch: Batch, repeats: int) -> Dict[s
 # --- 4: training --------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def sdpa_backends(backends):
-    """Overrides the SDPA backend list modules/sequence.py passes (None: leave its choice)."""
-    from pinads_rec.modules import sequence
-
-    if backends is None:
-        yield
-        return
-    original = sequence.sdpa_kernel
-    sequence.sdpa_kernel = lambda _chosen: original(backends)
-    try:
-        yield
-    finally:
-        sequence.sdpa_kernel = original
-
-
 def training_steps(cfg, train_dir: str, rows: int, batches: int, repeats: int) -> Dict[str, float]:
     import dataclasses
 
-    from torch.nn.attention import SDPBackend
-
-    from pinads_rec import parallel, train
+    from pinads_rec import parallel
+    from pinads_rec.training.trainer import shard_train_task
 
     env = parallel.init_distributed()
     sample = []
@@ -292,11 +275,11 @@ def training_steps(cfg, train_dir: str, rows: int, batches: int, repeats: int) -
         sample.append(b)
         if len(sample) == batches:
             break
-    default = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
+    # (train precision, the SDPA kernels allowed; None: the Transformer's automatic choice)
     variants = {
         "fp32": ("fp32", None),
         "bf16 (MATH SDPA, as shipped)": ("bf16", None),
-        "bf16 (default SDPA: flash)": ("bf16", default),
+        "bf16 (default SDPA: flash)": ("bf16", ALL_BACKENDS),
     }
     steps = {}
     for name, (precision, backends) in variants.items():
@@ -304,14 +287,14 @@ def training_steps(cfg, train_dir: str, rows: int, batches: int, repeats: int) -
             cfg,
             model=dataclasses.replace(cfg.model, precision=dataclasses.replace(cfg.model.precision, train=precision)),
         )
-        dmp = train.build(c, env)
+        dmp = shard_train_task(c, env)
+        set_attention_backends(dmp, backends)
         optimizer, _ = parallel.make_optimizer(dmp, c.train, total_steps=1000)
         dmp.train()
 
-        def step(batch, dmp=dmp, optimizer=optimizer, backends=backends):
-            with sdpa_backends(backends):
-                loss, _ = dmp(batch)
-                loss.backward()
+        def step(batch, dmp=dmp, optimizer=optimizer):
+            loss, _ = dmp(batch)
+            loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
@@ -338,26 +321,33 @@ def transformer_micro(cfg, repeats: int, users: int = 512) -> Dict[str, float]:
     mask = torch.cat(
         [torch.ones(users, 1, dtype=torch.bool), torch.arange(g.max_length)[None, :] < lengths[:, None]], dim=1
     )
-    default = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
 
     def run(dtype, backends):
         def f(_):
-            with sdpa_backends(backends), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            set_attention_backends(stack, backends)  # the variants share the stack's weights
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
                 y = stack(x, mask)
             y.float().sum().backward()
 
         return f
 
-    fns = {"fp32": run("fp32", None), "bf16 MATH": run("bf16", [SDPBackend.MATH]), "bf16 flash": run("bf16", default)}
+    fns = {
+        "fp32": run("fp32", None),
+        "bf16 MATH": run("bf16", [SDPBackend.MATH]),
+        "bf16 flash": run("bf16", ALL_BACKENDS),
+    }
     return alternate(fns, [None], repeats)
 
 
 def run_aucs(runs: Dict[str, str]) -> List[str]:
+    """AUC per surface x task of finished runs (their run directories), side by side."""
+    from pinads_rec.training.run_log import read_run_log
+
     evals = {}
     for name, path in runs.items():
-        rows = [json.loads(line) for line in (Path(path) / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        summary = [r for r in rows if "eval" in r][-1]
-        evals[name] = summary
+        evals[name] = read_run_log(path).summary
+        if evals[name] is None:
+            raise SystemExit(f"{path}: no summary in its metrics.jsonl (a finished train.py run writes one)")
     names = list(runs)
     head = f"{'surface':<13} {'task':<11} " + " ".join(f"{'AUC ' + n:>11}" for n in names)
     if len(names) == 2:

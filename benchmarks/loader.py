@@ -31,15 +31,14 @@ import weakref
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pinads_rec import config
+from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader
+from pinads_rec.experiments.harness import peak_rss_mib, rss_mib
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-
-from pinads_rec import config  # noqa: E402
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader  # noqa: E402
 
 MB = 2**20
 
@@ -49,25 +48,11 @@ MB = 2**20
 # --------------------------------------------------------------------------------------------
 
 
-def _status_kb(field: str) -> Optional[int]:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def rss_mb() -> float:
-    kb = _status_kb("VmRSS")
-    if kb is None:  # no procfs: fall back to the lifetime maximum
-        return max_rss_mb()
-    return kb / 1024
+# RSS and peak RSS (VmRSS, VmHWM) in MiB: harness.rss_mib / peak_rss_mib.
 
 
 def max_rss_mb() -> float:
+    """The lifetime maximum RSS (ru_maxrss), which VmHWM's reset does not touch."""
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return kb / 1024
 
@@ -80,11 +65,6 @@ def reset_hwm() -> bool:
         return True
     except OSError:
         return False
-
-
-def hwm_mb() -> Optional[float]:
-    kb = _status_kb("VmHWM")
-    return None if kb is None else kb / 1024
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,7 +169,7 @@ def memory_stream(cfg, data_dir: str, sample_every: int) -> dict:
     ds.reader.read = tracked_read
     max_alive = 0
     can_reset = reset_hwm()
-    baseline = rss_mb()
+    baseline = rss_mib()
     marks = {0.1: None, 0.5: None, 1.0: None}
     peak_sampled = baseline
     peak_arrow = pa.total_allocated_bytes() / MB
@@ -197,19 +177,18 @@ def memory_stream(cfg, data_dir: str, sample_every: int) -> dict:
     t0 = time.perf_counter()
 
     def peak() -> float:
-        h = hwm_mb() if can_reset else None
-        return max(peak_sampled, h) if h is not None else peak_sampled
+        return max(peak_sampled, peak_rss_mib()) if can_reset else peak_sampled
 
     for batch in ds:
         rows += int(batch.valid.sum())
         batches += 1
         max_alive = max(max_alive, len(alive))
         if batches % sample_every == 0 or rows >= total:
-            peak_sampled = max(peak_sampled, rss_mb())
+            peak_sampled = max(peak_sampled, rss_mib())
             peak_arrow = max(peak_arrow, pa.total_allocated_bytes() / MB)
         for m in marks:
             if marks[m] is None and rows >= m * total:
-                peak_sampled = max(peak_sampled, rss_mb())
+                peak_sampled = max(peak_sampled, rss_mib())
                 marks[m] = (peak(), peak_arrow, rows)
         del batch
     seconds = time.perf_counter() - t0

@@ -17,16 +17,21 @@ Models (overrides on ``--config``):
 
 Modes:
 
-- ``pipeline``: what ``train.py`` runs -- DistributedModelParallel (planner-sharded tables, fbgemm
-  fused row-wise Adagrad inside backward), ``TrainPipelineSparseDist`` (the next batch's input
-  all-to-alls overlap this batch's compute), request-level broadcasting;
-- ``loop``: the same model in a plain loop (no pipeline), timed per phase: data wait, forward,
-  backward (fused embedding update included), optimizer (dense AdamW) -- the step-time breakdown;
+- ``pipeline``: what ``train.py`` runs -- its trainer (``Trainer.setup()`` through
+  ``harness.measured_trainer``, then ``Trainer.train_step``): DistributedModelParallel
+  (planner-sharded tables, fbgemm fused row-wise Adagrad inside backward),
+  ``TrainPipelineSparseDist`` (the next batch's input all-to-alls overlap this batch's compute),
+  request-level broadcasting;
+- ``loop``: the same trainer in a plain loop (no pipeline; ``harness.measure_training``), timed per
+  phase: data wait, forward, backward (fused embedding update included), optimizer (dense AdamW) --
+  the step-time breakdown;
 - ``plain``: the plain-PyTorch baseline: the same model function unsharded (TorchRec's unsharded
   collections are ``nn.EmbeddingBag`` / ``nn.Embedding`` modules), no request-level broadcasting
   (every row carries and encodes its own padded sequences), ``DistributedDataParallel`` over every
   parameter (dense embedding gradients all-reduced), train.py's optimizer recipe in ``torch.optim``
-  (Adagrad on the tables, AdamW with warm-up and decay on the dense layers), a plain loop.
+  (Adagrad on the tables, AdamW with warm-up and decay on the dense layers: ``parallel.lr_multiplier``),
+  a plain loop. Built by hand on purpose (it is what the trainer is compared with), on the same
+  loader, end-of-data agreement (``EndTogether``) and evaluation (``evaluation_rows``).
 
 ``--switches`` adds the training-efficiency ablation (``switches()``) on both models at the largest
 rank count, one switch at a time: loader workers 0 vs 1 and prefetch depth, the dense AdamW fused /
@@ -34,22 +39,24 @@ multi-tensor / per-parameter, every sharding type allowed to the planner instead
 table-wise default, SDPA's fused (flash) kernel vs the MATH one and BF16 large layers (full
 model), tables replicated with a separate Adagrad step vs sharded with the fused one (no-sequence
 model: the CPU cannot replicate EmbeddingCollection tables), and batches of 1k-16k rows per rank
-(the unique-user bound scaled with the batch). Pinned memory applies to CUDA only (train.py pins
-when it trains on a GPU). The pipeline-off switch is the ``loop`` mode above.
+(the unique-user bound scaled with the batch). Each switch is a config override
+(``data.num_workers``, ``data.prefetch_factor``, ``train.dense_optimizer_kernel``,
+``train.sharding_types``, ``model.precision.train``, ``data.batch_size``), except SDPA's kernel,
+pinned by ``modules.transformer.set_attention_backends``. Pinned memory applies to CUDA only
+(train.py pins when it trains on a GPU). The pipeline-off switch is the ``loop`` mode above.
 
 Then, per model, for the reference row and the fastest switch: utilization (dense FLOPs per
 example from ``torch.utils.flop_counter`` against the measured matmul peaks, fp32 and bf16),
 embedding lookups/s against fbgemm's table-batched kernel measured alone, and the loader's
-examples/s (one rank's batches, built in-process on one thread; also with every allocation
-zero-filled) against a rank's consumption. ``--profile`` writes torch.profiler tables of each model
-(plain loop, rank 0: at 1 rank and at the most ``--ranks``). Output: a table on stdout,
-``throughput.csv`` and ``throughput.json`` under ``--out``.
+examples/s (one rank's batches, built in-process on one thread; also with the batch builder's
+allocations zero-filled, ``BatchBuilder.zero_fill``) against a rank's consumption. ``--profile``
+writes torch.profiler tables of each model (plain loop, rank 0: at 1 rank and at the most
+``--ranks``). Output: a table on stdout, ``throughput.csv`` and ``throughput.json`` under ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import dataclasses
 import functools
@@ -60,15 +67,13 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+import torch
+
+from pinads_rec import config
+from pinads_rec.experiments import harness
+from pinads_rec.plan import SHARDING_TYPES
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import torch  # noqa: E402
-
-from pinads_rec import config  # noqa: E402
-from pinads_rec.experiments import harness  # noqa: E402
-from pinads_rec.plan import SHARDING_TYPES  # noqa: E402
 
 REFERENCE = {
     "full": [
@@ -85,9 +90,9 @@ REFERENCE = {
 def switches(model: str) -> List[tuple]:
     out = [
         ("0 loader workers (batches built in the trainer)", [], {}, 0, 512),
-        ("prefetch 1 batch per worker (instead of 4)", [], {"prefetch_factor": 1}, None, 512),
-        ("dense AdamW foreach (instead of fused)", [], {"dense_adamw": "foreach"}, None, 512),
-        ("dense AdamW for-loop", [], {"dense_adamw": "for_loop"}, None, 512),
+        ("prefetch 1 batch per worker (instead of 4)", ["data.prefetch_factor=1"], {}, None, 512),
+        ("dense AdamW foreach (instead of fused)", ["train.dense_optimizer_kernel=foreach"], {}, None, 512),
+        ("dense AdamW for-loop", ["train.dense_optimizer_kernel=for_loop"], {}, None, 512),
         # the planner free to mix types (its cost model does not see gloo's per-collective cost)
         (
             "every sharding type allowed (instead of table-wise)",
@@ -133,81 +138,47 @@ def _valid_rows(batch) -> int:
     return int(batch.valid.sum())
 
 
-def _sharded_training(
-    cfg: config.ExperimentConfig, total_steps: int, num_workers: int, prefetch_factor: int = 4, wrap=iter
-):
-    """What train.py sets up on this rank: the sharded model, its optimizers and LR schedule, and
-    this rank's batches (``wrap`` around the loader's iterator), ending together on every rank."""
-    import torch.distributed as dist
-
-    from pinads_rec import parallel
-    from pinads_rec.data.dataset import LoaderSettings, make_loader
-    from pinads_rec.train import EndTogether, build
-
-    env = parallel.init_distributed()
-    group = dist.new_group(backend="gloo") if env.world_size > 1 else None
-    dmp = build(cfg, env, group=group)
-    optimizer, schedule = parallel.make_optimizer(dmp, cfg.train, total_steps)
-    loader = make_loader(
-        cfg.data.train_dir,
-        LoaderSettings.of(cfg),
-        env.rank,
-        env.world_size,
-        shuffle=True,
-        num_workers=num_workers,
-        pin_memory=env.device.type == "cuda",
-        prefetch_factor=prefetch_factor,
-    )
-    return env, dmp, optimizer, schedule, EndTogether(wrap(iter(loader)), group)
-
-
 def measure_pipeline(
-    cfg: config.ExperimentConfig,
-    warmup: int,
-    steps: int,
-    num_workers: int,
-    attention: str = "default",
-    dense_adamw: str = "fused",
-    prefetch_factor: int = 4,
+    cfg: config.ExperimentConfig, warmup: int, steps: int, num_workers: int, attention: str = "automatic"
 ) -> dict:
-    """``train.py``'s loop: TrainPipelineSparseDist over the sharded model; wall time only.
+    """``train.py``'s loop: ``Trainer.train_step`` (TrainPipelineSparseDist over the sharded model,
+    then the LR schedule) of the trainer ``train.py`` builds (harness.measured_trainer); wall time
+    only.
 
-    Switches (the training-efficiency ablation): ``attention="math"`` runs every scaled-dot-product
-    attention on the unfused MATH kernel instead of the fused (flash) one; ``dense_adamw`` "foreach"
-    or "for_loop" replaces the fused dense AdamW by torch's multi-tensor or per-parameter
-    implementation; ``prefetch_factor`` is the batches each loader worker keeps ready."""
+    ``attention="math"`` (a switch of the training-efficiency ablation) pins every self-attention
+    layer to SDPA's unfused MATH kernel (modules.transformer.set_attention_backends) instead of the
+    automatic choice (the fused flash kernel in FP32). The other switches are config overrides
+    (train.dense_optimizer_kernel, data.prefetch_factor, ...)."""
     import torch.distributed as dist
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+    from torch.nn.attention import SDPBackend
 
-    if dense_adamw != "fused":
-        # This rank process only: make_optimizer asks for the fused AdamW; hand it the other kernel.
-        fused_adamw = torch.optim.AdamW
-        torch.optim.AdamW = lambda params, **kw: fused_adamw(  # type: ignore[misc]
-            params, **{**kw, "fused": False, "foreach": dense_adamw == "foreach"}
-        )
+    from pinads_rec.modules.transformer import set_attention_backends
+
     rows: List[int] = []
 
-    def counted(it):
-        for batch in it:
+    def counted(batches):
+        for batch in batches:
             rows.append(_valid_rows(batch))
             yield batch
 
-    env, dmp, optimizer, schedule, batches = _sharded_training(
-        cfg, warmup + steps + 2, num_workers, prefetch_factor, counted
-    )
-    pipeline = TrainPipelineSparseDist(dmp, optimizer, env.device, execute_all_batches=True)
-    dmp.train()
-    started = None
-    with sdpa_kernel([SDPBackend.MATH]) if attention == "math" else contextlib.nullcontext():
+    with harness.measured_trainer(cfg, warmup + steps + 2, num_workers) as trainer:
+        pinned = set_attention_backends(trainer.dmp, [SDPBackend.MATH]) if attention == "math" else 0
+        batches = counted(trainer.epoch_batches(0))
+        trainer.dmp.train()
+        started = None
         for i in range(warmup + steps):
             if i == warmup:
                 dist.barrier()
                 started = time.perf_counter()
-            pipeline.progress(batches)
-            schedule.step()
-    wall = time.perf_counter() - started
-    return {"rank": env.rank, "wall_s": wall, "steps": steps, "valid_rows_per_step": sum(rows) / len(rows)}
+            trainer.train_step(batches)
+        wall = time.perf_counter() - started
+    return {
+        "rank": trainer.env.rank,
+        "wall_s": wall,
+        "steps": steps,
+        "valid_rows_per_step": sum(rows) / len(rows),
+        "attention_layers_pinned": pinned,
+    }
 
 
 def measure_loop(cfg: config.ExperimentConfig, warmup: int, steps: int, num_workers: int) -> dict:
@@ -247,8 +218,7 @@ def measure_plain(
     from pinads_rec.data.dataset import LoaderSettings, make_loader
     from pinads_rec.models import build_model
     from pinads_rec.models.train_task import TrainTask
-    from pinads_rec.train import EndTogether
-    from pinads_rec.train import evaluate as evaluate_split
+    from pinads_rec.training.trainer import EndTogether, evaluation_rows
 
     env = parallel.init_distributed()
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, broadcast=False))
@@ -292,35 +262,37 @@ def measure_plain(
         "steps": steps,
         "valid_rows_per_step": rows / steps,
         **{f"{k}_ms": 1000.0 * v / steps for k, v in sums.items()},
-        **({"eval": evaluate_split(net, cfg, env, group)} if evaluate else {}),
+        **({"eval": evaluation_rows(net, cfg, env, group)} if evaluate else {}),
     }
 
 
 def measure_profile(cfg: config.ExperimentConfig, warmup: int, steps: int, num_workers: int) -> dict:
-    """torch.profiler over ``steps`` plain-loop steps of the sharded model (after ``warmup``): the
-    operators by self CPU time, as a table."""
+    """torch.profiler over ``steps`` plain-loop steps (forward, backward, optimizers: no pipeline) of
+    the trainer ``train.py`` builds (harness.measured_trainer), after ``warmup``: the operators by
+    self CPU time, as a table."""
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
-    env, dmp, optimizer, _, batches = _sharded_training(cfg, warmup + steps + 2, num_workers)
-    dmp.train()
+    with harness.measured_trainer(cfg, warmup + steps + 2, num_workers) as trainer:
+        dmp, optimizer, batches = trainer.dmp, trainer.optimizer, trainer.epoch_batches(0)
+        dmp.train()
 
-    def step():
-        loss, _ = dmp(next(batches))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        def step():
+            loss, _ = dmp(next(batches))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
 
-    for _ in range(warmup):
-        step()
-    dist.barrier()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
+        for _ in range(warmup):
             step()
-        wall = time.perf_counter() - t0
+        dist.barrier()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step()
+            wall = time.perf_counter() - t0
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60)
-    return {"rank": env.rank, "wall_s": wall, "steps": steps, "table": table}
+    return {"rank": trainer.env.rank, "wall_s": wall, "steps": steps, "table": table}
 
 
 MEASURES = {"pipeline": measure_pipeline, "loop": measure_loop, "plain": measure_plain}
@@ -369,24 +341,23 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
 
 def loader_rate(cfg: config.ExperimentConfig, world: int, batches: int = 40, zero_fill: bool = False) -> dict:
     """Examples/s of one rank's batch building alone (rank 0 of ``world``, in this process, one
-    thread): what a loader worker supplies. ``zero_fill``: every ``torch.empty`` during batch building
-    becomes ``torch.zeros`` -- the zero-filled allocations the loader avoids."""
-    from unittest import mock
-
+    thread): what a loader worker supplies. ``zero_fill``: the batch builder allocates its tensors
+    with ``torch.zeros`` (``BatchBuilder.zero_fill``) -- the zero-filled allocations it avoids."""
     from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with mock.patch.object(torch, "empty", torch.zeros) if zero_fill else contextlib.nullcontext():
-            it = iter(ParquetBatches(cfg.data.train_dir, LoaderSettings.of(cfg), 0, world, shuffle=True))
-            next(it)  # the first shuffle-buffer fill is not steady state
-            rows = n = 0
-            t0 = time.perf_counter()
-            for batch in itertools.islice(it, batches):  # fewer when the data run out
-                rows += _valid_rows(batch)
-                n += 1
-            wall = time.perf_counter() - t0
+        dataset = ParquetBatches(cfg.data.train_dir, LoaderSettings.of(cfg), 0, world, shuffle=True)
+        dataset.builder.zero_fill = zero_fill
+        it = iter(dataset)
+        next(it)  # the first shuffle-buffer fill is not steady state
+        rows = n = 0
+        t0 = time.perf_counter()
+        for batch in itertools.islice(it, batches):  # fewer when the data run out
+            rows += _valid_rows(batch)
+            n += 1
+        wall = time.perf_counter() - t0
     finally:
         torch.set_num_threads(threads)
     return {"examples_per_s": rows / wall, "batch_ms": 1000.0 * wall / max(n, 1)}

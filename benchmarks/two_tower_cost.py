@@ -3,7 +3,7 @@
     python benchmarks/two_tower_cost.py [--ranker-config configs/demo.yaml]
         [--two-tower-config configs/two_tower.yaml] [--candidates 1 8 32 128 1024] [--requests 300]
         [--threads 1] [--clock cpu] [--precision fp32] [--two-tower-set model.sequence.num_layers=1 ...]
-    python benchmarks/two_tower_cost.py --auc runs/demo/metrics.jsonl runs/two_tower/metrics.jsonl [more runs]
+    python benchmarks/two_tower_cost.py --auc runs/demo runs/two_tower [more runs]
 
 Cost (the default mode): both models are built with random weights (cost does not depend on them)
 and put in eval mode. The two-tower's ad vectors of every item of the eval data are exported first
@@ -25,36 +25,34 @@ default as the CPU time of the scoring thread (``--clock cpu``: on a shared mach
 descheduled is not counted; ``--clock wall`` for wall time, the same on an idle machine with one
 thread). The printed ratio is ranker / two-tower(precomputed).
 
-AUC (``--auc REFERENCE OTHER...``): reads the last eval record of ``metrics.jsonl`` files written by
-pinads_rec/train.py and prints the per surface x task table (AUC, its difference to the first run,
-NE, calibration) side by side, in Markdown.
+AUC (``--auc REFERENCE OTHER...``): reads the summary of finished pinads_rec/train.py runs (each
+given as its run directory or its ``metrics.jsonl``; ``run_log.read_run_log``) and prints the per
+surface x task table (AUC, its difference to the first run, NE, calibration) side by side, in
+Markdown.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
-import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from pinads_rec import config
+from pinads_rec.data.batch import Batch
+from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+from pinads_rec.models import build_model
+from pinads_rec.modules.precision import set_precision
+from pinads_rec.serve.ad_table import export_ad_embeddings, load_ad_table, score_with_ad_table
+from pinads_rec.training.run_log import METRICS_FILE, read_run_log
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import torch  # noqa: E402
-
-from pinads_rec import config  # noqa: E402
-from pinads_rec.data.batch import Batch  # noqa: E402
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches  # noqa: E402
-from pinads_rec.models import build_model  # noqa: E402
-from pinads_rec.modules.precision import set_precision  # noqa: E402
-from pinads_rec.serve.ad_table import export_ad_embeddings, load_ad_table, score_with_ad_table  # noqa: E402
 
 
 def eval_table(dataset: ParquetBatches, max_rows: int) -> pa.Table:
@@ -175,12 +173,11 @@ def auc_table(paths: List[str]) -> None:
     reference, NE and calibration (predicted / observed positives) of every run, the oracle AUC."""
 
     def last_eval(path: str) -> dict:
-        with open(path) as f:
-            records = [json.loads(line) for line in f if line.strip()]
-        evals = [r for r in records if "eval" in r]
-        if not evals:
+        run_dir = Path(path).parent if Path(path).name == METRICS_FILE else Path(path)
+        summary = read_run_log(run_dir).summary
+        if summary is None:
             raise SystemExit(f"{path}: no eval record (a finished train.py run appends one)")
-        return evals[-1]
+        return summary
 
     runs = [last_eval(p) for p in paths]
     names = [f"run{i}" for i in range(len(paths))]
@@ -213,7 +210,7 @@ def auc_table(paths: List[str]) -> None:
         print("| " + " | ".join(line) + " |")
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranker-config", default=str(REPO / "configs" / "demo.yaml"))
     p.add_argument("--two-tower-config", default=str(REPO / "configs" / "two_tower.yaml"))
@@ -244,10 +241,11 @@ def main() -> None:
     p.add_argument(
         "--auc",
         nargs="+",
-        metavar="METRICS_JSONL",
-        help="print the AUC comparison of finished runs instead (the first is the reference)",
+        metavar="RUN",
+        help="print the AUC comparison of finished runs (run directories or their metrics.jsonl) instead "
+        "(the first is the reference)",
     )
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.auc:
         auc_table(args.auc)
     else:

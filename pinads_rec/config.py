@@ -150,6 +150,8 @@ class DataConfig:
     # Rows held for shuffling (whole requests are shuffled, never split by the buffer).
     shuffle_buffer_rows: int = 16384
     num_workers: int = 1
+    # Batches each loader worker keeps ready (DataLoader's prefetch_factor; unused without workers).
+    prefetch_factor: int = 4
     # NaN/inf in a dense column: stop with an error, or replace by 0 and count the repair.
     nonfinite_dense: Literal["error", "replace"] = "error"
     # Sequences longer than max_length: keep the newest max_length events and count, or error.
@@ -549,6 +551,7 @@ def _validate_data(d: DataConfig, f: FeaturesConfig, m: ModelConfig) -> None:
     positive("data.batch_size", d.batch_size)
     positive("data.shuffle_buffer_rows", d.shuffle_buffer_rows, allow_zero=True)
     positive("data.num_workers", d.num_workers, allow_zero=True)
+    positive("data.prefetch_factor", d.prefetch_factor)
     positive("data.max_unique_users_per_batch", d.max_unique_users_per_batch, allow_zero=True)
     if not 0.0 <= d.calibration_holdout < 1.0:
         raise ConfigError(f"data.calibration_holdout: must be in [0, 1), got {d.calibration_holdout}")

@@ -57,7 +57,8 @@ def test_train_throughput_measures_every_mode_and_the_utilization(tiny_data, tmp
 
 
 def test_training_efficiency_switches_run(tiny_data, tmp_path, monkeypatch):
-    """The switches' keywords (unfused attention, non-fused dense AdamW, loader prefetch) train."""
+    """The switches (attention pinned to SDPA's MATH kernel, the non-fused dense AdamW kernels,
+    loader prefetch) train; the MATH switch reaches every self-attention layer."""
     import functools
 
     benchmarks = os.path.join(REPO, "benchmarks")
@@ -68,15 +69,21 @@ def test_training_efficiency_switches_run(tiny_data, tmp_path, monkeypatch):
     from pinads_rec import config
     from pinads_rec.experiments import harness
 
-    cfg = config.load(
-        os.path.join(REPO, "configs", "demo.yaml"),
-        tiny_overrides(tiny_data[1]) + ["model.calibration=none"] + tt.REFERENCE["full"],
+    switches = (
+        (["train.dense_optimizer_kernel=for_loop"], {"attention": "math"}),
+        (["train.dense_optimizer_kernel=foreach", "data.prefetch_factor=1"], {}),
     )
-    for kwargs in ({"attention": "math", "dense_adamw": "for_loop"}, {"dense_adamw": "foreach", "prefetch_factor": 1}):
+    for overrides, kwargs in switches:
+        cfg = config.load(
+            os.path.join(REPO, "configs", "demo.yaml"),
+            tiny_overrides(tiny_data[1]) + ["model.calibration=none"] + tt.REFERENCE["full"] + overrides,
+        )
         (r,) = harness.rank_results(
             functools.partial(tt.measure_pipeline, **kwargs), 1, tmp_path / "switch", cfg, 1, 2, 1, timeout_s=600
         )
         assert r["steps"] == 2 and r["valid_rows_per_step"] > 0
+        # 3 sequence groups x 2 Transformer layers
+        assert r["attention_layers_pinned"] == (6 if kwargs else 0)
 
 
 def test_equal_auc_trains_both_and_evaluates_both(tiny_data, tmp_path):
@@ -126,3 +133,111 @@ def test_collective_latency_reports_each_compute_setting():
     lines = [line for line in proc.stdout.splitlines() if "of compute:" in line]
     assert [line.split()[1] for line in lines] == ["0", "200"]
     assert all("median" in line and "p90" in line and "compute alone" in line for line in lines)
+
+
+def _run(script, flags, overrides=(), timeout=300):
+    """``python benchmarks/<script> <flags> --set <override>...`` from the repository root (``flags``
+    one string, split on spaces); its stdout (it must succeed)."""
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", script), *flags.split()]
+    cmd += [a for o in overrides for a in ("--set", o)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _numbers(text):
+    """The numbers among the whitespace-separated words of ``text`` ("1,234" and "1.5x" read as numbers)."""
+    out = []
+    for word in text.split():
+        try:
+            out.append(float(word.rstrip("x").replace(",", "")))
+        except ValueError:
+            pass
+    return out
+
+
+def test_two_tower_cost_times_both_models_and_compares_run_aucs(tiny_data, tmp_path, capsys, monkeypatch):
+    _, data = tiny_data
+    out = _run("two_tower_cost.py", "--candidates 1 8 --requests 3 --repeats 1", tiny_overrides(data))
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "ms" not in line]
+    assert [r.split("|")[1].split()[0] for r in rows] == ["1", "8", "real"]
+    for r in rows:  # ranker ms, two-tower ms, ratio, two-tower live ms: all measured
+        assert len(_numbers(r.split("|", 2)[2])) == 4 and all(v > 0 for v in _numbers(r.split("|", 2)[2]))
+    assert "ad export:" in out
+
+    # --auc: two finished runs' summaries (run_log's format), one given as its metrics.jsonl
+    monkeypatch.syspath_prepend(os.path.join(REPO, "benchmarks"))
+    import two_tower_cost
+
+    runs = []
+    for i, auc in enumerate((0.70, 0.72)):
+        run = tmp_path / f"run{i}"
+        run.mkdir()
+        row = {"surface": "all", "task": "click", "auc": auc, "ne": 0.9, "calibration": 1.0, "oracle_auc": 0.8}
+        (run / "metrics.jsonl").write_text(
+            json.dumps({"step": 1, "loss": 0.5}) + "\n" + json.dumps({"step": 4, "eval": [row]}) + "\n"
+        )
+        runs.append(str(run))
+    two_tower_cost.main(["--auc", runs[0], runs[1] + "/metrics.jsonl"])
+    table = capsys.readouterr().out
+    assert "| all | click | 0.7000 | 0.7200 | +0.0200 | 0.9000 | 0.9000 | 1.000 | 1.000 | 0.8000 |" in table
+
+
+def test_loader_reports_memory_flatness_and_throughput_per_worker_count(tiny_data):
+    _, data = tiny_data
+    out = _run("loader.py", f"--data {data}/train --workers 0 1 --scale 2 --max-batches 4", tiny_overrides(data))
+    lines = out.splitlines()
+    assert "flatness: peak(100%) / peak(10%) =" in out and "row-group tables alive at once" in out
+    marks = [line for line in lines if line.split()[:1] in (["10%"], ["50%"], ["100%"])]
+    assert len(marks) == 3 and all(_numbers(m)[1] > 0 for m in marks)  # rows, peak RSS MiB, ...
+    rates = [_numbers(line) for line in lines if line.split()[:1] in (["0"], ["1"])]
+    assert [r[0] for r in rates] == [0, 1]
+    assert all(r[1] == 4 and r[6] > 0 for r in rates)  # 4 batches each, examples/s measured
+
+
+def test_broadcasting_times_inference_and_training_with_broadcasting_on_and_off(tiny_data):
+    _, data = tiny_data
+    flags = "--rows 64 --candidates 32 --batches 1 --repeats 1 --train-repeats 1 --quiet-wait 0"
+    out = _run("broadcasting.py", f"--data {data}/eval {flags}")
+    table = out.split("\n\n")[-2].splitlines()  # the final table, after the progress lines
+    cells = {line.split(" (")[0]: _numbers(line.split(")", 1)[1]) for line in table[2:]}
+    assert set(cells) == {"inference", "training step"}
+    for n_candidates, users, on, off, ratio, best, _ in cells.values():
+        assert (n_candidates, users) == (32, 2) and min(on, off, ratio, best) > 0
+    assert "acceptance (>= 2x inference throughput at 32 candidates/request)" in out
+
+
+def test_inference_precision_reports_every_section(tmp_path):
+    """On the golden run's checkpoint (tests/golden) and data made by its config."""
+    from test_golden import SAVED_RUN, make_data
+
+    data = tmp_path / "data"
+    make_data(data)
+    runs = []
+    for name in ("fp32", "bf16"):  # finished runs' summaries, in run_log's format
+        run = tmp_path / name
+        run.mkdir()
+        rows = [{"surface": "all", "task": t, "auc": 0.7} for t in ("click", "good_click", "save")]
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 8, "train_examples_per_s": 100.0, "eval": rows}) + "\n")
+        runs.append(f"{name}={run}")
+    flags = (
+        f"--run {SAVED_RUN} --data {data}/eval --train-data {data}/train --rows 64 --batches 1 --repeats 1 "
+        "--profile-rows 64 --train-rows 64 --train-repeats 1 --threads 1 --quiet-wait 0 --runs " + " ".join(runs)
+    )
+    out = _run("inference_precision.py", flags)
+    report = out.split("=" * 80)[-1]
+    for title in (
+        "1. inference latency",
+        "1b. inference latency",
+        "2. eval AUC",
+        "3. where the time goes",
+        "4. training throughput",
+        "SDPA backend micro-benchmark",
+        "5. final eval AUC of real training runs",
+    ):
+        assert title in report, title
+    lines = report.splitlines()
+    for variant in ("fp32 ", "bf16 (MATH SDPA, as shipped)", "bf16 (default SDPA: flash)", "bf16 MATH", "bf16 flash"):
+        assert any(line.startswith(variant) and _numbers(line)[0] > 0 for line in lines), variant
+    assert "max |delta AUC| =" in report
+    assert "train examples/s (whole run, as logged): fp32 100, bf16 100" in report

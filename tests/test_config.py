@@ -147,6 +147,7 @@ def test_negative_table_size(field, value, pattern):
         ("data.batch_size=0", r"^data\.batch_size: must be > 0, got 0"),
         ("data.shuffle_buffer_rows=-1", r"^data\.shuffle_buffer_rows: must be >= 0, got -1"),
         ("data.num_workers=-2", r"^data\.num_workers: must be >= 0, got -2"),
+        ("data.prefetch_factor=0", r"^data\.prefetch_factor: must be > 0, got 0"),
         ("synth.num_files=0", r"^synth\.num_files: must be > 0"),
         ("model.mmoe.expert_dims=[64, -1]", r"^model\.mmoe\.expert_dims\[1\]: must be > 0, got -1"),
         ("model.sequence.num_heads=3", r"^model\.sequence\.num_heads: 3 does not divide d_model 32"),

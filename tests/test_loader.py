@@ -313,3 +313,25 @@ def test_batch_builder_pads_with_the_last_row_marked_invalid(tiny_data):
         padded.dense[10:], plain.dense[-1:].expand(3, -1)
     )
     assert padded.user_sparse.stride() == 16
+
+
+def test_batch_builder_zero_filled_allocations_build_the_same_batch(tiny_data):
+    """BatchBuilder.zero_fill (a benchmark's comparison) changes how tensors are allocated, not what
+    the batch holds: every allocated tensor is written whole."""
+    from pinads_rec.data.batch import BatchBuilder
+    from pinads_rec.data.reader import RowGroupReader, list_files, list_row_groups
+
+    cfg, data = tiny_data
+    group = list_row_groups(list_files(f"{data}/train"), cfg.features)[0]
+    table = RowGroupReader(cfg.features, cfg.data).read(group).slice(0, 40)
+    layout = FeatureLayout.of(cfg.features)
+    empty, zeroed = (BatchBuilder(layout, 16, zero_fill=z).build(table, pad_to=48) for z in (False, True))
+    _assert_same_batch(empty, zeroed)
+
+
+def test_loader_workers_prefetch_data_prefetch_factor_batches(tiny_data):
+    _, data = tiny_data
+    cfg = load_tiny(data, ["data.prefetch_factor=2"])
+    assert make_loader(f"{data}/train", LoaderSettings.of(cfg), num_workers=1).prefetch_factor == 2
+    assert make_loader(f"{data}/train", LoaderSettings.of(cfg), num_workers=1, prefetch_factor=3).prefetch_factor == 3
+    assert make_loader(f"{data}/train", LoaderSettings.of(cfg), num_workers=0).prefetch_factor is None

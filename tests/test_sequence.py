@@ -21,7 +21,12 @@ from pinads_rec.modules.long_short import ShortTermInterest
 from pinads_rec.modules.pooling import PeriodSumPooling, sum_pooling
 from pinads_rec.modules.sequence import GroupEncoder
 from pinads_rec.modules.target_attention import TargetAttention
-from pinads_rec.modules.transformer import TransformerEncoder
+from pinads_rec.modules.transformer import (
+    ALL_BACKENDS,
+    TransformerEncoder,
+    automatic_backends,
+    set_attention_backends,
+)
 
 ABLATION = os.path.join(REPO, "configs", "ablations", "sequence.yaml")
 W, L = 8, 6
@@ -78,6 +83,35 @@ def test_transformer_encoder_shapes_padding_and_empty_sequences():
     assert (pooled[1, 2 * W :] == 0).all()
     # the extra tokens are attended to
     assert not torch.allclose(enc(events, mask, torch.randn(4, 2, W))[0], pooled)
+
+
+def _attention_kernels(module, *inputs):
+    """The SDPA kernels (aten ops) one forward + backward of ``module`` ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        module(*inputs)[0].sum().backward()
+    return {e.key for e in prof.key_averages() if e.key.startswith("aten::_scaled_dot_product")}
+
+
+def test_attention_kernel_is_automatic_unless_pinned():
+    """SDPA picks among all its kernels (MATH alone in CPU BF16 training); set_attention_backends
+    pins a list on every layer (a benchmark's comparison) and None gives the choice back."""
+    bf16 = torch.zeros(1, dtype=torch.bfloat16)
+    assert automatic_backends(bf16, training=True) == [torch.nn.attention.SDPBackend.MATH]
+    assert automatic_backends(bf16, training=False) == list(ALL_BACKENDS)
+    assert automatic_backends(bf16.float(), training=True) == list(ALL_BACKENDS)
+
+    torch.manual_seed(0)
+    enc = TransformerEncoder(W, 2, 2, 16, 0.0, ["summary"], transact_recent=0)
+    events, mask = _padded([3, 6])
+    math = "aten::_scaled_dot_product_attention_math"
+    automatic = _attention_kernels(enc, events, mask)
+    assert automatic and math not in automatic  # FP32 on CPU: a fused kernel
+    assert set_attention_backends(enc, [torch.nn.attention.SDPBackend.MATH]) == 2
+    assert _attention_kernels(enc, events, mask) == {math}
+    assert set_attention_backends(enc, None) == 2
+    assert _attention_kernels(enc, events, mask) == automatic
 
 
 def test_sum_and_period_sum_pooling_boundaries():

@@ -167,10 +167,13 @@ class BatchBuilder:
     empty). ``broadcast`` False: every row is its own request slot.
 
     Tensors are built from Arrow buffers (``torch.from_numpy``) or ``torch.empty`` then filled: no
-    zero-filled staging allocations (a cost the two-tower article calls out)."""
+    zero-filled staging allocations (a cost the two-tower article calls out). ``zero_fill`` True
+    allocates them with ``torch.zeros`` instead -- the same batches, for benchmarks/train_throughput.py
+    to measure what that costs."""
 
-    def __init__(self, layout: FeatureLayout, user_slots: int, broadcast: bool = True):
+    def __init__(self, layout: FeatureLayout, user_slots: int, broadcast: bool = True, zero_fill: bool = False):
         self.layout, self.user_slots, self.broadcast = layout, user_slots, broadcast
+        self.zero_fill = zero_fill
 
     def build(self, table: pa.Table, source: str = "", pad_to: Optional[int] = None) -> Batch:
         """The batch of ``table``'s rows (requests contiguous). ``pad_to``: fewer rows are padded to
@@ -192,8 +195,9 @@ class BatchBuilder:
         request_index = torch.from_numpy(np.cumsum(is_first) - 1)
         first_rows = table.take(pa.array(starts))
         B = table.num_rows
+        new = torch.zeros if self.zero_fill else torch.empty  # every tensor below is written whole
 
-        dense = torch.empty(B, layout.dense_dim, dtype=torch.float32)
+        dense = new(B, layout.dense_dim, dtype=torch.float32)
         dense_np, at = dense.numpy(), 0  # filled in place through a numpy view: one copy from Arrow
         for d in f.dense:
             col = table.column(d.column).combine_chunks()
@@ -227,12 +231,12 @@ class BatchBuilder:
             if g.embedding_column:
                 emb = first_rows.column(g.embedding_column).combine_chunks().flatten().flatten()
                 emb = emb.to_numpy(zero_copy_only=False).reshape(-1, g.embedding_dim)
-                embeddings[g.name] = torch.empty(emb.shape, dtype=torch.float32)
+                embeddings[g.name] = new(emb.shape, dtype=torch.float32)
                 embeddings[g.name].numpy()[:] = emb
 
-        labels = _stack(table, [t.label_column for t in f.tasks])
+        labels = _stack(table, [t.label_column for t in f.tasks], new)
         oracle = [t.true_probability_column for t in f.tasks]
-        true_probs = _stack(table, oracle) if all(oracle) else None
+        true_probs = _stack(table, oracle, new) if all(oracle) else None
         surface = torch.from_numpy(table.column(f.columns.surface).to_numpy().astype(np.int64))
         valid = torch.ones(B, dtype=torch.bool)
         if num_valid is not None:
@@ -277,8 +281,8 @@ def _kjt(keys: List[str], columns: List[pa.ChunkedArray], stride: int) -> KeyedJ
     )
 
 
-def _stack(table: pa.Table, names: List[str]) -> torch.Tensor:
-    out = torch.empty(table.num_rows, len(names), dtype=torch.float32)
+def _stack(table: pa.Table, names: List[str], new=torch.empty) -> torch.Tensor:
+    out = new(table.num_rows, len(names), dtype=torch.float32)
     view = out.numpy()
     for j, name in enumerate(names):
         view[:, j] = table.column(name).to_numpy()

@@ -136,13 +136,15 @@ def make_loader(
     num_workers: Optional[int] = None,
     epoch: int = 0,
     pin_memory: bool = False,
-    prefetch_factor: int = 4,
+    prefetch_factor: Optional[int] = None,
 ) -> torch.utils.data.DataLoader:
     """A DataLoader over this rank's ``ParquetBatches``; workers (``data.num_workers`` unless given)
-    read disjoint row groups in parallel, each keeping ``prefetch_factor`` batches ready."""
+    read disjoint row groups in parallel, each keeping ``prefetch_factor`` batches ready
+    (``data.prefetch_factor`` unless given)."""
     dataset = ParquetBatches(directory, settings, rank, world_size, shuffle=shuffle, part=part)
     dataset.set_epoch(epoch)
     workers = settings.data.num_workers if num_workers is None else num_workers
+    prefetch_factor = settings.data.prefetch_factor if prefetch_factor is None else prefetch_factor
     return torch.utils.data.DataLoader(
         dataset,
         batch_size=None,

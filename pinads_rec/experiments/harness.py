@@ -10,9 +10,9 @@ re-raised in the caller, every failed rank's, named by rank; the ranks die with 
 (kept as ``work_dir/rank-<rank>.json``).
 
 Measuring: ``CpuMeter`` (what other processes used meanwhile), ``wait_quiet``, ``rss_mib`` /
-``peak_rss_mib``, and ``measure_training``: a rank's trainer built by ``Trainer.setup()`` and
-``timed_steps`` of it, phase by phase, with the time in collectives from torch.profiler
-(``pinads_rec.experiments.collectives``).
+``peak_rss_mib``, ``measured_trainer`` (a rank's trainer built by ``Trainer.setup()`` in an empty
+run directory) and ``measure_training``: that trainer and ``timed_steps`` of it, phase by phase, with
+the time in collectives from torch.profiler (``pinads_rec.experiments.collectives``).
 """
 
 from __future__ import annotations
@@ -409,25 +409,32 @@ def plan_summary(dmp) -> str:
     return " ".join(parts)
 
 
-def measure_training(cfg, warmup: int, steps: int, num_workers: int = 0, comms_steps: int = 0) -> dict:
-    """One rank's measurement (run it with ``rank_results``): the trainer ``train.py`` builds
-    (``Trainer(cfg).setup()``, with ``data.num_workers = num_workers``, ``train.max_steps`` = all the
-    steps, for the LR schedule, and an empty run directory: nothing resumed, nothing written), then
-    ``timed_steps``; with the rank's RSS before the model, its embedding size and sharding plan."""
+@contextlib.contextmanager
+def measured_trainer(cfg, total_steps: int, num_workers: int):
+    """The trainer ``train.py`` builds on this rank (``Trainer(cfg).setup()``), for a measurement:
+    ``train.max_steps = total_steps`` (the LR schedule), ``data.num_workers = num_workers`` and an
+    empty temporary run directory (nothing resumed, nothing written; removed on exit)."""
     import dataclasses
-
-    import torch.distributed as dist
 
     from pinads_rec.training.trainer import Trainer
 
-    base_rss = rss_mib()
     with tempfile.TemporaryDirectory(prefix="pinads_timed_run_") as run_dir:
         cfg = dataclasses.replace(
             cfg,
             data=dataclasses.replace(cfg.data, num_workers=num_workers),
-            train=dataclasses.replace(cfg.train, max_steps=warmup + steps + comms_steps, run_dir=run_dir),
+            train=dataclasses.replace(cfg.train, max_steps=total_steps, run_dir=run_dir),
         )
-        trainer = Trainer(cfg).setup()
+        yield Trainer(cfg).setup()
+
+
+def measure_training(cfg, warmup: int, steps: int, num_workers: int = 0, comms_steps: int = 0) -> dict:
+    """One rank's measurement (run it with ``rank_results``): the trainer of ``measured_trainer``
+    (``train.max_steps`` = all the steps), then ``timed_steps``; with the rank's RSS before the
+    model, its embedding size and sharding plan."""
+    import torch.distributed as dist
+
+    base_rss = rss_mib()
+    with measured_trainer(cfg, warmup + steps + comms_steps, num_workers) as trainer:
         size = embedding_size(trainer.dmp)
         timed = timed_steps(trainer, warmup, steps, comms_steps)
     return {

@@ -10,9 +10,13 @@ max-pool over the events plus the latest ``transact_recent`` tokens, newest firs
 
 In: events [U, L, W], mask [U, L], extra tokens [U, X, W] or None. Out: pooled [U, output_dim],
 encoded events [U, L, W].
+
+The attention kernel is SDPA's choice among all it has, except in CPU BF16 training (MATH, see
+``automatic_backends``); ``set_attention_backends(model, backends)`` pins another list, for a
+benchmark comparing kernels.
 """
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +25,23 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pinads_rec.modules.precision import LargeLayer
 
+# Every SDPA kernel, in SDPA's own order of preference: it runs the first that supports the inputs.
+ALL_BACKENDS = (
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.CUDNN_ATTENTION,
+    SDPBackend.MATH,
+)
+
+
+def automatic_backends(q: torch.Tensor, training: bool) -> List[SDPBackend]:
+    """The kernels attention may use when none are pinned: MATH alone in CPU BF16 training (there
+    the flash-attention backward is slower than the math kernel; benchmarks/inference_precision.py
+    measures both), elsewhere all of them (SDPA picks its fastest)."""
+    if q.dtype == torch.bfloat16 and training and q.device.type == "cpu":
+        return [SDPBackend.MATH]
+    return list(ALL_BACKENDS)
+
 
 class SelfAttention(nn.Module):
     def __init__(self, d_model: int, num_heads: int, dropout: float):
@@ -28,27 +49,27 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
         self.num_heads, self.dropout = num_heads, dropout
+        # The SDPA kernels this layer may use; None: automatic_backends (set_attention_backends pins a list).
+        self.backends: Optional[List[SDPBackend]] = None
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         U, L, D = x.shape
         q, k, v = self.qkv(x).view(U, L, 3, self.num_heads, D // self.num_heads).permute(2, 0, 3, 1, 4)
-        # CPU BF16 training: the flash-attention backward is slower than the math kernel in BF16
-        # (benchmarks/inference_precision.py measures both); elsewhere SDPA picks its fastest.
-        backends = (
-            [SDPBackend.MATH]
-            if q.dtype == torch.bfloat16 and self.training and q.device.type == "cpu"
-            else [
-                SDPBackend.FLASH_ATTENTION,
-                SDPBackend.EFFICIENT_ATTENTION,
-                SDPBackend.CUDNN_ATTENTION,
-                SDPBackend.MATH,
-            ]
-        )
+        backends = self.backends if self.backends is not None else automatic_backends(q, self.training)
         with sdpa_kernel(backends):
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=key_mask[:, None, None, :], dropout_p=self.dropout if self.training else 0.0
             )
         return self.out(y.transpose(1, 2).reshape(U, L, D))
+
+
+def set_attention_backends(model: nn.Module, backends: Optional[Sequence[SDPBackend]]) -> int:
+    """Pins the SDPA kernels of every self-attention layer in ``model`` (sharded or not) to
+    ``backends``; None gives them back the automatic choice. Returns how many layers it set."""
+    layers = [m for m in model.modules() if isinstance(m, SelfAttention)]
+    for layer in layers:
+        layer.backends = None if backends is None else list(backends)
+    return len(layers)
 
 
 class TransformerLayer(nn.Module):
