@@ -1,0 +1,38 @@
+"""The harness experiments, benchmarks and tests share, one job a module:
+
+- ``launch``: ``run_ranks`` / ``rank_results``, the one way code runs on several gloo ranks from
+  Python (spawned processes, file rendezvous, a deadline, every failed rank's traceback);
+- ``meters``: ``CpuMeter`` / ``wait_quiet`` (the machine is shared), ``rss_mib`` / ``peak_rss_mib``;
+- ``timing``: the instrumented training loop over a ``Trainer`` (``measured_trainer``,
+  ``timed_steps``, ``measure_training``).
+
+The data cache experiments share is ``pinads_rec.data.synth.ensure``.
+"""
+
+from pinads_rec.experiments.harness.launch import RanksFailed, quiet_library_logs, rank_results, run_ranks
+from pinads_rec.experiments.harness.meters import CpuMeter, peak_rss_mib, rss_mib, wait_quiet
+from pinads_rec.experiments.harness.timing import (
+    PHASES,
+    embedding_size,
+    measure_training,
+    measured_trainer,
+    plan_summary,
+    timed_steps,
+)
+
+__all__ = [
+    "PHASES",
+    "CpuMeter",
+    "RanksFailed",
+    "embedding_size",
+    "measure_training",
+    "measured_trainer",
+    "peak_rss_mib",
+    "plan_summary",
+    "quiet_library_logs",
+    "rank_results",
+    "rss_mib",
+    "run_ranks",
+    "timed_steps",
+    "wait_quiet",
+]

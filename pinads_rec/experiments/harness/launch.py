@@ -1,0 +1,177 @@
+"""The one way this project runs code on several gloo ranks from Python (tests, experiments,
+benchmarks).
+
+``run_ranks(fn, world_size, work_dir, *args)`` starts ``world_size`` fresh processes (spawn), each
+joining a gloo process group through a FILE rendezvous in a private temporary directory (no TCP port
+to collide), and calls ``fn(rank, world_size, work_dir, *args)`` in each. A deadline bounds the whole
+run; a failed rank's traceback (``work_dir/error-<rank>.txt``) is re-raised in the caller, every
+failed rank's, named by rank; the ranks die with the caller. ``rank_results(fn, ...)`` is the same
+for a ``fn(*args) -> dict`` whose per-rank results come back (kept as ``work_dir/rank-<rank>.json``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import traceback
+import warnings
+from multiprocessing.connection import wait as wait_for_exits
+from pathlib import Path
+from typing import Callable, Dict, List
+
+# Seconds the other ranks get to finish (and write their own traceback) once one rank has failed.
+FAILURE_GRACE_S = 3.0
+
+
+class RanksFailed(RuntimeError):
+    """One or more ranks raised or died, or the run passed its deadline. ``failures`` maps each
+    failed rank to its traceback (or how it ended); ``timed_out`` says whether the deadline struck."""
+
+    def __init__(self, message: str, failures: Dict[int, str], timed_out: bool):
+        super().__init__(message)
+        self.failures, self.timed_out = failures, timed_out
+
+
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when its parent dies (no orphan left in a collective)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def quiet_library_logs() -> None:
+    """TorchRec / fbgemm / torch log lines (INFO per table and the like) down to errors; a logger
+    given its own level (e.g. the experiment's) still speaks."""
+    for noisy in ("torchrec", "torch", "fbgemm_gpu"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    logging.getLogger().setLevel(logging.ERROR)  # fbgemm's "Successfully loaded" INFO lines
+
+
+def _rank_main(rank: int, world: int, rdzv_file: str, work_dir: str, timeout_s: float, quiet: bool, fn, args) -> None:
+    import multiprocessing
+
+    import torch
+    import torch.distributed as dist
+
+    _die_with_parent()
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    # A spawned child inherits "spawn" as its start method; torchrun's ranks fork their DataLoader
+    # workers, so these do too.
+    multiprocessing.set_start_method("fork", force=True)
+    torch.set_num_threads(1)  # one thread per rank: 1 and N ranks get the same compute per process
+    if quiet:
+        quiet_library_logs()
+        warnings.simplefilter("ignore")  # TorchRec/fbgemm deprecation chatter, once per rank and run
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{rdzv_file}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        fn(rank, world, work_dir, *args)
+        # Leave together: a rank tearing gloo down while a peer is still connecting (an ``fn``
+        # without collectives returns at once) fails the peer's init_process_group. (``fn`` may
+        # have ended the group itself, as train.main does.)
+        if dist.is_initialized():
+            dist.barrier()
+    except BaseException:
+        with open(os.path.join(work_dir, f"error-{rank}.txt"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable, world_size: int, work_dir, *args, timeout_s: float = 300, quiet: bool = False) -> Path:
+    """Runs ``fn(rank, world_size, work_dir, *args)`` on ``world_size`` gloo ranks (one torch thread
+    each, ``PYTHONHASHSEED=0`` so that the planner's ties break alike from run to run); returns
+    ``work_dir`` (a Path), where ``fn`` writes what the caller reads. Raises ``RanksFailed`` naming
+    every failed rank with its traceback, or the deadline. ``fn`` and ``args`` must pickle (``fn`` a
+    module-level function). ``quiet``: the ranks log library messages at ERROR only."""
+    import torch.multiprocessing as mp
+
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    for old in list(work.glob("error-*.txt")) + list(work.glob("rank-*.json")):
+        old.unlink()
+    rdzv_dir = tempfile.mkdtemp(prefix="pinads_rdzv_")  # a fresh rendezvous file per launch
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            args=(rank, world_size, os.path.join(rdzv_dir, "rdzv"), str(work), timeout_s, quiet, fn, args),
+            name=f"rank-{rank}",
+        )
+        for rank in range(world_size)
+    ]
+    saved = os.environ.get("PYTHONHASHSEED")
+    os.environ["PYTHONHASHSEED"] = saved or "0"  # read by the child interpreters as they start
+    deadline = time.monotonic() + timeout_s
+    timed_out, killed = False, set()
+    try:
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            if saved is None:
+                del os.environ["PYTHONHASHSEED"]
+        running = list(procs)
+        while running:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            wait_for_exits([p.sentinel for p in running], timeout=min(left, 1.0))
+            running = [p for p in procs if p.exitcode is None]
+            if any(p.exitcode not in (None, 0) for p in procs):
+                # The others are likely blocked in a collective with the failed rank: give them a
+                # moment to fail on their own (and write their traceback), then stop them.
+                wait_for_exits([p.sentinel for p in running], timeout=FAILURE_GRACE_S)
+                break
+    finally:
+        for rank, p in enumerate(procs):
+            if p.is_alive():
+                p.kill()
+                killed.add(rank)
+        for p in procs:
+            if p.pid is not None:  # started
+                p.join(10)
+        shutil.rmtree(rdzv_dir, ignore_errors=True)
+    failures = {}
+    for rank, p in enumerate(procs):
+        error = work / f"error-{rank}.txt"
+        if error.exists():
+            failures[rank] = error.read_text().rstrip()
+        elif p.exitcode not in (0, None) and rank not in killed:
+            failures[rank] = f"exited with code {p.exitcode} (no Python traceback)"
+    if timed_out or failures:
+        head = f"{world_size}-rank run in {work} "
+        head += f"exceeded its {timeout_s:g} s deadline" if timed_out else f"failed on rank(s) {sorted(failures)}"
+        parts = [head] + [f"--- rank {rank}:\n{text}" for rank, text in sorted(failures.items())]
+        raise RanksFailed("\n".join(parts), failures, timed_out)
+    return work
+
+
+def _result_to_json(rank: int, world: int, work_dir: str, fn, args) -> None:
+    with open(os.path.join(work_dir, f"rank-{rank}.json"), "w") as f:
+        json.dump(fn(*args), f)
+
+
+def rank_results(
+    fn: Callable[..., dict], world_size: int, work_dir, *args, timeout_s: float = 300, quiet: bool = True
+) -> List[dict]:
+    """``fn(*args)`` on every rank (run by ``run_ranks``); its JSON-able results in rank order."""
+    work = run_ranks(_result_to_json, world_size, work_dir, fn, args, timeout_s=timeout_s, quiet=quiet)
+    return [json.loads((work / f"rank-{rank}.json").read_text()) for rank in range(world_size)]
