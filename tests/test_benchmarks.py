@@ -15,19 +15,8 @@ pytestmark = pytest.mark.slow
 
 def test_train_throughput_measures_every_mode_and_the_utilization(tiny_data, tmp_path):
     _, data = tiny_data
-    args = [
-        sys.executable,
-        os.path.join(REPO, "benchmarks", "train_throughput.py"),
-        "--ranks",
-        "1",
-        "--steps",
-        "2",
-        "--warmup",
-        "1",
-        "--profile",
-        "--out",
-        str(tmp_path),
-    ]
+    args = [sys.executable, os.path.join(REPO, "benchmarks", "train_throughput.py")]
+    args += "--ranks 1 --steps 2 --warmup 1 --profile".split() + ["--out", str(tmp_path)]
     for o in tiny_overrides(data) + ["model.calibration=none"]:
         args += ["--set", o]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=REPO)
@@ -88,18 +77,8 @@ def test_training_efficiency_switches_run(tiny_data, tmp_path, monkeypatch):
 
 def test_equal_auc_trains_both_and_evaluates_both(tiny_data, tmp_path):
     _, data = tiny_data
-    args = [
-        sys.executable,
-        os.path.join(REPO, "benchmarks", "equal_auc.py"),
-        "--steps",
-        "3",
-        "--ranks",
-        "1",
-        "--models",
-        "no_sequence",
-        "--out",
-        str(tmp_path),
-    ]
+    args = [sys.executable, os.path.join(REPO, "benchmarks", "equal_auc.py")]
+    args += "--steps 3 --ranks 1 --models no_sequence".split() + ["--out", str(tmp_path)]
     for o in tiny_overrides(data) + ["model.calibration=none"]:
         args += ["--set", o]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=REPO)
