@@ -381,6 +381,11 @@ class TrainConfig:
     # A non-finite loss or gradient: stop naming the step, task and batch source, or skip the
     # batch (no update) and count it in the metrics log.
     nonfinite: Literal["stop", "skip"] = "stop"
+    # TensorBoard event files in run_dir beside metrics.jsonl (`tensorboard --logdir <run_dir>`).
+    tensorboard: bool = True
+    # [first, last]: every rank records a torch.profiler trace of steps first..last (inclusive) to
+    # <run_dir>/profile/ (Chrome trace JSON: Perfetto, chrome://tracing). Empty: no trace.
+    profile_steps: List[int] = field(default_factory=list)
 
 
 @dataclass
@@ -641,6 +646,15 @@ def _validate_train(t: TrainConfig) -> None:
     for i, st in enumerate(t.sharding_types):
         if st not in valid_types:
             raise ConfigError(f"train.sharding_types[{i}]: {st!r} is not one of {sorted(valid_types)}")
+    if t.profile_steps:
+        if len(t.profile_steps) != 2:
+            raise ConfigError(f"train.profile_steps: need [first, last] (two steps), got {t.profile_steps}")
+        first, last = t.profile_steps
+        positive("train.profile_steps[0]", first)
+        if last < first:
+            raise ConfigError(f"train.profile_steps: last step {last} is before first step {first}")
+        if t.max_steps and last > t.max_steps:
+            raise ConfigError(f"train.profile_steps: last step {last} is after train.max_steps {t.max_steps}")
 
 
 def _validate_encoder(

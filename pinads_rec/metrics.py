@@ -350,7 +350,9 @@ def _fmt(x: Optional[float], spec: str = ".4f") -> str:
     return format(x, spec)
 
 
-def _lift(row: Dict[str, Any]) -> Optional[float]:
+def oracle_lift(row: Dict[str, Any]) -> Optional[float]:
+    """(auc - 0.5) / (oracle_auc - 0.5) of a metrics row: the fraction of the oracle's attainable
+    AUC gain over random that the model achieves; None without an oracle, nan when undefined."""
     a, o = row.get("auc"), row.get("oracle_auc")
     if a is None or o is None:
         return None
@@ -392,7 +394,7 @@ def format_table(rows: Sequence[Dict[str, Any]]) -> str:
                 _fmt(pos_rate),
                 _fmt(r["auc"]),
                 _fmt(r.get("oracle_auc")),
-                _fmt(_lift(r), ".3f"),
+                _fmt(oracle_lift(r), ".3f"),
                 _fmt(r["ne"]),
                 _fmt(r.get("oracle_ne")),
                 _fmt(r["log_loss"]),

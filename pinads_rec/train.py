@@ -4,8 +4,9 @@
     python -m pinads_rec.train --config configs/demo.yaml --set train.max_steps=100   # one process
 
 Parses the command line, sets up logging, and runs ``pinads_rec.training.Trainer`` with the run log
-(metrics.jsonl, config.json) and the console report as hooks; a data, checkpoint or numerics error
-ends the rank with a one-line message.
+(metrics.jsonl, config.json, run_metadata.json), the console report, the TensorBoard event files
+(train.tensorboard) and the profiler trace (train.profile_steps) as hooks; a data, checkpoint or
+numerics error ends the rank with a one-line message.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from pinads_rec import config, parallel
 from pinads_rec.data.contract import ContractError
 from pinads_rec.models.train_task import NonFiniteError
 from pinads_rec.modules.precision import PrecisionOverflow
+from pinads_rec.training.board import TensorBoardWriter
 from pinads_rec.training.checkpoint import IncompatibleCheckpoint
 from pinads_rec.training.console import ConsoleReport
+from pinads_rec.training.profiler import StepProfiler
 from pinads_rec.training.run_log import RunLog
-from pinads_rec.training.trainer import Trainer
+from pinads_rec.training.trainer import Hook, Trainer
 
 DEFAULT_CONFIG = "configs/demo.yaml"
 
@@ -45,6 +48,17 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
+def default_hooks(cfg: config.ExperimentConfig) -> List[Hook]:
+    """What a run of ``cfg`` reports: metrics.jsonl and its metadata, the console, TensorBoard
+    (unless train.tensorboard is off) and a profiler trace (when train.profile_steps names steps)."""
+    hooks: List[Hook] = [RunLog(), ConsoleReport()]
+    if cfg.train.tensorboard:
+        hooks.append(TensorBoardWriter())
+    if cfg.train.profile_steps:
+        hooks.append(StepProfiler())
+    return hooks
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     # force: importing torchrec already configured the root logger. Libraries stay at WARNING (fbgemm
@@ -60,7 +74,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     env = parallel.init_distributed()
     try:
-        Trainer(cfg, env, hooks=[RunLog(), ConsoleReport()]).run()
+        Trainer(cfg, env, hooks=default_hooks(cfg)).run()
     except (ContractError, IncompatibleCheckpoint, NonFiniteError, PrecisionOverflow) as e:
         # A DataLoader worker's error arrives wrapped with its traceback; the user needs the last line.
         message = str(e).strip().splitlines()[-1]

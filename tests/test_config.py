@@ -239,6 +239,24 @@ def test_invalid_sharding_type():
 
 
 @pytest.mark.parametrize(
+    "override,pattern",
+    [
+        ("train.profile_steps=[3]", r"^train\.profile_steps: need \[first, last\] \(two steps\), got \[3\]"),
+        ("train.profile_steps=[1, 2, 3]", r"^train\.profile_steps: need \[first, last\]"),
+        ("train.profile_steps=[0, 2]", r"^train\.profile_steps\[0\]: must be > 0, got 0"),
+        ("train.profile_steps=[5, 4]", r"^train\.profile_steps: last step 4 is before first step 5"),
+        ("train.profile_steps=[5, 9]", r"^train\.profile_steps: last step 9 is after train\.max_steps 8"),
+    ],
+)
+def test_bad_profile_steps(override, pattern):
+    assert_config_error(pattern, overrides=["train.max_steps=8", override])
+
+
+def test_profile_steps_name_a_range():
+    assert config.from_dict(demo_raw(), ["train.profile_steps=[4, 4]"]).train.profile_steps == [4, 4]
+
+
+@pytest.mark.parametrize(
     "section,index,name",
     [
         ("tables", 4, "user"),

@@ -1,5 +1,6 @@
 """The training path on 2 gloo ranks: sharded == unsharded, the pipeline really pipelines, the loss
-falls, and resuming from a checkpoint continues exactly like an uninterrupted run.
+falls, the run's reports (metrics.jsonl, TensorBoard, run metadata, profiler trace) agree, and
+resuming from a checkpoint continues exactly like an uninterrupted run.
 
 One 2-process launch (each process pays the torchrec import once) records what every check needs
 in a JSON file; each test asserts one check."""
@@ -8,13 +9,19 @@ import dataclasses
 import json
 import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import load_tiny
+from conftest import REPO, load_tiny
+from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
 from pinads_rec.experiments.harness import run_ranks
-from pinads_rec.training.run_log import read_run_log
+from pinads_rec.metrics import oracle_lift
+from pinads_rec.training.board import METADATA_TAG
+from pinads_rec.training.profiler import trace_path
+from pinads_rec.training.run_log import METADATA_FILE, read_run_log
 from pinads_rec.training.trainer import Hook
 
 pytestmark = pytest.mark.slow
@@ -33,6 +40,30 @@ def copy_full_weights(dmp, full_state):
                     shard.tensor.copy_(full[r : r + h, c : c + w])
             else:
                 value.copy_(full)
+
+
+PROFILED = (2, 3)  # the steps of the long run's profiler trace
+
+
+def as_float32(x):
+    """What TensorBoard holds for the number ``x`` (it stores scalars as float32)."""
+    return torch.tensor(x, dtype=torch.float32).item()
+
+
+def tensorboard_events(run_dir):
+    events = EventAccumulator(str(run_dir), size_guidance={SCALARS: 0})  # 0: keep every event
+    events.Reload()
+    return events
+
+
+def tensorboard_scalars(run_dir):
+    """{tag: {step: value}} of every scalar in the run directory's event files."""
+    events = tensorboard_events(run_dir)
+    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+
+
+def same_number(tensorboard_value, x):
+    return torch.tensor(tensorboard_value).isnan().item() if x != x else tensorboard_value == as_float32(x)
 
 
 def read_losses(run_dir):
@@ -67,6 +98,8 @@ def _checks(rank, world, result_dir, data_dir, run_root):
     from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
     from pinads_rec.models.ranker import UnifiedRanker
     from pinads_rec.models.train_task import TrainTask
+    from pinads_rec.training.board import TensorBoardWriter
+    from pinads_rec.training.profiler import StepProfiler
     from pinads_rec.training.run_log import RunLog
     from pinads_rec.training.trainer import Trainer, shard_train_task
 
@@ -111,7 +144,7 @@ def _checks(rank, world, result_dir, data_dir, run_root):
         adamw = schedule.optimizer._optimizer
         out["dense_adamw"][kernel] = [type(adamw).__name__, adamw.defaults["fused"], adamw.defaults["foreach"]]
 
-    # 2. Training: pipelined modules, falling loss, what the hooks see.
+    # 2. Training: pipelined modules, falling loss, what the hooks see, TensorBoard and a profiler trace.
     cfg = load_tiny(
         data_dir,
         [
@@ -120,21 +153,29 @@ def _checks(rank, world, result_dir, data_dir, run_root):
             "train.log_every=1",
             "train.lr=0.003",
             "train.warmup_steps=5",
+            f"train.profile_steps=[{PROFILED[0]}, {PROFILED[1]}]",
         ],
     )
     recorder = Recorder()
-    summary = Trainer(cfg, env, hooks=[RunLog(), recorder]).run()
+    summary = Trainer(cfg, env, hooks=[RunLog(), recorder, TensorBoardWriter(), StepProfiler()]).run()
     out["pipelined"] = summary["pipelined_modules"]
     out["eval_rows"] = len(summary["eval"])
     out["hook"] = {"events": recorder.events, "steps": recorder.steps, "summary": recorder.summary}
 
-    # 3. Resume: an uninterrupted run vs one restarted from its step-4 checkpoint.
+    # 3. Resume: an uninterrupted run vs one restarted from its step-4 checkpoint. b also gets a's
+    #    TensorBoard events, as if a had run there and crashed after its step-4 checkpoint.
     base = ["train.max_steps=8", "train.log_every=1", "train.checkpoint_every=4"]
-    Trainer(load_tiny(data_dir, base + [f"train.run_dir={run_root}/a"]), env, hooks=[RunLog()]).run()
+    Trainer(
+        load_tiny(data_dir, base + [f"train.run_dir={run_root}/a"]), env, hooks=[RunLog(), TensorBoardWriter()]
+    ).run()
     if rank == 0:
         shutil.copytree(f"{run_root}/a/checkpoints/step-4", f"{run_root}/b/checkpoints/step-4")
+        for events in Path(f"{run_root}/a").glob("events.out.tfevents.*"):
+            shutil.copy(events, f"{run_root}/b/")
     dist.barrier()
-    Trainer(load_tiny(data_dir, base + [f"train.run_dir={run_root}/b"]), env, hooks=[RunLog()]).run()
+    Trainer(
+        load_tiny(data_dir, base + [f"train.run_dir={run_root}/b"]), env, hooks=[RunLog(), TensorBoardWriter()]
+    ).run()
 
     if rank == 0:
         with open(os.path.join(result_dir, "checks.json"), "w") as f:
@@ -222,3 +263,85 @@ def test_resume_continues_like_an_uninterrupted_run(two_rank_run, step):
     _, run_root = two_rank_run
     a, b = read_losses(f"{run_root}/a"), read_losses(f"{run_root}/b")
     assert b[step] == pytest.approx(a[step], abs=1e-6)
+
+
+def test_tensorboard_holds_every_step_record_of_the_metrics_log(two_rank_run):
+    _, run_root = two_rank_run
+    scalars = tensorboard_scalars(f"{run_root}/long")
+    steps = read_run_log(f"{run_root}/long").steps
+    keys = [k for k in steps[0] if k != "step"]
+    assert sorted(t for t in scalars if t.startswith("train/")) == sorted(f"train/{k}" for k in keys)
+    for key in keys:
+        assert scalars[f"train/{key}"] == {r["step"]: as_float32(r[key]) for r in steps}, key
+
+
+def test_tensorboard_holds_every_eval_cell_of_the_metrics_log_summary(two_rank_run):
+    _, run_root = two_rank_run
+    scalars = tensorboard_scalars(f"{run_root}/long")
+    summary = read_run_log(f"{run_root}/long").summary
+    metrics = ["auc", "ne", "log_loss", "calibration", "ece", "oracle_auc", "oracle_ne", "calibration_vs_truth"]
+    expected = {}
+    for row in summary["eval"]:
+        cell = f"{row['surface']}/{row['task']}"
+        expected.update({f"eval/{m}/{cell}": row[m] for m in metrics})
+        expected[f"eval/lift/{cell}"] = oracle_lift(row)
+    assert sorted(t for t in scalars if t.startswith("eval/")) == sorted(expected)
+    for tag, x in expected.items():
+        [(step, value)] = scalars[tag].items()
+        assert step == summary["step"] and same_number(value, x), (tag, value, x)
+
+
+def test_tensorboard_holds_the_summary_numbers(two_rank_run):
+    _, run_root = two_rank_run
+    scalars = tensorboard_scalars(f"{run_root}/long")
+    summary = read_run_log(f"{run_root}/long").summary
+    for key in [
+        "train_examples_per_s",
+        "train_seconds",
+        "nonfinite_skipped",
+        "fp16_fallbacks",
+        "world_size",
+        "global_batch",
+    ]:
+        assert scalars[f"summary/{key}"] == {summary["step"]: as_float32(summary[key])}, key
+
+
+def test_tensorboard_text_is_the_run_metadata_file(two_rank_run):
+    _, run_root = two_rank_run
+    [text] = tensorboard_events(f"{run_root}/long").Tensors(f"{METADATA_TAG}/text_summary")
+    fenced = text.tensor_proto.string_val[0].decode()
+    assert fenced.startswith("```json\n") and fenced.endswith("\n```")
+    assert json.loads(fenced[len("```json") : -len("```")]) == json.loads(
+        (Path(run_root) / "long" / METADATA_FILE).read_text()
+    )
+
+
+def test_run_metadata_names_the_code_the_packages_and_the_world(two_rank_run):
+    _, run_root = two_rank_run
+    meta = json.loads((Path(run_root) / "long" / METADATA_FILE).read_text())
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    assert meta["git_commit"] == (head.stdout.strip() if head.returncode == 0 else "unknown")
+    assert meta["packages"]["torch"] == torch.__version__
+    assert set(meta["packages"]) == {"torch", "torchrec", "fbgemm_gpu", "torchx", "pyarrow"}
+    assert "not installed" not in meta["packages"].values()
+    assert (meta["world_size"], meta["device"]) == (2, "cpu")
+    assert meta["config"]["train"]["run_dir"] == f"{run_root}/long"
+    assert meta["hostname"] and meta["start_time"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_profiler_trace_spans_the_profiled_steps_on_every_rank(two_rank_run, rank):
+    _, run_root = two_rank_run
+    trace = json.loads(trace_path(f"{run_root}/long", *PROFILED, rank).read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {f"step {s}" for s in range(PROFILED[0], PROFILED[1] + 1)} <= names
+    assert not {f"step {PROFILED[0] - 1}", f"step {PROFILED[1] + 1}"} & names
+    assert len(trace["traceEvents"]) > 100  # the ops of the steps, not only the spans
+
+
+def test_a_resumed_run_replaces_the_tensorboard_steps_after_its_checkpoint(two_rank_run):
+    _, run_root = two_rank_run
+    losses = [(e.step, e.value) for e in tensorboard_events(f"{run_root}/b").Scalars("train/loss")]
+    first_run, resumed = read_losses(f"{run_root}/a"), read_losses(f"{run_root}/b")
+    expected = {s: first_run[s] for s in range(1, 5)} | resumed  # a's steps 5-8 hidden (purge_step)
+    assert losses == [(s, as_float32(expected[s])) for s in range(1, 9)]

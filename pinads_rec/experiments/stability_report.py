@@ -13,7 +13,6 @@ import dataclasses
 import math
 import os
 import statistics
-import subprocess
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -22,6 +21,7 @@ import torch
 
 from pinads_rec import config
 from pinads_rec.experiments.markdown import table
+from pinads_rec.training.run_log import git_state
 
 REPO = Path(__file__).resolve().parents[2]
 BN, RBN = "batch_norm", "resilient_bn"
@@ -141,20 +141,10 @@ def fmt(x: float, digits: int = 4) -> str:
 
 
 def code_version() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+    commit, dirty = git_state(REPO)
+    if commit == "unknown":
         return "outside git"
-    return f"commit {head}" + (" with uncommitted changes" if dirty else "")
+    return f"commit {commit[:7]}" + (" with uncommitted changes" if dirty else "")
 
 
 # --------------------------------------------------------------------------------------------

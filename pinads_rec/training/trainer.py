@@ -53,6 +53,10 @@ class Hook:
         """Every ``train.log_every`` steps. ``record``: {"step", "epoch", "loss" (mean over the
         window), "logit_abs_max", "nonfinite_skipped", "fp16_fallbacks", "lr", "examples_per_s"}."""
 
+    def on_step_end(self, trainer: Trainer) -> None:
+        """After every training step (``trainer.state.step`` is the step just done), for per-step
+        work such as a profiler's window; keep it cheap."""
+
     def on_evaluation(self, trainer: Trainer, summary: dict) -> None:
         """The final summary (what :meth:`Trainer.run` returns): fit's figures and the ``eval`` rows."""
 
@@ -212,7 +216,8 @@ class Trainer:
     ``data_group`` (gloo; None on one rank), ``dmp`` (the sharded TrainTask), ``guard``,
     ``optimizer``, ``schedule`` (the dense LR schedule), ``loader`` (this rank's training batches),
     ``state`` (checkpoint.TrainState), ``pipeline``, ``total_steps``, ``run_dir``, ``resumed_from``
-    (the checkpoint loaded, or None) and ``pipelined_modules`` (known after the first step)."""
+    (the checkpoint loaded, or None) and ``pipelined_modules`` (known after the first step);
+    ``started_at`` (wall clock, seconds) from construction on."""
 
     def __init__(
         self,
@@ -227,6 +232,7 @@ class Trainer:
         self.plan = plan
         self.pipelined_modules: Optional[List[str]] = None
         self._ready = False
+        self.started_at = time.time()  # wall clock, for the run's metadata
 
     def setup(self) -> Trainer:
         """Data group, resume (checkpoint compatibility and its plan), the sharded TrainTask, the
@@ -306,8 +312,8 @@ class Trainer:
     def fit(self) -> dict:
         """The epoch loop from ``state`` to ``train.epochs`` or ``train.max_steps``, checkpointing
         every ``train.checkpoint_every`` steps; hooks see on_start, then on_step every
-        ``train.log_every`` steps. Returns {"step", "train_examples_per_s", "train_seconds",
-        "pipelined_modules"}."""
+        ``train.log_every`` steps and on_step_end after every step. Returns {"step",
+        "train_examples_per_s", "train_seconds", "pipelined_modules"}."""
         self.setup()
         cfg, env, state = self.cfg, self.env, self.state
         for hook in self.hooks:
@@ -351,6 +357,8 @@ class Trainer:
                     window_loss, window_n, logit_abs_max = 0.0, 0, 0.0
                 if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
                     self.save()
+                for hook in self.hooks:
+                    hook.on_step_end(self)
                 if cfg.train.max_steps and state.step >= cfg.train.max_steps:
                     done = True
                     break
