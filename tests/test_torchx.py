@@ -265,9 +265,12 @@ def test_kubernetes_dryrun_volcano_job():
         import kubernetes  # noqa: F401  TorchX's Kubernetes scheduler builds the job with its models
     except ImportError:
         pytest.fail("the kubernetes package is missing: it is the project's `kubernetes` extra, in the locks")
-    info = _dryrun_info(
-        "components/train.py:train", *CLUSTER_ARGS, "--image", IMAGE, scheduler="kubernetes", cfg={"queue": "ml"}
-    )
+    # TorchX warns that Volcano restarts (the component's max_retries=2) are unreliable: documented
+    # in docs/launching.md, expected here.
+    with pytest.warns(UserWarning, match="Volcano"):
+        info = _dryrun_info(
+            "components/train.py:train", *CLUSTER_ARGS, "--image", IMAGE, scheduler="kubernetes", cfg={"queue": "ml"}
+        )
     job = yaml.safe_load(str(info.request))  # the YAML `torchx run --dryrun` prints: the job as submitted
     assert (job["apiVersion"], job["kind"]) == ("batch.volcano.sh/v1alpha1", "Job")
     assert job["spec"]["schedulerName"] == "volcano" and job["spec"]["queue"] == "ml"
@@ -434,13 +437,17 @@ def test_two_nodes_train_and_evaluate(two_nodes):
 
 
 def test_each_node_ran_one_rank(two_nodes):
-    # TorchX prefixes every line with "<role>/<replica> [<local rank>]:": two replicas (the nodes,
-    # two torchrun agents that met through the c10d rendezvous), each with local rank 0 only. So
-    # every rank saw LOCAL_WORLD_SIZE=1 and WORLD_SIZE=2: the planner's Topology (local world size
-    # from LOCAL_WORLD_SIZE, parallel.plan_sharding) had 2 hosts of 1 rank.
-    out = two_nodes[0]
-    seen = set(re.findall(r"^train/(\d+) \[(\d+)\]:", out, flags=re.MULTILINE))
-    assert seen == {("0", "0"), ("1", "0")}, (seen, out[-3000:])
+    # TorchX's log dir keeps, per torchrun agent (a node, after the c10d rendezvous), a folder per
+    # attempt and local rank: two agents with local rank 0 only, so every rank saw LOCAL_WORLD_SIZE=1
+    # and WORLD_SIZE=2, and the planner's Topology (local world size from LOCAL_WORLD_SIZE,
+    # parallel.plan_sharding) had 2 hosts of 1 rank. (Folders, not output: rank 1 may print nothing.)
+    out, run_dir, _ = two_nodes
+    logs = run_dir.parent / "logs"
+    (app,) = (logs / "torchx").iterdir()
+    agents = sorted((app / "torchelastic" / "train").iterdir())
+    ranks = [sorted(r.name for r in attempt.iterdir()) for agent in agents for attempt in agent.glob("attempt_*")]
+    assert len(agents) == 2 and ranks == [["0"], ["0"]], (agents, ranks, out[-3000:])
+    assert sorted(r.name for r in (app / "train").iterdir()) == ["0", "1"]  # TorchX's two replicas
 
 
 def _split_truth(split_dir: Path, tasks: list[str]) -> dict:
