@@ -23,13 +23,13 @@ Notes for whoever edits this file (as for components/train.py):
 
 from typing import Dict, List, Optional
 
-import torchx
 import torchx.specs as specs
 
 from pinads_rec.config import split_overrides
 
 PINADS_PLAN_MODULE = "pinads_rec.plan"
 PINADS_DEFAULT_CONFIG = "configs/demo.yaml"
+PINADS_IMAGE = "pinads_rec:latest"  # built by the repository's Dockerfile (as in components/train.py)
 # The planner runs on CPU in one process; the model's dense part is materialized (embeddings are
 # on the meta device), so a few GB suffice even for the production config.
 PINADS_PLAN_CPU = 2
@@ -126,7 +126,7 @@ def plan(
     compare_config: Optional[str] = None,
     verbose: bool = False,
     name: str = "pinads_rec_plan",
-    image: str = torchx.IMAGE,
+    image: str = PINADS_IMAGE,
     h: Optional[str] = None,
     cpu: int = PINADS_PLAN_CPU,
     memMB: int = PINADS_PLAN_MEM_MB,

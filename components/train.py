@@ -6,10 +6,21 @@ PATH)::
     torchx run components/train.py:train -j 1x2 --config configs/demo.yaml --set train.max_steps=50
     torchx run components/train.py:train -j 1x8 --config configs/my_experiment.yaml     # 8 GPUs
     torchx run -s slurm components/train.py:train -j 2x8 --config ...                   # 2 nodes
+    torchx run components/train.py:train -j 2x1 --rdzv_port 0 --gpu 0                   # 2 "nodes" here
 
 It wraps ``torchx.components.dist.ddp`` (torchrun on every node) with the project's defaults.
 The scheduler (``-s``) is chosen on the command line or in ``.torchxconfig``; this function does
 not depend on it. See docs/launching.md.
+
+What each scheduler must provide on every node (the component assumes it, it cannot check it):
+  * local_cwd: nothing; the nodes are processes of this machine, in the repository root.
+  * slurm: the repository and its ``.venv`` on a shared filesystem at the same path on every node
+    (``make setup`` run once on a login node; sbatch runs in the submitting directory, or in a
+    snapshot of it with ``-cfg job_dir=...``), and that venv activated when submitting: TorchX's
+    srun exports the whole environment (``--export=ALL``), so PATH finds ``torchrun``. TorchX 0.7's
+    Slurm scheduler runs no container image (no pyxis/enroot), so ``--image`` is ignored there.
+  * kubernetes and other container schedulers: ``--image``, the image built by the repository's
+    Dockerfile (the project installed with its CUDA stack, the repository root as workdir).
 
 Notes for whoever edits this file:
   * TorchX builds the CLI from the signature and the docstring: every parameter needs a type
@@ -22,10 +33,10 @@ Notes for whoever edits this file:
 """
 
 import os
+import socket
 import sys
 from typing import Dict, List, Optional
 
-import torchx
 import torchx.components.dist as torchx_dist
 import torchx.specs as specs
 
@@ -33,6 +44,9 @@ from pinads_rec.config import split_overrides
 
 PINADS_SCRIPT = "pinads_rec/train.py"
 PINADS_DEFAULT_CONFIG = "configs/demo.yaml"
+# The tag the Dockerfile's build command in docs/launching.md gives the image; push it to a
+# registry the cluster pulls from and pass that name as --image.
+PINADS_IMAGE = "pinads_rec:latest"
 
 # Per launched process, used when cpu / memMB / gpu are left at -1 ("auto").
 PINADS_CPU_PER_PROC = 4
@@ -47,7 +61,9 @@ PINADS_GPU_PER_PROC = 1
 #    install.
 #  - TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the store shared between torchrun's rendezvous and
 #    the workers, restarted workers can read the previous round's gloo/NCCL addresses and fail to
-#    connect (pytorch/pytorch#135712); a separate store per round makes restarts work.
+#    connect (pytorch/pytorch#135712); a separate store per round makes restarts work. Neither
+#    TorchX 0.7 nor torchrun sets it (torch 2.13 shares the store by default), and it matters most
+#    across nodes, where a restarted node must not reach the last round's addresses.
 PINADS_ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": ".", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
@@ -79,6 +95,15 @@ def with_nproc(j: str, nproc: int) -> str:
     return f"{nodes}x{nproc}"
 
 
+def free_port() -> int:
+    """A TCP port that is free on this machine now, picked by the OS (bound on all interfaces, as
+    torchrun's c10d store binds). Another process may take it before torchrun does: rare, and the
+    launch then fails at once with "address already in use" rather than hanging."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
 def train(
     *script_args: str,
     config: str = PINADS_DEFAULT_CONFIG,
@@ -87,7 +112,7 @@ def train(
     nproc: int = 0,
     script: str = PINADS_SCRIPT,
     name: str = "pinads_rec/train",
-    image: str = torchx.IMAGE,
+    image: str = PINADS_IMAGE,
     h: Optional[str] = None,
     cpu: int = -1,
     gpu: int = -1,
@@ -113,15 +138,15 @@ def train(
         nproc: shorthand that replaces the processes-per-node part of ``-j``; 0: keep ``-j``
         script: training script run by torchrun on every node
         name: job name ``{experiment}/{run}``
-        image: image with the project's environment, for container schedulers (docker, kubernetes); ignored by local_cwd and slurm
+        image: image with the project's environment (the repository's Dockerfile), for container schedulers (docker, kubernetes); ignored by local_cwd and slurm
         h: a registered named resource; takes precedence over cpu, gpu and memMB
         cpu: CPUs per node; -1: 4 per process
         gpu: GPUs per node; -1: one per process; set 0 for CPU-only clusters
         memMB: memory per node in MB; -1: 16 GiB per process
-        env: extra environment variables ``A=1,B=2``, applied over the defaults (OMP_NUM_THREADS=1, PYTHONPATH=.)
+        env: extra environment variables ``A=1,B=2``, applied over the defaults (OMP_NUM_THREADS=1, PYTHONPATH=., TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
         max_retries: scheduler-level retries of the whole job (ignored by the local schedulers); train.py resumes from the latest checkpoint in train.run_dir
         mounts: mounts for container schedulers: ``type=<bind/volume>,src=/host,dst=/job[,readonly]``
-        rdzv_port: port on the first node for the c10d rendezvous (multi-node only)
+        rdzv_port: port on the first node for the c10d rendezvous (multi-node only); 0: a port free on this machine when the job is built, for several nodes on this machine (``-s local_cwd -j 2x1``); on a cluster give a fixed one
         debug: turn on torch.distributed's debug flags
     """
     if repeated_set_flags(sys.argv) > 1:
@@ -131,7 +156,14 @@ def train(
             "-- --set=a.b=1 --set=c.d=2"
         )
     j = with_nproc(j, nproc)
-    _, _, nproc_per_node, _ = torchx_dist.parse_nnodes(j)
+    _, max_nnodes, nproc_per_node, _ = torchx_dist.parse_nnodes(j)
+    if not 0 <= rdzv_port <= 65535:
+        raise ValueError(f"--rdzv_port must be a TCP port in [0, 65535], got {rdzv_port}")
+    if rdzv_port == 0 and max_nnodes > 1:
+        # dist.ddp would hand port 0 to every node's torchrun: each would open a store of its own on
+        # a random port and wait for the others until the rendezvous times out. One port, picked now,
+        # for all of them. (On one node dist.ddp uses localhost:0 itself: one torchrun, no one to meet.)
+        rdzv_port = free_port()
 
     run_env = dict(PINADS_ENV)
     run_env.update(env or {})
