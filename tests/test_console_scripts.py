@@ -7,10 +7,10 @@ appear on PATH only once scripts/setup_env.sh reinstalls the package after pypro
 from __future__ import annotations
 
 import importlib
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 
