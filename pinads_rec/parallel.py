@@ -320,13 +320,18 @@ def shard(
     then every table is initialized from the seed alone, so the model does not depend on the plan."""
     attach_embedding_optimizer(model, cfg.train, env.device)
     plan = plan or plan_sharding(model, cfg, env)
-    dmp = DistributedModelParallel(
-        module=model,
-        env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
-        device=env.device,
-        plan=plan,
-        sharders=sharders(),
-    )
+    group = dist.GroupMember.WORLD
+    # output_dtensor: the sharded tables' state (weights, fused optimizer state) comes out as DTensor,
+    # which torch asks for instead of the deprecated ShardedTensor (ShardingEnv.from_process_group
+    # has no such flag).
+    sharding_env = ShardingEnv(dist.get_world_size(group), dist.get_rank(group), group, output_dtensor=True)
+    # TorchRec 1.8's DefaultDataParallelWrapper passes DDP broadcast_buffers=False, which torch now
+    # deprecates; its replacement (forward_sync_buffers=False) would also sync buffers at init, and
+    # TorchRec has no option to pass it instead. Nothing of ours to change: silence that one message.
+    with without_warning("`broadcast_buffers` is deprecated", FutureWarning):
+        dmp = DistributedModelParallel(
+            module=model, env=sharding_env, device=env.device, plan=plan, sharders=sharders()
+        )
     init_embeddings(dmp, cfg.train.seed)
     return dmp
 
@@ -335,23 +340,37 @@ EMBEDDING_PARAM = (".embedding_bags.", ".embeddings.")  # parameter names of EBC
 _INIT_BLOCK_ROWS = 4096
 
 
+def local_pieces(weight: torch.Tensor) -> list:
+    """This rank's pieces of a table in a DMP state dict, as (global (row, col) offset, (rows, cols),
+    the tensor holding them): a DTensor's local shards (TorchRec keeps a rank's shards of a table in
+    a LocalShardsWrapper, with global offsets; none on a rank that holds no shard), a ShardedTensor's
+    (checkpoints and modules made before DTensor output), or the whole of a replicated table."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(weight, DTensor):
+        local = weight.to_local()
+        return [
+            (tuple(o), tuple(z), t) for o, z, t in zip(local.local_offsets(), local.local_sizes(), local.local_shards())
+        ]
+    if isinstance(weight, ShardedTensor):
+        return [(s.metadata.shard_offsets, s.metadata.shard_sizes, s.tensor) for s in weight.local_shards()]
+    return [((0, 0), tuple(weight.shape), weight)]  # replicated (data_parallel)
+
+
 @torch.no_grad()
 def init_embeddings(dmp: nn.Module, seed: int) -> None:
     """Uniform(+-1/sqrt(rows)) like TorchRec's default, but drawn per block of rows from
     (seed, table, block): a row's initial value is the same under every sharding plan and world size
     (table-, row-, column-wise or replicated), which makes plans comparable step for step."""
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
     for name, weight in dmp.state_dict().items():
         if not any(p in name for p in EMBEDDING_PARAM):
             continue
         rows, cols = weight.shape
         bound = rows**-0.5
-        if isinstance(weight, ShardedTensor):
-            pieces = [(s.metadata.shard_offsets, s.metadata.shard_sizes, s.tensor) for s in weight.local_shards()]
-        else:  # replicated (data_parallel)
-            pieces = [((0, 0), (rows, cols), weight)]
-        for (r0, c0), (h, w), out in pieces:
+        for (r0, c0), (h, w), out in local_pieces(weight):
+            if h == 0:
+                continue
             for block in range(r0 // _INIT_BLOCK_ROWS, (r0 + h - 1) // _INIT_BLOCK_ROWS + 1):
                 g = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{name}/{block}".encode()))
                 start = block * _INIT_BLOCK_ROWS

@@ -22,17 +22,16 @@ pytestmark = pytest.mark.slow
 
 def copy_full_weights(dmp, full_state):
     """Writes an unsharded model's weights into a sharded one, shard by shard."""
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from pinads_rec import parallel
 
     with torch.no_grad():
         for name, value in dmp.state_dict().items():
             full = full_state[name]
-            if isinstance(value, ShardedTensor):
-                for shard in value.local_shards():
-                    (r, c), (h, w) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-                    shard.tensor.copy_(full[r : r + h, c : c + w])
-            else:
+            if not any(p in name for p in parallel.EMBEDDING_PARAM):
                 value.copy_(full)
+                continue
+            for (r, c), (h, w), local in parallel.local_pieces(value):
+                local.copy_(full[r : r + h, c : c + w])
 
 
 def read_losses(run_dir):
