@@ -43,6 +43,13 @@ from pinads_rec.data.reader import (
 )
 from pinads_rec.data.shuffle import ShufflePool, read_requests
 from pinads_rec.features import FeatureLayout
+from pinads_rec.library_notices import drop_log_message
+
+# torch 2.13's own KeyedJaggedTensor metaclass (torch.fx ProxyableClassMeta.__call__) calls the
+# is_fx_tracing() that torch now deprecates, and logs so on the first KJT a process builds: here,
+# BatchBuilder's, in the trainer or a loader worker. No call of ours asks for it and there is nothing
+# to migrate; drop that one message of that one logger, for the process (it is logged once).
+drop_log_message("torch.fx._symbolic_trace", "is_fx_tracing will return true")
 
 
 @dataclass(frozen=True)
