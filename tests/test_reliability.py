@@ -3,6 +3,7 @@ checkpoint loadable; resuming on another world size restores model and optimizer
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -128,7 +129,7 @@ def test_crash_while_saving_keeps_the_previous_checkpoint(tiny_data, tmp_path):
 # --- a rank killed mid-run -------------------------------------------------------------------
 
 
-def _torchrun(run_dir, data_dir, max_restarts):
+def _torchrun(run_dir, data_dir, max_restarts, extra=(), env=None):
     overrides = tiny_overrides(data_dir, run_dir) + ["train.epochs=3", "train.checkpoint_every=5", "train.log_every=1"]
     cmd = [
         sys.executable,
@@ -146,10 +147,73 @@ def _torchrun(run_dir, data_dir, max_restarts):
         "--config",
         "configs/demo.yaml",
     ]
-    for o in overrides:
+    for o in overrides + list(extra):
         cmd += ["--set", o]
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    # OMP_NUM_THREADS set: torchrun would set it to 1 anyway, with a warning.
+    env = dict(env or os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+# Interpreter start-up hook (site imports ``sitecustomize`` from PYTHONPATH) for the steady run: at
+# the exit of every process it raises a FutureWarning and logs a warning on a logger whose one
+# message the project drops, neither of them anything the project silences -- so they must show.
+PLANTED = """
+import atexit, logging, warnings
+
+def _planted():
+    warnings.warn("pinads test warning", FutureWarning)
+    logging.getLogger("torch.fx._symbolic_trace").warning("pinads test log warning")
+
+atexit.register(_planted)
+"""
+PLANTED_MESSAGES = ("pinads test warning", "pinads test log warning")
+# torch's own log lines (torchrun, torch.fx, ...) are glog-style, "W1201 13:37:45.562000 <pid> ..."
+# (after "[rank0]:" in a rank, or after a progress bar on the same line); Python's warnings and
+# logging say Warning / WARNING.
+TORCH_WARNING = re.compile(r"W\d{4} \d\d:\d\d:\d\d\.\d+ ")
+
+
+def library_warning_lines(output: str) -> list:
+    """Lines of a run's output that are a library's warning: Python's (``...Warning:``, ``WARNING``)
+    or torch's glog-style ones, except the project's own loggers' and the planted ones."""
+    lines = []
+    for line in output.splitlines():
+        if not ("Warning" in line or "WARNING" in line or TORCH_WARNING.search(line)):
+            continue
+        if " pinads_rec." in line or any(m in line for m in PLANTED_MESSAGES):
+            continue
+        lines.append(line)
+    return lines
+
+
+@pytest.fixture(scope="module")
+def steady_run(tiny_data, tmp_path_factory):
+    """(run directory, output) of one uninterrupted 2-rank torchrun of train.py, with the planted
+    warnings of PLANTED; the reference for the killed-rank test and the quiet start's evidence."""
+    tmp = tmp_path_factory.mktemp("steady")
+    (tmp / "site").mkdir()
+    (tmp / "site" / "sitecustomize.py").write_text(PLANTED)
+    path = [str(tmp / "site")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    proc = _torchrun(tmp / "run", str(tiny_data[1]), 0, env=dict(os.environ, PYTHONPATH=os.pathsep.join(path)))
+    out, _ = proc.communicate(timeout=300)
+    (tmp / "steady.log").write_text(out)
+    assert proc.returncode == 0, out[-3000:]
+    return tmp / "run", out
+
+
+def test_start_up_prints_no_library_warning(steady_run):
+    """A 2-rank run prints none of TorchRec's / torch's / torchrun's start-up warnings
+    (docs/reliability.md, "A quiet start")."""
+    _, out = steady_run
+    assert library_warning_lines(out) == []
+
+
+def test_an_unrelated_warning_still_shows(steady_run):
+    """What the project silences is exact: the planted FutureWarning and the planted message on a
+    logger with a dropped message reach the output of both ranks."""
+    _, out = steady_run
+    for message in PLANTED_MESSAGES:
+        assert out.count(message) >= 2, f"{message!r} shown {out.count(message)} times:\n{out[-3000:]}"
 
 
 def _rank_pid(run_dir, rank):
@@ -181,13 +245,9 @@ def _final_eval(run_dir):
     return read_run_log(run_dir).summary
 
 
-def test_killed_rank_restarts_resumes_and_matches_an_uninterrupted_run(tiny_data, tmp_path):
+def test_killed_rank_restarts_resumes_and_matches_an_uninterrupted_run(tiny_data, steady_run, tmp_path):
     data_dir = str(tiny_data[1])
-    steady, killed_run = tmp_path / "steady", tmp_path / "killed"
-    proc = _torchrun(steady, data_dir, max_restarts=0)
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
-
+    steady, killed_run = steady_run[0], tmp_path / "killed"
     killed = []
     proc = _torchrun(killed_run, data_dir, max_restarts=1)
     watcher = threading.Thread(target=_kill_rank_after_first_checkpoint, args=(killed_run, 1, killed))
