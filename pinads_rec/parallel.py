@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import zlib
 from dataclasses import dataclass
@@ -58,12 +59,26 @@ class Distributed:
 
 def init_distributed(timeout_s: float = 600.0) -> Distributed:
     """Joins the process group torchrun/TorchX set up (env://): NCCL with CUDA, gloo without.
-    Without a launcher it runs as a world of one."""
+    Without a launcher it runs as a world of one. ``timeout_s`` (train.collective_timeout_s): how
+    long a collective waits for the other ranks before it fails (gloo: raises on the waiting rank;
+    NCCL: the watchdog ends the process)."""
     if torch.cuda.is_available():
         backend = "nccl"
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+        # NCCL collectives are asynchronous: the group's timeout is enforced by its watchdog thread,
+        # which on a timeout aborts the communicators and tears the process down when async error
+        # handling is on (torch's default, 3; 1 also cleans up) -- torchrun then stops the other
+        # ranks. Its log names the rank, the collective and the timeout; the step is the one after
+        # the last logged. With 0 a timed-out collective would never end the job: say so.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+        if os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0":
+            logging.getLogger("pinads_rec.parallel").warning(
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING=0: a collective that times out (train.collective_timeout_s "
+                "%g s) will not end the job; unset it (torch's default 3) or set 1",
+                timeout_s,
+            )
     else:
         backend, local_rank, device = "gloo", int(os.environ.get("LOCAL_RANK", 0)), torch.device("cpu")
     if not dist.is_initialized():

@@ -16,8 +16,9 @@ import pytest
 import torch
 from conftest import REPO, load_tiny, tiny_overrides
 
-from pinads_rec.experiments.harness import run_ranks
+from pinads_rec.experiments.harness import RanksFailed, run_ranks
 from pinads_rec.training.run_log import read_run_log
+from pinads_rec.training.trainer import Hook
 
 pytestmark = pytest.mark.slow
 
@@ -76,6 +77,61 @@ def test_resume_on_another_world_size_restores_model_and_optimizer(tiny_data, tm
             assert torch.equal(value, resaved[key]), key
         else:
             assert value == resaved[key], key
+
+
+# --- a rank that hangs ------------------------------------------------------------------------
+
+HANG_TIMEOUT_S = 5
+
+
+class _HangOnRank1(Hook):
+    """Rank 1 stops answering after step 2 (writing when it began), far past the collective timeout."""
+
+    def __init__(self, result_dir):
+        self.result_dir = result_dir
+
+    def on_step(self, trainer, record):
+        if trainer.env.rank == 1 and record["step"] == 2:
+            Path(self.result_dir, "hang-started").write_text(str(time.time()))
+            time.sleep(120)
+
+
+def _hang(rank, world, result_dir, data_dir, run_dir):
+    from pinads_rec.training.trainer import Trainer
+
+    cfg = load_tiny(
+        data_dir,
+        [
+            "train.max_steps=6",
+            "train.log_every=1",
+            f"train.run_dir={run_dir}",
+            f"train.collective_timeout_s={HANG_TIMEOUT_S}",
+        ],
+    )
+    Trainer(cfg, hooks=[_HangOnRank1(result_dir)]).run()
+
+
+def test_a_rank_left_waiting_in_a_collective_stops_naming_rank_and_step(tiny_data, tmp_path):
+    """Rank 1 hangs after step 2; rank 0's next collective times out after train.collective_timeout_s
+    and the run ends with a CollectiveError naming rank 0 and step 3 -- in seconds, not at the
+    deadline (the default group's timeout is the run's, as train.py sets it)."""
+    work = tmp_path / "work"
+    with pytest.raises(RanksFailed) as failed:
+        run_ranks(
+            _hang,
+            2,
+            str(work),
+            str(tiny_data[1]),
+            str(tmp_path / "run"),
+            timeout_s=180,
+            collective_timeout_s=HANG_TIMEOUT_S,
+        )
+    assert not failed.value.timed_out, str(failed.value)[-3000:]
+    error = failed.value.failures[0]
+    expected = f"CollectiveError: rank 0, step 3: a collective did not complete within {HANG_TIMEOUT_S} s"
+    assert expected in error and "(another rank stopped or hung?)" in error, error[-3000:]
+    waited = (work / "error-0.txt").stat().st_mtime - float((work / "hang-started").read_text())
+    assert HANG_TIMEOUT_S <= waited < HANG_TIMEOUT_S + 20, waited
 
 
 # --- a crash while saving --------------------------------------------------------------------

@@ -17,6 +17,7 @@ are dicts per surface x task (:class:`pinads_rec.metrics.MetricAccumulator`).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
 import time
 from pathlib import Path
@@ -58,6 +59,43 @@ class Hook:
 
     def on_end(self, trainer: Trainer) -> None:
         """After a completed run."""
+
+
+class CollectiveError(RuntimeError):
+    """A collective of this rank timed out or lost its peers: another rank stopped or hangs. The
+    message names this rank and the step (or phase) it was in."""
+
+
+def collective_failure(e: BaseException) -> Optional[str]:
+    """ "timeout" or "failed" when ``e`` is a collective's error (gloo raises RuntimeErrors from its
+    transport, NCCL DistErrors), None for anything else."""
+    text = str(e)
+    if not (isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and "gloo/" in text)):
+        return None
+    return "timeout" if "timed out" in text.lower() or "timeout" in text.lower() else "failed"
+
+
+class NamedCollectiveErrors:
+    """Re-raises a collective's timeout or failure inside as a CollectiveError naming the rank and
+    ``where``: on gloo the waiting rank's collective raises after train.collective_timeout_s with
+    nothing in it about the run. (On NCCL the watchdog ends the process itself, naming the rank and
+    the collective: parallel.init_distributed.) Anything else passes through untouched."""
+
+    def __init__(self, rank: int, where: str, timeout_s: float):
+        self.rank, self.where, self.timeout_s = rank, where, timeout_s
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        kind = collective_failure(exc) if exc is not None else None
+        if kind is None:
+            return False
+        if kind == "timeout":
+            what = f"a collective did not complete within {self.timeout_s:g} s (another rank stopped or hung?)"
+        else:
+            what = f"a collective failed, another rank stopped? ({str(exc).strip().splitlines()[0][:300]})"
+        raise CollectiveError(f"rank {self.rank}, {self.where}: {what}") from exc
 
 
 @dataclasses.dataclass
@@ -222,7 +260,7 @@ class Trainer:
         plan: Optional[ShardingPlan] = None,
     ):
         self.cfg = cfg
-        self.env = env if env is not None else parallel.init_distributed()
+        self.env = env if env is not None else parallel.init_distributed(cfg.train.collective_timeout_s)
         self.hooks = list(hooks)
         self.plan = plan
         self.pipelined_modules: Optional[List[str]] = None
@@ -234,7 +272,9 @@ class Trainer:
         if self._ready:
             return self
         self.run_dir = Path(self.cfg.train.run_dir)
-        self.data_group = dist.new_group(backend="gloo") if self.env.world_size > 1 else None
+        # With the run's collective timeout (a new group's default is the backend's 30 minutes).
+        timeout = datetime.timedelta(seconds=self.cfg.train.collective_timeout_s)
+        self.data_group = dist.new_group(backend="gloo", timeout=timeout) if self.env.world_size > 1 else None
         self.resumed_from = checkpoint.latest(self.run_dir)
         if self.resumed_from is not None:
             self.cfg = resume_config(self.cfg, self.resumed_from)
@@ -284,12 +324,19 @@ class Trainer:
             next(batches)
         return EndTogether(batches, self.data_group)
 
+    def collectives(self, where: str) -> "NamedCollectiveErrors":
+        """A context re-raising a collective's timeout or failure as a CollectiveError naming this
+        rank and ``where`` (e.g. "step 12"): see NamedCollectiveErrors."""
+        return NamedCollectiveErrors(self.env.rank, where, self.cfg.train.collective_timeout_s)
+
     def train_step(self, batches: Iterator[Batch]) -> StepOutput:
         """One pipelined step (forward, backward, optimizers), then the LR schedule and the position
-        in ``state``. Raises StopIteration when ``batches`` is done."""
+        in ``state``. Raises StopIteration when ``batches`` is done, CollectiveError when a
+        collective times out or fails."""
         self.setup()
         try:
-            loss, logits, labels = self.pipeline.progress(batches)
+            with self.collectives(f"step {self.state.step + 1}"):
+                loss, logits, labels = self.pipeline.progress(batches)
         except NonFiniteError as e:
             raise NonFiniteError(f"step {self.state.step + 1}, epoch {self.state.epoch}: {e}") from None
         if self.pipelined_modules is None:
@@ -350,7 +397,8 @@ class Trainer:
                         hook.on_step(self, record)
                     window_loss, window_n, logit_abs_max = 0.0, 0, 0.0
                 if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
-                    self.save()
+                    with self.collectives(f"step {state.step}, saving the checkpoint"):
+                        self.save()
                 if cfg.train.max_steps and state.step >= cfg.train.max_steps:
                     done = True
                     break
@@ -386,9 +434,13 @@ class Trainer:
         self.setup()
         fitted = self.fit()
         self.pipeline.detach()
-        self.calibrate()
-        self.save()
-        rows = self.evaluate()
+        after = f"after step {self.state.step}"
+        with self.collectives(f"{after}, calibration"):
+            self.calibrate()
+        with self.collectives(f"{after}, saving the checkpoint"):
+            self.save()
+        with self.collectives(f"{after}, evaluation"):
+            rows = self.evaluate()
         summary = {
             **fitted,
             "nonfinite_skipped": self.guard.skipped,
