@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import logging
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -113,12 +114,14 @@ class EndTogether:
 
     def __init__(self, batches: Iterator[Batch], group: Optional[dist.ProcessGroup]):
         self.batches, self.group = batches, group
+        self.ran_out_here = False  # this rank's own batches ended (not another rank's)
 
     def __iter__(self):
         return self
 
     def __next__(self) -> Batch:
         batch = next(self.batches, None)
+        self.ran_out_here = self.ran_out_here or batch is None
         flag = torch.tensor([0 if batch is None else 1])
         if self.group is not None:
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
@@ -161,13 +164,23 @@ def pipelined_module_names(dmp, pipeline) -> List[str]:
     return [name for name, m in dmp.named_modules() if id(m) in chosen]
 
 
+def spare_batch(cfg: config.ExperimentConfig, env: parallel.Distributed) -> Optional[Batch]:
+    """This rank's first batch of training rows (in file order), for a scoring pass on a split with
+    fewer row groups than ranks: the ranks without any replay it masked; None if it has none."""
+    settings = LoaderSettings.of(cfg)
+    train_part = ParquetBatches(
+        cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=False, drop_last=False, part="train"
+    )
+    return next(iter(train_part), None)
+
+
 def scoring_pass(
-    model, env: parallel.Distributed, group, loader, what: str, spare: Optional[Batch] = None
+    model, env: parallel.Distributed, group, loader, what: str, spare: Optional[Callable[[], Optional[Batch]]] = None
 ) -> Iterator[Tuple[Batch, torch.Tensor]]:
     """Yields (batch, logits [B, T] on CPU) over one no-grad pass of ``loader``. Ranks that run out
-    early replay their last batch (or ``spare``, when they had none) with every row marked invalid,
-    so every rank takes part in every sharded forward; use ``batch.valid``."""
-    batches, last = iter(loader), spare
+    early replay their last batch (or ``spare()``'s, when they had none) with every row marked
+    invalid, so every rank takes part in every sharded forward; use ``batch.valid``."""
+    batches, last = iter(loader), None
     model.eval()
     try:
         with torch.no_grad():
@@ -179,6 +192,8 @@ def scoring_pass(
                 if not flag.item():
                     break
                 if batch is None:
+                    if last is None and spare is not None:
+                        last = spare()
                     if last is None:
                         raise ContractError(
                             f"rank {env.rank} got no {what} rows: fewer row groups than the {env.world_size} ranks"
@@ -198,7 +213,8 @@ def evaluation_rows(model, cfg: config.ExperimentConfig, env: parallel.Distribut
     has_oracle = all(t.true_probability_column for t in cfg.features.tasks)
     acc = MetricAccumulator(tasks, cfg.features.surfaces, has_oracle)
     loader = make_loader(cfg.data.eval_dir, LoaderSettings.of(cfg), env.rank, env.world_size, shuffle=False)
-    for batch, logits in scoring_pass(model, env, group, loader, f"eval ({cfg.data.eval_dir})"):
+    spare = functools.partial(spare_batch, cfg, env)  # a rank with no eval row group replays it masked
+    for batch, logits in scoring_pass(model, env, group, loader, f"eval ({cfg.data.eval_dir})", spare):
         acc.update(torch.sigmoid(logits), batch.labels, batch.surface, batch.true_probs, valid=batch.valid)
     return acc.compute()
 
@@ -218,18 +234,20 @@ def fit_calibration(model, cfg: config.ExperimentConfig, env: parallel.Distribut
         loader = make_loader(cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=False, part="holdout")
     # The split may have fewer row groups than there are ranks: those without one replay a
     # (masked) training batch in the collective forwards.
-    train_part = ParquetBatches(
-        cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=False, drop_last=False, part="train"
-    )
-    spare = next(iter(train_part))
-    parts = [
+    T = len(cfg.features.tasks)
+    parts = [torch.zeros(0, 2 * T + 1)]  # a rank may see no valid row
+    parts += [
         torch.cat([logits, batch.labels, batch.surface.unsqueeze(1).float()], dim=1)[batch.valid]
-        for batch, logits in scoring_pass(model, env, group, loader, "calibration", spare)
+        for batch, logits in scoring_pass(
+            model, env, group, loader, "calibration", functools.partial(spare_batch, cfg, env)
+        )
     ]
     rows = torch.cat(parts)
     if group is not None:
         rows = gather_rows(rows, group)
-    T = len(cfg.features.tasks)
+    if rows.shape[0] == 0:
+        where = cfg.data.calibration_dir or f"{cfg.data.train_dir} (data.calibration_holdout)"
+        raise ContractError(f"calibration: 0 rows to fit on in {where} (after data.row_filter)")
     layer.fit(rows[:, :T], rows[:, T : 2 * T], rows[:, 2 * T].long())
     if env.is_main:
         log.info(
@@ -267,8 +285,9 @@ class Trainer:
         self._ready = False
 
     def setup(self) -> Trainer:
-        """Data group, resume (checkpoint compatibility and its plan), the sharded TrainTask, the
-        training loader, optimizers and LR schedule, the guard, the pipeline. Idempotent."""
+        """Data group, resume (checkpoint compatibility and its plan), the training loader and the
+        checks that the data can train and evaluate, the sharded TrainTask, optimizers and LR
+        schedule, the guard, the pipeline. Idempotent."""
         if self._ready:
             return self
         self.run_dir = Path(self.cfg.train.run_dir)
@@ -279,16 +298,28 @@ class Trainer:
         if self.resumed_from is not None:
             self.cfg = resume_config(self.cfg, self.resumed_from)
         cfg, env = self.cfg, self.env
-        self.dmp = shard_train_task(cfg, env, self.plan, group=self.data_group)
-        self.guard = next(m for m in self.dmp.modules() if isinstance(m, NonFiniteGuard))
         settings = LoaderSettings.of(cfg)
         pin_memory = env.device.type == "cuda"
         self.loader = make_loader(
             cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=True, pin_memory=pin_memory, part="train"
         )
-        for later in (cfg.data.eval_dir, cfg.data.calibration_dir):  # their errors before training, not after it
+        # Before training, not after it: a split too small to train on, an empty eval or calibration
+        # split (docs/reliability.md, "Empty or tiny data").
+        train = self.loader.dataset
+        train.require_a_batch_per_rank("data.train_dir", settings.data.num_workers)
+        if train.files_without_rows and env.is_main:
+            log.warning(
+                "data.train_dir %s: %d of %d file(s) hold no rows: %s",
+                cfg.data.train_dir,
+                len(train.files_without_rows),
+                len(train.files),
+                ", ".join(train.files_without_rows[:5]) + (" ..." if len(train.files_without_rows) > 5 else ""),
+            )
+        for what, later in (("data.eval_dir", cfg.data.eval_dir), ("data.calibration_dir", cfg.data.calibration_dir)):
             if later:
-                ParquetBatches(later, settings, env.rank, env.world_size, shuffle=False)
+                ParquetBatches(later, settings, env.rank, env.world_size, shuffle=False).require_rows(what)
+        self.dmp = shard_train_task(cfg, env, self.plan, group=self.data_group)
+        self.guard = next(m for m in self.dmp.modules() if isinstance(m, NonFiniteGuard))
         steps_per_epoch = max(self.loader.dataset.num_rows // (cfg.data.batch_size * env.world_size), 1)
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
         self.optimizer, self.schedule = parallel.make_optimizer(self.dmp, cfg.train, self.total_steps)
@@ -367,6 +398,7 @@ class Trainer:
             if done:
                 break
             batches = self.epoch_batches(epoch)
+            from_start, steps_before = state.batches_in_epoch == 0, state.step
             while True:
                 try:
                     step = self.train_step(batches)
@@ -402,6 +434,18 @@ class Trainer:
                 if cfg.train.max_steps and state.step >= cfg.train.max_steps:
                     done = True
                     break
+            if from_start and state.step == steps_before:
+                # The footers promised a batch per rank (setup); the rows read did not make one.
+                who = f"rank {env.rank} had" if batches.ran_out_here else "another rank had"
+                message = (
+                    f"data.train_dir {cfg.data.train_dir}: epoch {epoch} ended before its first step: {who} "
+                    f"no batch of data.batch_size {cfg.data.batch_size} rows (data.row_filter, "
+                    f"data.max_unique_users_per_batch or this epoch's deal of row groups left too few)"
+                )
+                if state.step == 0:  # nothing trained at all: stop rather than 'finish' an empty run
+                    raise ContractError(message)
+                if env.is_main:
+                    log.warning("%s; training goes on with the next epoch", message)
             if not done:
                 state.epoch, state.batches_in_epoch = epoch + 1, 0
         now = time.perf_counter()
