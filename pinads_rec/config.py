@@ -386,6 +386,11 @@ class TrainConfig:
     # [first, last]: every rank records a torch.profiler trace of steps first..last (inclusive) to
     # <run_dir>/profile/ (Chrome trace JSON: Perfetto, chrome://tracing). Empty: no trace.
     profile_steps: List[int] = field(default_factory=list)
+    # Seconds a collective (all-to-all, all-reduce, barrier...) may wait for the other ranks before
+    # the run stops naming the rank and step: a rank that died or hangs ends the job in this time,
+    # not the backend's 30 minutes. Above the slowest legitimate wait (a peer's checkpoint save, its
+    # first step's tracing).
+    collective_timeout_s: float = 600.0
 
 
 @dataclass
@@ -642,6 +647,7 @@ def _validate_train(t: TrainConfig) -> None:
     positive("train.lr", t.lr)
     positive("train.embedding_lr", t.embedding_lr)
     positive("train.warmup_steps", t.warmup_steps, allow_zero=True)
+    positive("train.collective_timeout_s", t.collective_timeout_s)
     valid_types = {"table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise", "data_parallel"}
     for i, st in enumerate(t.sharding_types):
         if st not in valid_types:

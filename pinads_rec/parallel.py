@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import zlib
 from dataclasses import dataclass
@@ -22,7 +23,15 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption
+from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+from torchrec.distributed.planner.types import (
+    HardwareConfig,
+    KernelConfig,
+    ParameterConstraints,
+    ShardingOption,
+    TopologyFactory,
+    TrainerConfig,
+)
 from torchrec.distributed.types import ModuleSharder, ShardingEnv, ShardingPlan, ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
@@ -32,6 +41,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from pinads_rec.config import ExperimentConfig, TrainConfig
 from pinads_rec.features import FeatureLayout
+from pinads_rec.library_notices import without_log_message, without_warning
 
 
 @dataclass
@@ -49,12 +59,26 @@ class Distributed:
 
 def init_distributed(timeout_s: float = 600.0) -> Distributed:
     """Joins the process group torchrun/TorchX set up (env://): NCCL with CUDA, gloo without.
-    Without a launcher it runs as a world of one."""
+    Without a launcher it runs as a world of one. ``timeout_s`` (train.collective_timeout_s): how
+    long a collective waits for the other ranks before it fails (gloo: raises on the waiting rank;
+    NCCL: the watchdog ends the process)."""
     if torch.cuda.is_available():
         backend = "nccl"
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+        # NCCL collectives are asynchronous: the group's timeout is enforced by its watchdog thread,
+        # which on a timeout aborts the communicators and tears the process down when async error
+        # handling is on (torch's default, 3; 1 also cleans up) -- torchrun then stops the other
+        # ranks. Its log names the rank, the collective and the timeout; the step is the one after
+        # the last logged. With 0 a timed-out collective would never end the job: say so.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+        if os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0":
+            logging.getLogger("pinads_rec.parallel").warning(
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING=0: a collective that times out (train.collective_timeout_s "
+                "%g s) will not end the job; unset it (torch's default 3) or set 1",
+                timeout_s,
+            )
     else:
         backend, local_rank, device = "gloo", int(os.environ.get("LOCAL_RANK", 0)), torch.device("cpu")
     if not dist.is_initialized():
@@ -212,26 +236,96 @@ def ordered_enumerator(topology: Topology, batch_size: int, constraints) -> Orde
     return OrderedEnumerator(topology, batch_size, constraints)
 
 
+def topology(
+    world_size: int,
+    compute_device: str,
+    local_world_size: int,
+    *,
+    hbm_cap: Optional[int] = None,
+    ddr_cap: Optional[int] = None,
+    hbm_mem_bw: Optional[float] = None,
+    ddr_mem_bw: Optional[float] = None,
+    intra_host_bw: Optional[float] = None,
+    inter_host_bw: Optional[float] = None,
+) -> Topology:
+    """The planner's Topology, built by TorchRec's TopologyFactory as TorchRec asks (a Topology built
+    directly logs that "the job will fail"). Memory per rank in bytes, bandwidths in bytes/ms; None:
+    TorchRec's defaults, the same as a directly built Topology's."""
+    return TopologyFactory.create_topology(
+        trainer_config=TrainerConfig(
+            world_size=world_size, local_world_size=local_world_size, hbm_cap_bytes=hbm_cap, ddr_cap_bytes=ddr_cap
+        ),
+        # The bandwidths are given, not detected: HardwareConfig is where the factory takes them from,
+        # and only with use_hardware_based_bandwidth (TorchRec's defaults fill what is None).
+        hardware_config=HardwareConfig(
+            hbm_mem_bw=hbm_mem_bw, ddr_mem_bw=ddr_mem_bw, intra_host_bw=intra_host_bw, inter_host_bw=inter_host_bw
+        ),
+        kernel_config=KernelConfig(compute_device=compute_device, use_hardware_based_bandwidth=True),
+    )
+
+
+def dense_bytes(model: nn.Module) -> int:
+    """The dense part's device memory as HeuristicalStorageReservation estimates it (6 x parameter
+    bytes: weights, AdamW's two moments, DDP's buckets and gradients; plus buffers), over everything
+    but the embedding collections. Exact on the meta device too: sizes, not values."""
+    tables = {f"{n}." for n, m in model.named_modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))}
+    params, buffers = 0, 0
+    for name, p in model.named_parameters():
+        if not any(name.startswith(t) for t in tables):
+            params += p.numel() * p.element_size()
+    for name, b in model.named_buffers():
+        if not any(name.startswith(t) for t in tables):
+            buffers += b.numel() * b.element_size()
+    return 6 * params + buffers
+
+
+# The storage reservation (what the planner keeps back from each rank's memory before placing tables).
+# TorchRec 1.8 offers HeuristicalStorageReservation (a margin of `percentage` of HBM, plus the dense
+# model and the input batches: what really shares the device with the tables), deprecated with a
+# FutureWarning, and FixedPercentageStorageReservation (the margin only: nothing for the dense model
+# or the inputs, and nothing at all on CPU, where the margin of HBM is a margin of zero). We keep the
+# heuristic one, deliberately: the FutureWarning's complaint is that it over-estimates dense tensors
+# in dry runs, and it recommends passing `dense_tensor_estimate` -- which we do, computed exactly
+# from the model (dense_bytes). Measured with `python -m pinads_rec.plan` (docs/reliability.md): the
+# two give the same plans for configs/demo.yaml and configs/prod_8gpu.yaml on the default 8 x 80 GB,
+# and differ only when memory is tight (prod_8gpu from 15.57 GB of HBM per rank down to 14.9 GB:
+# the heuristic keeps 0.58 GB for dense + inputs and moves the user table to fused_uvm_caching, the
+# fixed margin fills HBM with every table and leaves the dense model to the margin).
+STORAGE_RESERVE = 0.15  # TorchRec's default margin
+
+
+def storage_reservation(model: nn.Module, percentage: float = STORAGE_RESERVE) -> HeuristicalStorageReservation:
+    # The FutureWarning is raised in __init__ whatever the arguments (see above for why it does not apply).
+    with without_warning("HeuristicalStorageReservation is known to cause issues", FutureWarning):
+        return HeuristicalStorageReservation(percentage=percentage, dense_tensor_estimate=dense_bytes(model))
+
+
+def data_parallel_tables_have_no_spec():
+    """TorchRec's planner logs "Sharding spec not found" (root logger) for every data_parallel table:
+    replicated tables have no sharding spec by design, so the plan is fine. Enclose planning in it."""
+    return without_log_message("root", "Sharding spec not found")
+
+
 def plan_sharding(
     model: nn.Module, cfg: ExperimentConfig, env: Distributed, local_world_size: Optional[int] = None
 ) -> ShardingPlan:
     compute = env.device.type
-    topology = Topology(
-        world_size=env.world_size,
-        compute_device=compute,
-        local_world_size=local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)),
+    topo = topology(
+        env.world_size, compute, local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
     )
     allowed = constraints(cfg, compute)
     planner = EmbeddingShardingPlanner(
-        topology=topology,
+        topology=topo,
         batch_size=cfg.data.batch_size,
+        storage_reservation=storage_reservation(model),
         constraints=allowed,
-        enumerator=ordered_enumerator(topology, cfg.data.batch_size, allowed),
+        enumerator=ordered_enumerator(topo, cfg.data.batch_size, allowed),
         debug=False,
     )
-    if env.world_size > 1:
-        return planner.collective_plan(model, sharders(), dist.GroupMember.WORLD)
-    return planner.plan(model, sharders())
+    with data_parallel_tables_have_no_spec():
+        if env.world_size > 1:
+            return planner.collective_plan(model, sharders(), dist.GroupMember.WORLD)
+        return planner.plan(model, sharders())
 
 
 def shard(
@@ -241,13 +335,18 @@ def shard(
     then every table is initialized from the seed alone, so the model does not depend on the plan."""
     attach_embedding_optimizer(model, cfg.train, env.device)
     plan = plan or plan_sharding(model, cfg, env)
-    dmp = DistributedModelParallel(
-        module=model,
-        env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
-        device=env.device,
-        plan=plan,
-        sharders=sharders(),
-    )
+    group = dist.GroupMember.WORLD
+    # output_dtensor: the sharded tables' state (weights, fused optimizer state) comes out as DTensor,
+    # which torch asks for instead of the deprecated ShardedTensor (ShardingEnv.from_process_group
+    # has no such flag).
+    sharding_env = ShardingEnv(dist.get_world_size(group), dist.get_rank(group), group, output_dtensor=True)
+    # TorchRec 1.8's DefaultDataParallelWrapper passes DDP broadcast_buffers=False, which torch now
+    # deprecates; its replacement (forward_sync_buffers=False) would also sync buffers at init, and
+    # TorchRec has no option to pass it instead. Nothing of ours to change: silence that one message.
+    with without_warning("`broadcast_buffers` is deprecated", FutureWarning):
+        dmp = DistributedModelParallel(
+            module=model, env=sharding_env, device=env.device, plan=plan, sharders=sharders()
+        )
     init_embeddings(dmp, cfg.train.seed)
     return dmp
 
@@ -256,23 +355,37 @@ EMBEDDING_PARAM = (".embedding_bags.", ".embeddings.")  # parameter names of EBC
 _INIT_BLOCK_ROWS = 4096
 
 
+def local_pieces(weight: torch.Tensor) -> list:
+    """This rank's pieces of a table in a DMP state dict, as (global (row, col) offset, (rows, cols),
+    the tensor holding them): a DTensor's local shards (TorchRec keeps a rank's shards of a table in
+    a LocalShardsWrapper, with global offsets; none on a rank that holds no shard), a ShardedTensor's
+    (checkpoints and modules made before DTensor output), or the whole of a replicated table."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(weight, DTensor):
+        local = weight.to_local()
+        return [
+            (tuple(o), tuple(z), t) for o, z, t in zip(local.local_offsets(), local.local_sizes(), local.local_shards())
+        ]
+    if isinstance(weight, ShardedTensor):
+        return [(s.metadata.shard_offsets, s.metadata.shard_sizes, s.tensor) for s in weight.local_shards()]
+    return [((0, 0), tuple(weight.shape), weight)]  # replicated (data_parallel)
+
+
 @torch.no_grad()
 def init_embeddings(dmp: nn.Module, seed: int) -> None:
     """Uniform(+-1/sqrt(rows)) like TorchRec's default, but drawn per block of rows from
     (seed, table, block): a row's initial value is the same under every sharding plan and world size
     (table-, row-, column-wise or replicated), which makes plans comparable step for step."""
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
     for name, weight in dmp.state_dict().items():
         if not any(p in name for p in EMBEDDING_PARAM):
             continue
         rows, cols = weight.shape
         bound = rows**-0.5
-        if isinstance(weight, ShardedTensor):
-            pieces = [(s.metadata.shard_offsets, s.metadata.shard_sizes, s.tensor) for s in weight.local_shards()]
-        else:  # replicated (data_parallel)
-            pieces = [((0, 0), (rows, cols), weight)]
-        for (r0, c0), (h, w), out in pieces:
+        for (r0, c0), (h, w), out in local_pieces(weight):
+            if h == 0:
+                continue
             for block in range(r0 // _INIT_BLOCK_ROWS, (r0 + h - 1) // _INIT_BLOCK_ROWS + 1):
                 g = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{name}/{block}".encode()))
                 start = block * _INIT_BLOCK_ROWS

@@ -17,7 +17,8 @@ state counts. The printout has:
   compute and comms, prefetch, total;
 * the critical path: the slowest rank and its total (plus TorchRec's synchronized estimate);
 * the storage reservation: ``HeuristicalStorageReservation(percentage)``'s margin, dense and
-  input (KJT) reservations per rank.
+  input (KJT) reservations per rank -- the one training plans with
+  (``pinads_rec.parallel.storage_reservation``, whose comment says why this one).
 
 When nothing fits the planner's error is printed readably, with the tables' smallest possible
 footprints against what the ranks have, and the command exits with status 1 (no traceback).
@@ -73,7 +74,6 @@ import re
 import sys
 import textwrap
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -176,35 +176,12 @@ class _Capture:
         self.num_proposals, self.num_plans, self.run_time = num_proposals, num_plans, run_time
 
 
-class _DropMessages(logging.Filter):
-    def __init__(self, *prefixes: str):
-        super().__init__()
-        self.prefixes = prefixes
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.prefixes)
-
-
 @contextlib.contextmanager
 def _quiet_planner(verbose: bool):
-    """Silences the planner's warnings that do not apply offline: the Topology-not-from-factory
-    warning, the dry-run dense-size warning (the dense part here is real, only embeddings are on
-    meta), HeuristicalStorageReservation's FutureWarning, and "Sharding spec not found" for
-    data-parallel tables (which have no sharding spec by design). With ``verbose`` TorchRec's stats
-    tables go to stdout."""
-    filters = [
-        (
-            logging.getLogger("torchrec.distributed.planner.types"),
-            _DropMessages("The topology was constructed directly"),
-        ),
-        (
-            logging.getLogger("torchrec.distributed.planner.storage_reservations"),
-            _DropMessages("There is a known issue"),
-        ),
-        (logging.getLogger(), _DropMessages("Sharding spec not found")),
-    ]
-    for logger, f in filters:
-        logger.addFilter(f)
+    """The planner's notice for data-parallel tables (which have no sharding spec by design) off;
+    with ``verbose`` TorchRec's stats tables go to stdout."""
+    from pinads_rec import parallel
+
     stats_logger = logging.getLogger(STATS_LOGGER)
     handler, saved = None, (stats_logger.level, stats_logger.propagate)
     if verbose:
@@ -214,12 +191,9 @@ def _quiet_planner(verbose: bool):
         stats_logger.setLevel(logging.INFO)
         stats_logger.propagate = False
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="HeuristicalStorageReservation is known", category=FutureWarning)
+        with parallel.data_parallel_tables_have_no_spec():
             yield
     finally:
-        for logger, f in filters:
-            logger.removeFilter(f)
         if handler is not None:
             stats_logger.removeHandler(handler)
             stats_logger.setLevel(saved[0])
@@ -238,22 +212,6 @@ def build_model(cfg, compute_device: str):
     model = TrainTask(build_model(cfg.features, cfg.model, device=torch.device("meta")))
     parallel.attach_embedding_optimizer(model, cfg.train, torch.device(compute_device))
     return model
-
-
-def dense_bytes(model) -> int:
-    """HeuristicalStorageReservation's dense estimate (6 x parameter bytes: weights, AdamW state,
-    DDP buckets; plus buffers) over everything but the embedding collections."""
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-
-    tables = {f"{n}." for n, m in model.named_modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))}
-    params, buffers = 0, 0
-    for name, p in model.named_parameters():
-        if not any(name.startswith(t) for t in tables):
-            params += p.numel() * p.element_size()
-    for name, b in model.named_buffers():
-        if not any(name.startswith(t) for t in tables):
-            buffers += b.numel() * b.element_size()
-    return 6 * params + buffers
 
 
 def table_constraints(cfg, spec: PlanSpec, batch_size: int) -> Dict[str, object]:
@@ -289,21 +247,20 @@ def table_constraints(cfg, spec: PlanSpec, batch_size: int) -> Dict[str, object]
 
 
 def make_topology(spec: PlanSpec):
-    from torchrec.distributed.planner import Topology
+    from pinads_rec import parallel
 
     to_bytes_per_ms = GB / 1000.0  # TorchRec's bandwidths are bytes per ms
-    with _quiet_planner(False):
-        return Topology(
-            world_size=spec.world_size,
-            compute_device=spec.compute_device,
-            hbm_cap=int(spec.hbm_gb * GB),
-            ddr_cap=int(spec.ddr_gb * GB),
-            local_world_size=spec.local,
-            hbm_mem_bw=spec.hbm_bw * to_bytes_per_ms,
-            ddr_mem_bw=spec.ddr_bw * to_bytes_per_ms,
-            intra_host_bw=spec.intra_host_bw * to_bytes_per_ms,
-            inter_host_bw=spec.inter_host_bw * to_bytes_per_ms,
-        )
+    return parallel.topology(
+        spec.world_size,
+        spec.compute_device,
+        spec.local,
+        hbm_cap=int(spec.hbm_gb * GB),
+        ddr_cap=int(spec.ddr_gb * GB),
+        hbm_mem_bw=spec.hbm_bw * to_bytes_per_ms,
+        ddr_mem_bw=spec.ddr_bw * to_bytes_per_ms,
+        intra_host_bw=spec.intra_host_bw * to_bytes_per_ms,
+        inter_host_bw=spec.inter_host_bw * to_bytes_per_ms,
+    )
 
 
 def plan(cfg, spec: PlanSpec, config_path: str = "", verbose: bool = False, constraints: Optional[dict] = None) -> dict:
@@ -313,7 +270,6 @@ def plan(cfg, spec: PlanSpec, config_path: str = "", verbose: bool = False, cons
     pooling factors measured on data)."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.stats import EmbeddingStats
-    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
     from torchrec.distributed.planner.types import PlannerError
 
     from pinads_rec import parallel
@@ -329,11 +285,10 @@ def plan(cfg, spec: PlanSpec, config_path: str = "", verbose: bool = False, cons
     topology = make_topology(spec)
     if constraints is None:
         constraints = table_constraints(cfg, spec, batch)
-    dense = dense_bytes(model)
     capture = _Capture()
     stats = [capture, EmbeddingStats()] if verbose else [capture]
     with _quiet_planner(verbose):
-        reservation = HeuristicalStorageReservation(percentage=spec.reserve_pct / 100.0, dense_tensor_estimate=dense)
+        reservation = parallel.storage_reservation(model, spec.reserve_pct / 100.0)
         planner = EmbeddingShardingPlanner(
             topology=topology,
             batch_size=batch,

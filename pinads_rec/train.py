@@ -6,7 +6,8 @@
 Parses the command line, sets up logging, and runs ``pinads_rec.training.Trainer`` with the run log
 (metrics.jsonl, config.json, run_metadata.json), the console report, the TensorBoard event files
 (train.tensorboard) and the profiler trace (train.profile_steps) as hooks; a data, checkpoint or
-numerics error ends the rank with a one-line message.
+numerics error ends the rank with a one-line message, and so does a collective that another rank
+left waiting for train.collective_timeout_s (naming the rank and the step).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pinads_rec.training.checkpoint import IncompatibleCheckpoint
 from pinads_rec.training.console import ConsoleReport
 from pinads_rec.training.profiler import StepProfiler
 from pinads_rec.training.run_log import RunLog
-from pinads_rec.training.trainer import Hook, Trainer
+from pinads_rec.training.trainer import CollectiveError, Hook, Trainer
 
 DEFAULT_CONFIG = "configs/demo.yaml"
 
@@ -72,9 +73,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-    env = parallel.init_distributed()
+    env = parallel.init_distributed(cfg.train.collective_timeout_s)
     try:
         Trainer(cfg, env, hooks=default_hooks(cfg)).run()
+    except CollectiveError as e:
+        # It names the rank and the step; exit at once: torchrun then stops the ranks still waiting.
+        print(str(e), file=sys.stderr, flush=True)
+        os._exit(2)
     except (ContractError, IncompatibleCheckpoint, NonFiniteError, PrecisionOverflow) as e:
         # A DataLoader worker's error arrives wrapped with its traceback; the user needs the last line.
         message = str(e).strip().splitlines()[-1]

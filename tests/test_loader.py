@@ -7,6 +7,7 @@ import glob
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import torch
 from conftest import load_tiny
 
@@ -335,3 +336,89 @@ def test_loader_workers_prefetch_data_prefetch_factor_batches(tiny_data):
     assert make_loader(f"{data}/train", LoaderSettings.of(cfg), num_workers=1).prefetch_factor == 2
     assert make_loader(f"{data}/train", LoaderSettings.of(cfg), num_workers=1, prefetch_factor=3).prefetch_factor == 3
     assert make_loader(f"{data}/train", LoaderSettings.of(cfg), num_workers=0).prefetch_factor is None
+
+
+# --- empty and tiny splits (docs/reliability.md, "Empty or tiny data") -----------------------
+
+
+def _write_split(directory, table, sizes, row_group_size=None):
+    """Files of ``sizes`` rows taken in order from ``table`` (0: an empty file)."""
+    directory.mkdir(parents=True)
+    at = 0
+    for i, n in enumerate(sizes):
+        pq.write_table(table.slice(at, n), directory / f"part-{i}.parquet", row_group_size=row_group_size)
+        at += n
+    return str(directory)
+
+
+def _settings(cfg, **data):
+    from dataclasses import replace
+
+    return LoaderSettings.of(replace(cfg, data=replace(cfg.data, **data)))
+
+
+def test_a_split_without_rows_is_refused_naming_it(tiny_data, tmp_path):
+    from pinads_rec.data.contract import ContractError
+
+    cfg, data = tiny_data
+    empty = _write_split(tmp_path / "empty", _all_rows(f"{data}/train"), [0, 0])
+    ds = ParquetBatches(empty, LoaderSettings.of(cfg), shuffle=True, part="train")  # holdout: nothing to split
+    assert ds.num_rows == 0 and len(ds.files_without_rows) == 2
+    with pytest.raises(
+        ContractError, match=rf"data.train_dir {empty}: 0 rows \(2 .parquet file\(s\), none with a row\)"
+    ):
+        ds.require_a_batch_per_rank("data.train_dir", 0)
+    with pytest.raises(ContractError, match=rf"data.eval_dir {empty}: 0 rows"):
+        ParquetBatches(empty, LoaderSettings.of(cfg), shuffle=False).require_rows("data.eval_dir")
+
+
+def test_an_empty_file_beside_others_is_listed_not_fatal(tiny_data, tmp_path):
+    cfg, data = tiny_data
+    split = _write_split(tmp_path / "split", _all_rows(f"{data}/train"), [0, 1000], row_group_size=250)
+    ds = ParquetBatches(split, _settings(cfg, calibration_holdout=0.0), world_size=2, shuffle=True)
+    assert [p.rsplit("/", 1)[-1] for p in ds.files_without_rows] == ["part-0.parquet"]
+    ds.require_a_batch_per_rank("data.train_dir", 0)
+
+
+def test_fewer_rows_than_a_batch_per_rank_is_refused(tiny_data, tmp_path):
+    from pinads_rec.data.contract import ContractError
+
+    cfg, data = tiny_data
+    split = _write_split(tmp_path / "split", _all_rows(f"{data}/train"), [200], row_group_size=50)
+    settings = _settings(cfg, batch_size=128, max_unique_users_per_batch=0, calibration_holdout=0.0)
+    ds = ParquetBatches(split, settings, rank=0, world_size=2, shuffle=True)
+    with pytest.raises(ContractError) as e:
+        ds.require_a_batch_per_rank("data.train_dir", 0)
+    assert str(e.value) == (
+        f"data.train_dir {split}: 200 rows < data.batch_size 128 x 2 rank(s) = 256: no full batch per rank"
+    )
+    ParquetBatches(split, settings, world_size=1, shuffle=True).require_a_batch_per_rank("data.train_dir", 0)
+    # A request bound closes batches early (padded): then the fewest rows a batch keeps is the bound.
+    capped = _settings(cfg, batch_size=128, max_unique_users_per_batch=16, calibration_holdout=0.0)
+    ParquetBatches(split, capped, world_size=2, shuffle=True).require_a_batch_per_rank("data.train_dir", 0)
+    with pytest.raises(ContractError, match=r"min\(data.batch_size 128, data.max_unique_users_per_batch 16\) x 16"):
+        ParquetBatches(split, capped, world_size=16, shuffle=True).require_a_batch_per_rank("data.train_dir", 0)
+
+
+def test_a_rank_dealt_no_full_batch_is_refused(tiny_data, tmp_path):
+    """Enough rows in all, but in one row group: the other rank (or worker) gets nothing."""
+    from pinads_rec.data.contract import ContractError
+
+    cfg, data = tiny_data
+    split = _write_split(tmp_path / "split", _all_rows(f"{data}/train"), [1000], row_group_size=1000)
+    settings = _settings(cfg, batch_size=128, max_unique_users_per_batch=0, calibration_holdout=0.0)
+    ds = ParquetBatches(split, settings, world_size=2, shuffle=True)
+    with pytest.raises(
+        ContractError, match=r"rank [01] is dealt 0 rows in 0 row group\(s\) in epoch 0 .* no full batch"
+    ):
+        ds.require_a_batch_per_rank("data.train_dir", 0)
+    ParquetBatches(split, settings, world_size=1, shuffle=True).require_a_batch_per_rank("data.train_dir", 1)
+    # One rank, two loader workers, two row groups of 500: no worker reaches a batch of 800.
+    halves = _write_split(tmp_path / "halves", _all_rows(f"{data}/train"), [1000], row_group_size=500)
+    big = _settings(cfg, batch_size=800, max_unique_users_per_batch=0, calibration_holdout=0.0)
+    with pytest.raises(
+        ContractError,
+        match=r"rank 0 is dealt 1000 rows in 2 row group\(s\) in epoch 0 \(at most 500 per loader worker, of 2\)",
+    ):
+        ParquetBatches(halves, big, shuffle=True).require_a_batch_per_rank("data.train_dir", 2)
+    ParquetBatches(halves, big, shuffle=True).require_a_batch_per_rank("data.train_dir", 1)

@@ -3,14 +3,15 @@ the string-hash seed, and the fused embedding optimizer attached to every embedd
 
 import inspect
 import json
+import logging
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
 from conftest import DEMO, REPO
-from torchrec.distributed.planner import Topology
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.optim.optimizers import in_backward_optimizer_filter
@@ -23,13 +24,12 @@ from pinads_rec.models.train_task import TrainTask
 # search space has something to get wrong.
 SEARCH_SPACE = f"""
 import json, torch
-from torchrec.distributed.planner import Topology
 from pinads_rec import config, parallel
 from pinads_rec.models import build_model
 from pinads_rec.models.train_task import TrainTask
 cfg = config.load({str(DEMO)!r})
 model = TrainTask(build_model(cfg.features, cfg.model, device=torch.device("meta")))
-topology = Topology(world_size=16, compute_device="cuda", local_world_size=8)
+topology = parallel.topology(16, "cuda", 8)
 enumerator = parallel.ordered_enumerator(topology, cfg.data.batch_size, parallel.constraints(cfg, "cuda"))
 options = enumerator.enumerate(model, parallel.sharders())
 print(json.dumps([[o.fqn, o.sharding_type, o.compute_kernel] for o in options]))
@@ -49,7 +49,7 @@ def search_space_with_hash_seed(seed: str) -> list:
 def demo_search_space():
     cfg = config.load(DEMO)
     model = TrainTask(build_model(cfg.features, cfg.model, device=torch.device("meta")))
-    topology = Topology(world_size=16, compute_device="cuda", local_world_size=8)
+    topology = parallel.topology(16, "cuda", 8)
     enumerator = parallel.ordered_enumerator(topology, cfg.data.batch_size, parallel.constraints(cfg, "cuda"))
     return enumerator.enumerate(model, parallel.sharders())
 
@@ -103,3 +103,26 @@ def test_the_fused_embedding_optimizer_is_attached_to_every_collection_and_nothi
     assert len(tables) == len(cfg.features.tables)
     fused = {id(p) for _, p in in_backward_optimizer_filter(model.named_parameters(), include=True)}
     assert fused == tables
+
+
+def test_planning_warns_of_nothing(caplog):
+    """The planner set-up uses what TorchRec asks for (TopologyFactory, a dense estimate for the
+    storage reservation) and silences exactly the notices that do not apply: planning the demo
+    config -- as training does on one CPU rank, and offline for 8 GPUs with data-parallel tables
+    allowed -- raises no warning and logs none (docs/reliability.md, "A quiet start")."""
+    from pinads_rec import plan
+
+    cfg = config.load(DEMO)
+    model = TrainTask(build_model(cfg.features, cfg.model, device=torch.device("meta")))
+    parallel.attach_embedding_optimizer(model, cfg.train, torch.device("cpu"))
+    env = parallel.Distributed(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
+        warnings.simplefilter("always")
+        # As Python shows them to a user: DeprecationWarnings raised inside libraries are hidden by
+        # default (TorchRec's apply_optimizer_in_backward raises one, pointing at a private torch API).
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        parallel.plan_sharding(model, cfg, env, local_world_size=1)
+        report = plan.plan(cfg, plan.PlanSpec(world_size=8))
+    assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
+    assert [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert "data_parallel" in {t["sharding_type"] for t in report["tables"].values()}  # it had one to log

@@ -3,6 +3,7 @@ checkpoint loadable; resuming on another world size restores model and optimizer
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,8 +16,9 @@ import pytest
 import torch
 from conftest import REPO, load_tiny, tiny_overrides
 
-from pinads_rec.experiments.harness import run_ranks
+from pinads_rec.experiments.harness import RanksFailed, run_ranks
 from pinads_rec.training.run_log import read_run_log
+from pinads_rec.training.trainer import Hook
 
 pytestmark = pytest.mark.slow
 
@@ -77,6 +79,61 @@ def test_resume_on_another_world_size_restores_model_and_optimizer(tiny_data, tm
             assert value == resaved[key], key
 
 
+# --- a rank that hangs ------------------------------------------------------------------------
+
+HANG_TIMEOUT_S = 5
+
+
+class _HangOnRank1(Hook):
+    """Rank 1 stops answering after step 2 (writing when it began), far past the collective timeout."""
+
+    def __init__(self, result_dir):
+        self.result_dir = result_dir
+
+    def on_step(self, trainer, record):
+        if trainer.env.rank == 1 and record["step"] == 2:
+            Path(self.result_dir, "hang-started").write_text(str(time.time()))
+            time.sleep(120)
+
+
+def _hang(rank, world, result_dir, data_dir, run_dir):
+    from pinads_rec.training.trainer import Trainer
+
+    cfg = load_tiny(
+        data_dir,
+        [
+            "train.max_steps=6",
+            "train.log_every=1",
+            f"train.run_dir={run_dir}",
+            f"train.collective_timeout_s={HANG_TIMEOUT_S}",
+        ],
+    )
+    Trainer(cfg, hooks=[_HangOnRank1(result_dir)]).run()
+
+
+def test_a_rank_left_waiting_in_a_collective_stops_naming_rank_and_step(tiny_data, tmp_path):
+    """Rank 1 hangs after step 2; rank 0's next collective times out after train.collective_timeout_s
+    and the run ends with a CollectiveError naming rank 0 and step 3 -- in seconds, not at the
+    deadline (the default group's timeout is the run's, as train.py sets it)."""
+    work = tmp_path / "work"
+    with pytest.raises(RanksFailed) as failed:
+        run_ranks(
+            _hang,
+            2,
+            str(work),
+            str(tiny_data[1]),
+            str(tmp_path / "run"),
+            timeout_s=180,
+            collective_timeout_s=HANG_TIMEOUT_S,
+        )
+    assert not failed.value.timed_out, str(failed.value)[-3000:]
+    error = failed.value.failures[0]
+    expected = f"CollectiveError: rank 0, step 3: a collective did not complete within {HANG_TIMEOUT_S} s"
+    assert expected in error and "(another rank stopped or hung?)" in error, error[-3000:]
+    waited = (work / "error-0.txt").stat().st_mtime - float((work / "hang-started").read_text())
+    assert HANG_TIMEOUT_S <= waited < HANG_TIMEOUT_S + 20, waited
+
+
 # --- a crash while saving --------------------------------------------------------------------
 
 
@@ -122,7 +179,7 @@ def test_crash_while_saving_keeps_the_previous_checkpoint(tiny_data, tmp_path):
 # --- a rank killed mid-run -------------------------------------------------------------------
 
 
-def _torchrun(run_dir, data_dir, max_restarts):
+def _torchrun(run_dir, data_dir, max_restarts, extra=(), env=None):
     overrides = tiny_overrides(data_dir, run_dir) + ["train.epochs=3", "train.checkpoint_every=5", "train.log_every=1"]
     cmd = [
         sys.executable,
@@ -140,10 +197,73 @@ def _torchrun(run_dir, data_dir, max_restarts):
         "--config",
         "configs/demo.yaml",
     ]
-    for o in overrides:
+    for o in overrides + list(extra):
         cmd += ["--set", o]
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    # OMP_NUM_THREADS set: torchrun would set it to 1 anyway, with a warning.
+    env = dict(env or os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+# Interpreter start-up hook (site imports ``sitecustomize`` from PYTHONPATH) for the steady run: at
+# the exit of every process it raises a FutureWarning and logs a warning on a logger whose one
+# message the project drops, neither of them anything the project silences -- so they must show.
+PLANTED = """
+import atexit, logging, warnings
+
+def _planted():
+    warnings.warn("pinads test warning", FutureWarning)
+    logging.getLogger("torch.fx._symbolic_trace").warning("pinads test log warning")
+
+atexit.register(_planted)
+"""
+PLANTED_MESSAGES = ("pinads test warning", "pinads test log warning")
+# torch's own log lines (torchrun, torch.fx, ...) are glog-style, "W1201 13:37:45.562000 <pid> ..."
+# (after "[rank0]:" in a rank, or after a progress bar on the same line); Python's warnings and
+# logging say Warning / WARNING.
+TORCH_WARNING = re.compile(r"W\d{4} \d\d:\d\d:\d\d\.\d+ ")
+
+
+def library_warning_lines(output: str) -> list:
+    """Lines of a run's output that are a library's warning: Python's (``...Warning:``, ``WARNING``)
+    or torch's glog-style ones, except the project's own loggers' and the planted ones."""
+    lines = []
+    for line in output.splitlines():
+        if not ("Warning" in line or "WARNING" in line or TORCH_WARNING.search(line)):
+            continue
+        if " pinads_rec." in line or any(m in line for m in PLANTED_MESSAGES):
+            continue
+        lines.append(line)
+    return lines
+
+
+@pytest.fixture(scope="module")
+def steady_run(tiny_data, tmp_path_factory):
+    """(run directory, output) of one uninterrupted 2-rank torchrun of train.py, with the planted
+    warnings of PLANTED; the reference for the killed-rank test and the quiet start's evidence."""
+    tmp = tmp_path_factory.mktemp("steady")
+    (tmp / "site").mkdir()
+    (tmp / "site" / "sitecustomize.py").write_text(PLANTED)
+    path = [str(tmp / "site")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    proc = _torchrun(tmp / "run", str(tiny_data[1]), 0, env=dict(os.environ, PYTHONPATH=os.pathsep.join(path)))
+    out, _ = proc.communicate(timeout=300)
+    (tmp / "steady.log").write_text(out)
+    assert proc.returncode == 0, out[-3000:]
+    return tmp / "run", out
+
+
+def test_start_up_prints_no_library_warning(steady_run):
+    """A 2-rank run prints none of TorchRec's / torch's / torchrun's start-up warnings
+    (docs/reliability.md, "A quiet start")."""
+    _, out = steady_run
+    assert library_warning_lines(out) == []
+
+
+def test_an_unrelated_warning_still_shows(steady_run):
+    """What the project silences is exact: the planted FutureWarning and the planted message on a
+    logger with a dropped message reach the output of both ranks."""
+    _, out = steady_run
+    for message in PLANTED_MESSAGES:
+        assert out.count(message) >= 2, f"{message!r} shown {out.count(message)} times:\n{out[-3000:]}"
 
 
 def _rank_pid(run_dir, rank):
@@ -175,13 +295,9 @@ def _final_eval(run_dir):
     return read_run_log(run_dir).summary
 
 
-def test_killed_rank_restarts_resumes_and_matches_an_uninterrupted_run(tiny_data, tmp_path):
+def test_killed_rank_restarts_resumes_and_matches_an_uninterrupted_run(tiny_data, steady_run, tmp_path):
     data_dir = str(tiny_data[1])
-    steady, killed_run = tmp_path / "steady", tmp_path / "killed"
-    proc = _torchrun(steady, data_dir, max_restarts=0)
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
-
+    steady, killed_run = steady_run[0], tmp_path / "killed"
     killed = []
     proc = _torchrun(killed_run, data_dir, max_restarts=1)
     watcher = threading.Thread(target=_kill_rank_after_first_checkpoint, args=(killed_run, 1, killed))

@@ -29,17 +29,16 @@ pytestmark = pytest.mark.slow
 
 def copy_full_weights(dmp, full_state):
     """Writes an unsharded model's weights into a sharded one, shard by shard."""
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from pinads_rec import parallel
 
     with torch.no_grad():
         for name, value in dmp.state_dict().items():
             full = full_state[name]
-            if isinstance(value, ShardedTensor):
-                for shard in value.local_shards():
-                    (r, c), (h, w) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-                    shard.tensor.copy_(full[r : r + h, c : c + w])
-            else:
+            if not any(p in name for p in parallel.EMBEDDING_PARAM):
                 value.copy_(full)
+                continue
+            for (r, c), (h, w), local in parallel.local_pieces(value):
+                local.copy_(full[r : r + h, c : c + w])
 
 
 PROFILED = (2, 3)  # the steps of the long run's profiler trace
@@ -92,9 +91,11 @@ class Recorder(Hook):
 
 
 def _checks(rank, world, result_dir, data_dir, run_root):
+    import pyarrow.parquet as pq
     import torch.distributed as dist
 
     from pinads_rec import parallel
+    from pinads_rec.data.contract import ContractError
     from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
     from pinads_rec.models.ranker import UnifiedRanker
     from pinads_rec.models.train_task import TrainTask
@@ -176,6 +177,29 @@ def _checks(rank, world, result_dir, data_dir, run_root):
     Trainer(
         load_tiny(data_dir, base + [f"train.run_dir={run_root}/b"]), env, hooks=[RunLog(), TensorBoardWriter()]
     ).run()
+
+    # 4. Small splits: an eval split of one row group (fewer than the ranks) is evaluated whole, the
+    #    rank without a row group replaying a masked batch; a row filter that keeps no row stops the
+    #    run before its first step (the files' footers could not tell).
+    one_group = f"{run_root}/one_group_eval"
+    if rank == 0:
+        os.makedirs(one_group)
+        table = pq.read_table(f"{data_dir}/eval")
+        pq.write_table(table, f"{one_group}/eval.parquet", row_group_size=table.num_rows)
+        out["one_group_eval_rows"] = table.num_rows
+    dist.barrier()
+    cfg = load_tiny(data_dir, ["train.max_steps=2", f"train.run_dir={run_root}/small", f"data.eval_dir={one_group}"])
+    summary = Trainer(cfg, env).run()
+    out["one_group_eval_examples"] = [r["examples"] for r in summary["eval"] if r["surface"] == "all"]
+    cfg = load_tiny(
+        data_dir,
+        [f"train.run_dir={run_root}/filtered", "data.row_filter={column: ad_type, values: [987654]}"],
+    )
+    try:
+        Trainer(cfg, env).run()
+        out["filtered_error"] = None
+    except ContractError as e:
+        out["filtered_error"] = str(e)
 
     if rank == 0:
         with open(os.path.join(result_dir, "checks.json"), "w") as f:
@@ -345,3 +369,61 @@ def test_a_resumed_run_replaces_the_tensorboard_steps_after_its_checkpoint(two_r
     first_run, resumed = read_losses(f"{run_root}/a"), read_losses(f"{run_root}/b")
     expected = {s: first_run[s] for s in range(1, 5)} | resumed  # a's steps 5-8 hidden (purge_step)
     assert losses == [(s, as_float32(expected[s])) for s in range(1, 9)]
+
+
+def test_an_eval_split_with_fewer_row_groups_than_ranks_is_evaluated_whole(two_rank_run):
+    checks, _ = two_rank_run
+    assert checks["one_group_eval_examples"] == [checks["one_group_eval_rows"]] * 3  # every task
+
+
+def test_rows_filtered_away_stop_the_run_before_its_first_step(two_rank_run):
+    checks, _ = two_rank_run
+    error = checks["filtered_error"]
+    assert error is not None and "epoch 0 ended before its first step" in error, error
+    assert "rank 0 had no batch" in error and "data.row_filter" in error
+
+
+# --- refused at set-up, before the model is built (one process, no process group needed) -------
+
+
+def _setup_error(cfg):
+    from pinads_rec import parallel
+    from pinads_rec.data.contract import ContractError
+    from pinads_rec.training.trainer import Trainer
+
+    env = parallel.Distributed(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    trainer = Trainer(cfg, env)
+    with pytest.raises(ContractError) as e:
+        trainer.setup()
+    assert not hasattr(trainer, "dmp"), "the data check comes before the model is sharded"
+    return str(e.value)
+
+
+def _empty_split(tiny_data, tmp_path, name):
+    import pyarrow.parquet as pq
+
+    cfg, data = tiny_data
+    table = pq.read_table(f"{data}/{name}")
+    (tmp_path / name).mkdir()
+    pq.write_table(table.slice(0, 0), tmp_path / name / "empty.parquet")
+    return str(tmp_path / name)
+
+
+def test_a_train_split_without_rows_is_refused_at_setup(tiny_data, tmp_path):
+    empty = _empty_split(tiny_data, tmp_path, "train")
+    cfg = load_tiny(tiny_data[1], [f"data.train_dir={empty}", f"train.run_dir={tmp_path / 'run'}"])
+    assert _setup_error(cfg) == f"data.train_dir {empty}: 0 rows (1 .parquet file(s), none with a row)"
+
+
+def test_a_train_split_smaller_than_a_batch_is_refused_at_setup(tiny_data, tmp_path):
+    cfg = load_tiny(
+        tiny_data[1],
+        ["data.batch_size=100000", "data.max_unique_users_per_batch=0", f"train.run_dir={tmp_path / 'run'}"],
+    )
+    assert "< data.batch_size 100000 x 1 rank(s) = 100000: no full batch per rank" in _setup_error(cfg)
+
+
+def test_an_eval_split_without_rows_is_refused_at_setup(tiny_data, tmp_path):
+    empty = _empty_split(tiny_data, tmp_path, "eval")
+    cfg = load_tiny(tiny_data[1], [f"data.eval_dir={empty}", f"train.run_dir={tmp_path / 'run'}"])
+    assert _setup_error(cfg) == f"data.eval_dir {empty}: 0 rows (1 .parquet file(s), none with a row)"

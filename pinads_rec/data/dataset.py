@@ -33,6 +33,7 @@ import torch
 
 from pinads_rec.config import DataConfig, ExperimentConfig
 from pinads_rec.data.batch import Batch, BatchBuilder
+from pinads_rec.data.contract import ContractError
 from pinads_rec.data.reader import (
     RowGroup,
     RowGroupReader,
@@ -43,6 +44,13 @@ from pinads_rec.data.reader import (
 )
 from pinads_rec.data.shuffle import ShufflePool, read_requests
 from pinads_rec.features import FeatureLayout
+from pinads_rec.library_notices import drop_log_message
+
+# torch 2.13's own KeyedJaggedTensor metaclass (torch.fx ProxyableClassMeta.__call__) calls the
+# is_fx_tracing() that torch now deprecates, and logs so on the first KJT a process builds: here,
+# BatchBuilder's, in the trainer or a loader worker. No call of ours asks for it and there is nothing
+# to migrate; drop that one message of that one logger, for the process (it is logged once).
+drop_log_message("torch.fx._symbolic_trace", "is_fx_tracing will return true")
 
 
 @dataclass(frozen=True)
@@ -81,13 +89,17 @@ class ParquetBatches(torch.utils.data.IterableDataset):
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
         self.batch_size = batch_size or data.batch_size
         self.drop_last = shuffle if drop_last is None else drop_last
-        self.row_groups = select_part(
-            list_row_groups(list_files(directory), layout.features), part, data.calibration_holdout, directory
-        )
+        self.directory, self.part = directory, part
+        self.files = list_files(directory)
+        groups = list_row_groups(self.files, layout.features)
+        with_rows = {g.path for g in groups}
+        self.files_without_rows = [f for f in self.files if f not in with_rows]
+        self.row_groups = select_part(groups, part, data.calibration_holdout, directory)
         self.epoch = 0
         self.reader = RowGroupReader(layout.features, data)
         # Requests (unique users) a batch may hold: the user-side lookups' fixed batch size.
         self.user_slots = min(data.max_unique_users_per_batch or self.batch_size, self.batch_size)
+        self.max_requests = self.user_slots if settings.broadcast else self.batch_size
         self.builder = BatchBuilder(layout, self.user_slots, settings.broadcast)
 
     def set_epoch(self, epoch: int) -> None:
@@ -96,6 +108,54 @@ class ParquetBatches(torch.utils.data.IterableDataset):
     @property
     def num_rows(self) -> int:
         return sum(g.num_rows for g in self.row_groups)
+
+    def require_rows(self, what: str) -> None:
+        """ContractError unless the split has a row: ``what`` names it (``data.eval_dir``)."""
+        if not self.row_groups:
+            raise ContractError(
+                f"{what} {self.directory}: 0 rows ({len(self.files)} .parquet file(s), none with a row)"
+            )
+
+    def require_a_batch_per_rank(self, what: str, num_workers: int) -> None:
+        """ContractError when, from the row counts in the files' footers, some rank cannot make one
+        training batch in this epoch: no rows; fewer than batch_size x world size; or a rank dealt
+        row groups whose rows, split over its loader workers, leave no worker a batch (each worker
+        drops its last partial batch). A batch closed early by data.max_unique_users_per_batch holds
+        fewer rows (at least one per request), so the bound used is min(batch_size, that cap).
+        Necessary, not sufficient: data.row_filter and the request bound act when rows are read
+        (Trainer.fit stops an epoch that gives no step)."""
+        self.require_rows(what)
+        fewest = min(self.batch_size, self.max_requests)  # rows of the smallest batch a worker keeps
+        bound = f"data.batch_size {self.batch_size}"
+        if fewest < self.batch_size:
+            bound = f"min(data.batch_size {self.batch_size}, data.max_unique_users_per_batch {self.max_requests})"
+        need = fewest * self.world_size
+        if self.num_rows < need:
+            raise ContractError(
+                f"{what} {self.directory}: {self.num_rows} rows < {bound} x {self.world_size} rank(s) = {need}: "
+                f"no full batch per rank"
+            )
+        workers = max(num_workers, 1)
+        for rank in range(self.world_size):
+            slots = [
+                assign_row_groups(
+                    self.row_groups,
+                    rank * workers + w,
+                    self.world_size * workers,
+                    self.settings.seed,
+                    self.epoch,
+                    self.shuffle,
+                )
+                for w in range(workers)
+            ]
+            per_worker = [sum(g.num_rows for g in slot) for slot in slots]
+            if max(per_worker) < fewest:
+                raise ContractError(
+                    f"{what} {self.directory}: rank {rank} is dealt {sum(per_worker)} rows in "
+                    f"{sum(map(len, slots))} row group(s) in epoch {self.epoch} (at most {max(per_worker)} per "
+                    f"loader worker, of {workers}) < {bound}: no full batch on that rank; write smaller row "
+                    f"groups or more data, or use fewer ranks or data.num_workers"
+                )
 
     def my_row_groups(self) -> List[RowGroup]:
         info = torch.utils.data.get_worker_info()

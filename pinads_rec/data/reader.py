@@ -80,7 +80,7 @@ def select_part(groups: List[RowGroup], part: str, holdout: float, where: str) -
     """``all`` the row groups, the ``train`` ones, or the calibration ``holdout``: the last
     max(round(holdout x count), 1) in file order (the latest data when files are in time order).
     The split does not depend on the world size, so a run resumed on another one trains on the same rows."""
-    if part == "all" or holdout == 0.0:
+    if part == "all" or holdout == 0.0 or not groups:  # no rows: nothing to split (the caller says so)
         return groups
     n = max(round(holdout * len(groups)), 1)
     if n >= len(groups):

@@ -17,10 +17,12 @@ are dicts per surface x task (:class:`pinads_rec.metrics.MetricAccumulator`).
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import functools
 import logging
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -64,6 +66,43 @@ class Hook:
         """After a completed run."""
 
 
+class CollectiveError(RuntimeError):
+    """A collective of this rank timed out or lost its peers: another rank stopped or hangs. The
+    message names this rank and the step (or phase) it was in."""
+
+
+def collective_failure(e: BaseException) -> Optional[str]:
+    """ "timeout" or "failed" when ``e`` is a collective's error (gloo raises RuntimeErrors from its
+    transport, NCCL DistErrors), None for anything else."""
+    text = str(e)
+    if not (isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and "gloo/" in text)):
+        return None
+    return "timeout" if "timed out" in text.lower() or "timeout" in text.lower() else "failed"
+
+
+class NamedCollectiveErrors:
+    """Re-raises a collective's timeout or failure inside as a CollectiveError naming the rank and
+    ``where``: on gloo the waiting rank's collective raises after train.collective_timeout_s with
+    nothing in it about the run. (On NCCL the watchdog ends the process itself, naming the rank and
+    the collective: parallel.init_distributed.) Anything else passes through untouched."""
+
+    def __init__(self, rank: int, where: str, timeout_s: float):
+        self.rank, self.where, self.timeout_s = rank, where, timeout_s
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        kind = collective_failure(exc) if exc is not None else None
+        if kind is None:
+            return False
+        if kind == "timeout":
+            what = f"a collective did not complete within {self.timeout_s:g} s (another rank stopped or hung?)"
+        else:
+            what = f"a collective failed, another rank stopped? ({str(exc).strip().splitlines()[0][:300]})"
+        raise CollectiveError(f"rank {self.rank}, {self.where}: {what}") from exc
+
+
 @dataclasses.dataclass
 class StepOutput:
     """One training step as the pipeline returns it: the loss (scalar), logits and labels ``[B, T]``."""
@@ -79,12 +118,14 @@ class EndTogether:
 
     def __init__(self, batches: Iterator[Batch], group: Optional[dist.ProcessGroup]):
         self.batches, self.group = batches, group
+        self.ran_out_here = False  # this rank's own batches ended (not another rank's)
 
     def __iter__(self):
         return self
 
     def __next__(self) -> Batch:
         batch = next(self.batches, None)
+        self.ran_out_here = self.ran_out_here or batch is None
         flag = torch.tensor([0 if batch is None else 1])
         if self.group is not None:
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
@@ -127,13 +168,23 @@ def pipelined_module_names(dmp, pipeline) -> List[str]:
     return [name for name, m in dmp.named_modules() if id(m) in chosen]
 
 
+def spare_batch(cfg: config.ExperimentConfig, env: parallel.Distributed) -> Optional[Batch]:
+    """This rank's first batch of training rows (in file order), for a scoring pass on a split with
+    fewer row groups than ranks: the ranks without any replay it masked; None if it has none."""
+    settings = LoaderSettings.of(cfg)
+    train_part = ParquetBatches(
+        cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=False, drop_last=False, part="train"
+    )
+    return next(iter(train_part), None)
+
+
 def scoring_pass(
-    model, env: parallel.Distributed, group, loader, what: str, spare: Optional[Batch] = None
+    model, env: parallel.Distributed, group, loader, what: str, spare: Optional[Callable[[], Optional[Batch]]] = None
 ) -> Iterator[Tuple[Batch, torch.Tensor]]:
     """Yields (batch, logits [B, T] on CPU) over one no-grad pass of ``loader``. Ranks that run out
-    early replay their last batch (or ``spare``, when they had none) with every row marked invalid,
-    so every rank takes part in every sharded forward; use ``batch.valid``."""
-    batches, last = iter(loader), spare
+    early replay their last batch (or ``spare()``'s, when they had none) with every row marked
+    invalid, so every rank takes part in every sharded forward; use ``batch.valid``."""
+    batches, last = iter(loader), None
     model.eval()
     try:
         with torch.no_grad():
@@ -145,6 +196,8 @@ def scoring_pass(
                 if not flag.item():
                     break
                 if batch is None:
+                    if last is None and spare is not None:
+                        last = spare()
                     if last is None:
                         raise ContractError(
                             f"rank {env.rank} got no {what} rows: fewer row groups than the {env.world_size} ranks"
@@ -164,7 +217,8 @@ def evaluation_rows(model, cfg: config.ExperimentConfig, env: parallel.Distribut
     has_oracle = all(t.true_probability_column for t in cfg.features.tasks)
     acc = MetricAccumulator(tasks, cfg.features.surfaces, has_oracle)
     loader = make_loader(cfg.data.eval_dir, LoaderSettings.of(cfg), env.rank, env.world_size, shuffle=False)
-    for batch, logits in scoring_pass(model, env, group, loader, f"eval ({cfg.data.eval_dir})"):
+    spare = functools.partial(spare_batch, cfg, env)  # a rank with no eval row group replays it masked
+    for batch, logits in scoring_pass(model, env, group, loader, f"eval ({cfg.data.eval_dir})", spare):
         acc.update(torch.sigmoid(logits), batch.labels, batch.surface, batch.true_probs, valid=batch.valid)
     return acc.compute()
 
@@ -184,18 +238,20 @@ def fit_calibration(model, cfg: config.ExperimentConfig, env: parallel.Distribut
         loader = make_loader(cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=False, part="holdout")
     # The split may have fewer row groups than there are ranks: those without one replay a
     # (masked) training batch in the collective forwards.
-    train_part = ParquetBatches(
-        cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=False, drop_last=False, part="train"
-    )
-    spare = next(iter(train_part))
-    parts = [
+    T = len(cfg.features.tasks)
+    parts = [torch.zeros(0, 2 * T + 1)]  # a rank may see no valid row
+    parts += [
         torch.cat([logits, batch.labels, batch.surface.unsqueeze(1).float()], dim=1)[batch.valid]
-        for batch, logits in scoring_pass(model, env, group, loader, "calibration", spare)
+        for batch, logits in scoring_pass(
+            model, env, group, loader, "calibration", functools.partial(spare_batch, cfg, env)
+        )
     ]
     rows = torch.cat(parts)
     if group is not None:
         rows = gather_rows(rows, group)
-    T = len(cfg.features.tasks)
+    if rows.shape[0] == 0:
+        where = cfg.data.calibration_dir or f"{cfg.data.train_dir} (data.calibration_holdout)"
+        raise ContractError(f"calibration: 0 rows to fit on in {where} (after data.row_filter)")
     layer.fit(rows[:, :T], rows[:, T : 2 * T], rows[:, 2 * T].long())
     if env.is_main:
         log.info(
@@ -227,7 +283,7 @@ class Trainer:
         plan: Optional[ShardingPlan] = None,
     ):
         self.cfg = cfg
-        self.env = env if env is not None else parallel.init_distributed()
+        self.env = env if env is not None else parallel.init_distributed(cfg.train.collective_timeout_s)
         self.hooks = list(hooks)
         self.plan = plan
         self.pipelined_modules: Optional[List[str]] = None
@@ -235,26 +291,41 @@ class Trainer:
         self.started_at = time.time()  # wall clock, for the run's metadata
 
     def setup(self) -> Trainer:
-        """Data group, resume (checkpoint compatibility and its plan), the sharded TrainTask, the
-        training loader, optimizers and LR schedule, the guard, the pipeline. Idempotent."""
+        """Data group, resume (checkpoint compatibility and its plan), the training loader and the
+        checks that the data can train and evaluate, the sharded TrainTask, optimizers and LR
+        schedule, the guard, the pipeline. Idempotent."""
         if self._ready:
             return self
         self.run_dir = Path(self.cfg.train.run_dir)
-        self.data_group = dist.new_group(backend="gloo") if self.env.world_size > 1 else None
+        # With the run's collective timeout (a new group's default is the backend's 30 minutes).
+        timeout = datetime.timedelta(seconds=self.cfg.train.collective_timeout_s)
+        self.data_group = dist.new_group(backend="gloo", timeout=timeout) if self.env.world_size > 1 else None
         self.resumed_from = checkpoint.latest(self.run_dir)
         if self.resumed_from is not None:
             self.cfg = resume_config(self.cfg, self.resumed_from)
         cfg, env = self.cfg, self.env
-        self.dmp = shard_train_task(cfg, env, self.plan, group=self.data_group)
-        self.guard = next(m for m in self.dmp.modules() if isinstance(m, NonFiniteGuard))
         settings = LoaderSettings.of(cfg)
         pin_memory = env.device.type == "cuda"
         self.loader = make_loader(
             cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=True, pin_memory=pin_memory, part="train"
         )
-        for later in (cfg.data.eval_dir, cfg.data.calibration_dir):  # their errors before training, not after it
+        # Before training, not after it: a split too small to train on, an empty eval or calibration
+        # split (docs/reliability.md, "Empty or tiny data").
+        train = self.loader.dataset
+        train.require_a_batch_per_rank("data.train_dir", settings.data.num_workers)
+        if train.files_without_rows and env.is_main:
+            log.warning(
+                "data.train_dir %s: %d of %d file(s) hold no rows: %s",
+                cfg.data.train_dir,
+                len(train.files_without_rows),
+                len(train.files),
+                ", ".join(train.files_without_rows[:5]) + (" ..." if len(train.files_without_rows) > 5 else ""),
+            )
+        for what, later in (("data.eval_dir", cfg.data.eval_dir), ("data.calibration_dir", cfg.data.calibration_dir)):
             if later:
-                ParquetBatches(later, settings, env.rank, env.world_size, shuffle=False)
+                ParquetBatches(later, settings, env.rank, env.world_size, shuffle=False).require_rows(what)
+        self.dmp = shard_train_task(cfg, env, self.plan, group=self.data_group)
+        self.guard = next(m for m in self.dmp.modules() if isinstance(m, NonFiniteGuard))
         steps_per_epoch = max(self.loader.dataset.num_rows // (cfg.data.batch_size * env.world_size), 1)
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
         self.optimizer, self.schedule = parallel.make_optimizer(self.dmp, cfg.train, self.total_steps)
@@ -290,12 +361,19 @@ class Trainer:
             next(batches)
         return EndTogether(batches, self.data_group)
 
+    def collectives(self, where: str) -> "NamedCollectiveErrors":
+        """A context re-raising a collective's timeout or failure as a CollectiveError naming this
+        rank and ``where`` (e.g. "step 12"): see NamedCollectiveErrors."""
+        return NamedCollectiveErrors(self.env.rank, where, self.cfg.train.collective_timeout_s)
+
     def train_step(self, batches: Iterator[Batch]) -> StepOutput:
         """One pipelined step (forward, backward, optimizers), then the LR schedule and the position
-        in ``state``. Raises StopIteration when ``batches`` is done."""
+        in ``state``. Raises StopIteration when ``batches`` is done, CollectiveError when a
+        collective times out or fails."""
         self.setup()
         try:
-            loss, logits, labels = self.pipeline.progress(batches)
+            with self.collectives(f"step {self.state.step + 1}"):
+                loss, logits, labels = self.pipeline.progress(batches)
         except NonFiniteError as e:
             raise NonFiniteError(f"step {self.state.step + 1}, epoch {self.state.epoch}: {e}") from None
         if self.pipelined_modules is None:
@@ -326,6 +404,7 @@ class Trainer:
             if done:
                 break
             batches = self.epoch_batches(epoch)
+            from_start, steps_before = state.batches_in_epoch == 0, state.step
             while True:
                 try:
                     step = self.train_step(batches)
@@ -356,12 +435,25 @@ class Trainer:
                         hook.on_step(self, record)
                     window_loss, window_n, logit_abs_max = 0.0, 0, 0.0
                 if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
-                    self.save()
+                    with self.collectives(f"step {state.step}, saving the checkpoint"):
+                        self.save()
                 for hook in self.hooks:
                     hook.on_step_end(self)
                 if cfg.train.max_steps and state.step >= cfg.train.max_steps:
                     done = True
                     break
+            if from_start and state.step == steps_before:
+                # The footers promised a batch per rank (setup); the rows read did not make one.
+                who = f"rank {env.rank} had" if batches.ran_out_here else "another rank had"
+                message = (
+                    f"data.train_dir {cfg.data.train_dir}: epoch {epoch} ended before its first step: {who} "
+                    f"no batch of data.batch_size {cfg.data.batch_size} rows (data.row_filter, "
+                    f"data.max_unique_users_per_batch or this epoch's deal of row groups left too few)"
+                )
+                if state.step == 0:  # nothing trained at all: stop rather than 'finish' an empty run
+                    raise ContractError(message)
+                if env.is_main:
+                    log.warning("%s; training goes on with the next epoch", message)
             if not done:
                 state.epoch, state.batches_in_epoch = epoch + 1, 0
         now = time.perf_counter()
@@ -394,9 +486,13 @@ class Trainer:
         self.setup()
         fitted = self.fit()
         self.pipeline.detach()
-        self.calibrate()
-        self.save()
-        rows = self.evaluate()
+        after = f"after step {self.state.step}"
+        with self.collectives(f"{after}, calibration"):
+            self.calibrate()
+        with self.collectives(f"{after}, saving the checkpoint"):
+            self.save()
+        with self.collectives(f"{after}, evaluation"):
+            rows = self.evaluate()
         summary = {
             **fitted,
             "nonfinite_skipped": self.guard.skipped,

@@ -22,7 +22,7 @@ import traceback
 import warnings
 from multiprocessing.connection import wait as wait_for_exits
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 # Seconds the other ranks get to finish (and write their own traceback) once one rank has failed.
 FAILURE_GRACE_S = 3.0
@@ -56,7 +56,9 @@ def quiet_library_logs() -> None:
     logging.getLogger().setLevel(logging.ERROR)  # fbgemm's "Successfully loaded" INFO lines
 
 
-def _rank_main(rank: int, world: int, rdzv_file: str, work_dir: str, timeout_s: float, quiet: bool, fn, args) -> None:
+def _rank_main(
+    rank: int, world: int, rdzv_file: str, work_dir: str, pg_timeout_s: float, quiet: bool, fn, args
+) -> None:
     import multiprocessing
 
     import torch
@@ -77,7 +79,7 @@ def _rank_main(rank: int, world: int, rdzv_file: str, work_dir: str, timeout_s: 
             init_method=f"file://{rdzv_file}",
             rank=rank,
             world_size=world,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=datetime.timedelta(seconds=pg_timeout_s),
         )
         fn(rank, world, work_dir, *args)
         # Leave together: a rank tearing gloo down while a peer is still connecting (an ``fn``
@@ -94,12 +96,22 @@ def _rank_main(rank: int, world: int, rdzv_file: str, work_dir: str, timeout_s: 
             dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable, world_size: int, work_dir, *args, timeout_s: float = 300, quiet: bool = False) -> Path:
+def run_ranks(
+    fn: Callable,
+    world_size: int,
+    work_dir,
+    *args,
+    timeout_s: float = 300,
+    quiet: bool = False,
+    collective_timeout_s: Optional[float] = None,
+) -> Path:
     """Runs ``fn(rank, world_size, work_dir, *args)`` on ``world_size`` gloo ranks (one torch thread
     each, ``PYTHONHASHSEED=0`` so that the planner's ties break alike from run to run); returns
     ``work_dir`` (a Path), where ``fn`` writes what the caller reads. Raises ``RanksFailed`` naming
     every failed rank with its traceback, or the deadline. ``fn`` and ``args`` must pickle (``fn`` a
-    module-level function). ``quiet``: the ranks log library messages at ERROR only."""
+    module-level function). ``quiet``: the ranks log library messages at ERROR only.
+    ``collective_timeout_s``: the default process group's timeout (as train.py sets it from
+    train.collective_timeout_s); None: the deadline."""
     import torch.multiprocessing as mp
 
     work = Path(work_dir)
@@ -107,11 +119,12 @@ def run_ranks(fn: Callable, world_size: int, work_dir, *args, timeout_s: float =
     for old in list(work.glob("error-*.txt")) + list(work.glob("rank-*.json")):
         old.unlink()
     rdzv_dir = tempfile.mkdtemp(prefix="pinads_rdzv_")  # a fresh rendezvous file per launch
+    pg_timeout_s = timeout_s if collective_timeout_s is None else collective_timeout_s
     ctx = mp.get_context("spawn")
     procs = [
         ctx.Process(
             target=_rank_main,
-            args=(rank, world_size, os.path.join(rdzv_dir, "rdzv"), str(work), timeout_s, quiet, fn, args),
+            args=(rank, world_size, os.path.join(rdzv_dir, "rdzv"), str(work), pg_timeout_s, quiet, fn, args),
             name=f"rank-{rank}",
         )
         for rank in range(world_size)

@@ -141,10 +141,12 @@ def timed_steps(trainer, warmup: int, steps: int, comms_steps: int = 0) -> dict:
 def embedding_size(dmp) -> Dict[str, float]:
     """This rank's embedding rows and MiB (fp32): its shards of sharded tables, and a full replica
     of data-parallel ones."""
+    from pinads_rec import parallel
+
     rows = numel = 0
     for name, t in dmp.state_dict().items():
-        if ".embedding_bags." in name or ".embeddings." in name:
-            local = [s.tensor for s in t.local_shards()] if hasattr(t, "local_shards") else [t]
+        if any(p in name for p in parallel.EMBEDDING_PARAM):
+            local = [piece for _, _, piece in parallel.local_pieces(t)]
             rows += sum(x.shape[0] for x in local)
             numel += sum(x.numel() for x in local)
     return {"embedding_rows": rows, "embedding_mib": numel * 4 / 2**20}
