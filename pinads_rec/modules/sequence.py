@@ -127,19 +127,12 @@ class GroupEncoder(nn.Module):
                 f"candidate query (two-tower user tower); add transformer, sum or period_sum"
             )
 
-    def forward(
-        self,
-        events: Dict[str, "JaggedTensor"],
-        time_deltas: torch.Tensor,
-        pretrained: Optional[torch.Tensor],
-        request_index: torch.Tensor,
-        query: Optional[torch.Tensor],
-        user: Optional[torch.Tensor],
-    ) -> torch.Tensor:
+    def forward(self, events: Dict[str, "JaggedTensor"], *rest: Optional[torch.Tensor]) -> torch.Tensor:
+        """``encode`` of the group's events as the EmbeddingCollection returns them (``<group>.<feature>``
+        -> JaggedTensor over U requests); ``rest``: time_deltas, pretrained, request_index, query,
+        user, as ``encode`` takes them."""
         attributes = [events[k].values() for k in self.keys]
-        return self.encode(
-            attributes, events[self.keys[0]].offsets(), time_deltas, pretrained, request_index, query, user
-        )
+        return self.encode(attributes, events[self.keys[0]].offsets(), *rest)
 
     def encode(
         self,
@@ -151,8 +144,10 @@ class GroupEncoder(nn.Module):
         query: Optional[torch.Tensor],
         user: Optional[torch.Tensor],
     ) -> torch.Tensor:
-        """``forward`` on plain tensors: each attribute's event embeddings [N, D] (in ``self.keys``
-        order), the events' offsets [U + 1] per request; the rest as ``forward``."""
+        """The group's features [B, output_dim] from plain tensors: each attribute's event embeddings
+        [N, D] (in ``self.keys`` order), the events' offsets [U + 1] per request, time deltas [N],
+        pretrained event embeddings [N, E] (or None), request_index [B], the candidate query [B, Dq]
+        and the user representation [U, Du] (each None when absent)."""
         content, mask, deltas = self.events(
             attributes, offsets, time_deltas, pretrained if self.has_pretrained else None
         )
