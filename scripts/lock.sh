@@ -46,7 +46,8 @@ PIP="$WORK/cpu/bin/python -m pip install --disable-pip-version-check -q"
 # The +cpu build: from the machine's wheel folder (pip's find-links) or PyTorch's CPU index.
 $PIP "torch==$TORCH+cpu" "fbgemm-gpu-cpu==$FBGEMM"
 $PIP --no-deps "torchrec==$TORCHREC"
-# torchrec's own dependencies less fbgemm-gpu, then the rest.
+# torchrec's own dependencies less fbgemm-gpu, then the rest (pip then reports torchrec's unmet
+# fbgemm-gpu requirement as an ERROR line: expected, fbgemm-gpu-cpu stands for it).
 $PIP "${REST[@]}"
 {
   header cpu "Produced by building a fresh venv here and freezing it (pip freeze --all, less pip)."
