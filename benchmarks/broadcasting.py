@@ -10,7 +10,8 @@ per request, U = rows / N) and off (one user slot per row, U = rows, ``model.bro
 and timed alternately on the same model:
 
 - inference: the unsharded model's forward in eval mode, large layers in the inference precision
-  (``model.precision.inference``, BF16 by default; ``--precision`` overrides), as served;
+  (``model.precision.inference``, auto by default: BF16 where the CPU has fast BF16; ``--precision``
+  overrides), as served;
 - training: one step of a 1-rank ``DistributedModelParallel`` train task -- forward, backward with the
   fused embedding optimizer, dense AdamW step -- in ``model.precision.train``.
 
@@ -104,9 +105,11 @@ def side_by_side(fns: Dict[bool, Callable], batches: Dict[bool, List[Batch]], re
 
 def inference_model(args, cfg):
     from pinads_rec.models import build_model
+    from pinads_rec.modules.precision import resolve
     from pinads_rec.serve.loading import load_model, prepare
 
-    precision = args.precision or cfg.model.precision.inference
+    # auto resolved here, so that the report names the precision it measured.
+    precision = resolve(args.precision or cfg.model.precision.inference, torch.device("cpu"), "inference precision")
     if args.run:
         model, _ = load_model(args.run, precision)
         return model, precision

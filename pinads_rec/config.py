@@ -320,7 +320,9 @@ class PrecisionConfig:
     this dtype; embeddings, small layers, calibration and the loss stay float32."""
 
     train: Literal["fp32", "bf16", "fp16"] = "fp32"
-    inference: Literal["fp32", "bf16", "fp16"] = "bf16"
+    # auto: BF16 where the serving device has fast BF16 (CUDA with native BF16, a CPU with AMX or
+    # avx512_bf16), FP32 elsewhere, where BF16 is emulated and slower (modules/precision.py resolve).
+    inference: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     # FP16 overflowed (inf/NaN out of a large layer): stop with an error naming the layer, or
     # redo that layer in BF16 (counted).
     fp16_overflow: Literal["error", "bf16"] = "error"

@@ -152,3 +152,45 @@ def test_nonfinite_gradient_is_caught_before_the_step():
     layer.weight.grad = torch.tensor([[float("nan"), 0.0]])
     with pytest.raises(NonFiniteError, match="non-finite gradient"):
         stop.step()
+
+
+@pytest.mark.parametrize(
+    "flags, fast, why",
+    [
+        ({"avx2", "avx512f", "avx512_bf16"}, True, "this CPU has avx512_bf16"),
+        ({"amx_tile", "amx_bf16", "avx512_bf16"}, True, "this CPU has amx_bf16/avx512_bf16"),
+        ({"avx2", "avx512f", "avx512_vnni"}, False, "this CPU has no avx512_bf16/AMX"),
+    ],
+)
+def test_auto_precision_is_bf16_only_on_a_cpu_with_bf16_units(flags, fast, why):
+    from pinads_rec.modules.precision import fast_bf16
+
+    assert fast_bf16(torch.device("cpu"), frozenset(flags)) == (fast, why)
+
+
+def test_cpu_flags_come_from_cpuinfo(tmp_path):
+    from pinads_rec.modules.precision import cpu_flags
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\n")
+    assert cpu_flags(info) == {"fpu", "avx2", "avx512_bf16"}
+    info.write_text("processor\t: 0\nFeatures\t: fp asimd bf16\n")  # an ARM cpuinfo: no x86 flags line
+    assert cpu_flags(info) is None and cpu_flags(tmp_path / "absent") is None
+
+
+def test_auto_resolves_and_says_why_explicit_precisions_pass_through(caplog):
+    from pinads_rec.modules.precision import fast_bf16, resolve
+
+    cpu = torch.device("cpu")
+    with caplog.at_level("INFO", logger="pinads_rec.modules.precision"):
+        chosen = resolve("auto", cpu, "inference precision")
+    fast, why = fast_bf16(cpu)
+    assert chosen == ("bf16" if fast else "fp32")
+    assert f"inference precision auto -> {chosen}: {why}" in caplog.text
+    assert [resolve(p, cpu) for p in ("fp32", "bf16", "fp16")] == ["fp32", "bf16", "fp16"]
+
+
+def test_inference_precision_defaults_to_auto():
+    from pinads_rec import config
+
+    assert config.PrecisionConfig().inference == "auto" and config.PrecisionConfig().train == "fp32"

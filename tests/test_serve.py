@@ -269,6 +269,21 @@ def test_bf16_casts_the_large_layers_only(bf16):
     assert bf16.model.calibration.scale.dtype == torch.float32  # small layers stay FP32
 
 
+def test_default_inference_precision_is_auto_resolved_for_this_cpu(trained, caplog):
+    """model.precision.inference defaults to auto: BF16 on a CPU with BF16 units, FP32 elsewhere,
+    logged; the config as served names what it chose."""
+    from pinads_rec.modules.precision import DTYPES, fast_bf16
+    from pinads_rec.serve.scoring import Predictor
+
+    fast, why = fast_bf16(torch.device("cpu"))
+    want = "bf16" if fast else "fp32"
+    with caplog.at_level("INFO"):
+        default = Predictor.from_run(trained[0])
+    assert default.cfg.model.precision.inference == want
+    assert default.model.cross.module.W_kernels[0].dtype == DTYPES[want]
+    assert f"inference precision auto -> {want}: {why}" in caplog.text
+
+
 def test_bf16_inference_is_close_to_fp32(trained, fp32, fp32_eval, bf16):
     a, labels, surface, _ = fp32_eval
     b, _ = _score_all(bf16, os.path.join(trained[2], "eval"))

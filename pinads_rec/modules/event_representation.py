@@ -14,9 +14,10 @@ time deltas [U, L] (0 at padding).
 
 from typing import List, Optional, Tuple
 
-import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
 import torch
 from torch import nn
+
+from pinads_rec.modules.jagged import pad_jagged
 
 
 def time_delta_bucket(seconds: torch.Tensor, num_buckets: int) -> torch.Tensor:
@@ -51,8 +52,8 @@ class EventRepresentation(nn.Module):
         if self.project is not None:
             event = self.project(event)
         L = self.max_length
-        content = torch.ops.fbgemm.jagged_to_padded_dense(event, [offsets], [L], 0.0)  # [U, L, W]
-        deltas = torch.ops.fbgemm.jagged_to_padded_dense(time_deltas.unsqueeze(1), [offsets], [L], 0.0).squeeze(2)
+        content = pad_jagged(event, offsets, L)  # [U, L, W]
+        deltas = pad_jagged(time_deltas.unsqueeze(1), offsets, L).squeeze(2)
         lengths = offsets[1:] - offsets[:-1]
         mask = torch.arange(L, device=offsets.device)[None, :] < lengths[:, None]
         return content, mask, deltas

@@ -10,9 +10,9 @@ from typing import List
 
 import torch
 from torch import nn
-from torchrec.modules.mlp import MLP
 
 from pinads_rec.modules.precision import LargeLayer
+from pinads_rec.modules.torchrec_layers import MLP
 
 
 class Experts(nn.Module):

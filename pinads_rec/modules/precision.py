@@ -14,14 +14,67 @@ FP16 has a narrow range: the DCNv2 cross layer overflows on inputs of a few hund
 output is checked; an inf/NaN either raises ``PrecisionOverflow`` naming the layer or, with
 ``fp16_overflow: bf16``, the layer is re-run in BF16, counted, and stays in BF16 from then on --
 never a silent inf/NaN score. (BF16 has float32's range: it degrades precision, not availability.)
+
+``auto`` (the inference default) is BF16 where the device has fast BF16 units and FP32 elsewhere
+(``resolve``): on a CPU without them BF16 is emulated and slower than FP32 (2.6x slower scoring
+measured on an AMD EPYC without avx512_bf16, docs/serving.md).
 """
 
-from typing import Dict, Tuple
+import logging
+from pathlib import Path
+from typing import Dict, FrozenSet, Optional, Tuple
 
 import torch
 from torch import nn
 
+log = logging.getLogger(__name__)
+
 DTYPES: Dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# What a precision setting may say: a dtype, or "auto" (resolve picks one for the device).
+PRECISIONS = ("auto",) + tuple(DTYPES)
+# x86 flags of BF16 dot-product units (/proc/cpuinfo): AMX tiles (Intel Sapphire Rapids on) and
+# AVX512-BF16 (Intel Cooper Lake on, AMD Zen 4 on); oneDNN runs BF16 matmuls on them.
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> Optional[FrozenSet[str]]:
+    """The CPU's feature flags (Linux x86); None where /proc/cpuinfo has none to give."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return None
+
+
+def fast_bf16(device: torch.device, flags: Optional[FrozenSet[str]] = None) -> Tuple[bool, str]:
+    """(does ``device`` run BF16 matmuls natively, why) -- ``flags`` the CPU's, read when None."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return True, f"{name} has native BF16"
+        return False, f"{name} has no native BF16"
+    if device.type == "cpu":
+        flags = cpu_flags() if flags is None else flags
+        if flags is None:
+            return False, "this CPU's feature flags are unknown (no x86 /proc/cpuinfo flags)"
+        found = [f for f in CPU_BF16_FLAGS if f in flags]
+        if found:
+            return True, f"this CPU has {'/'.join(found)}"
+        return False, "this CPU has no avx512_bf16/AMX"
+    return False, f"no BF16 rule for {device.type} devices"
+
+
+def resolve(precision: str, device: torch.device, what: str = "precision") -> str:
+    """``precision`` itself, or for "auto" the dtype that fits ``device``: logged with the reason."""
+    if precision != "auto":
+        return precision
+    fast, why = fast_bf16(device)
+    chosen = "bf16" if fast else "fp32"
+    log.info("%s auto -> %s: %s", what, chosen, why)
+    return chosen
 
 
 class PrecisionOverflow(RuntimeError):

@@ -23,11 +23,10 @@ time deltas and pretrained embeddings per group, request_index [B], the candidat
 representation [U, user_dim] (or None). Out: [B, output_dim].
 """
 
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
 from torch import nn
-from torchrec.sparse.jagged_tensor import JaggedTensor
 
 from pinads_rec.config import FeaturesConfig, SequenceEncoderConfig, SequenceGroupConfig
 from pinads_rec.modules.din import DINAttention
@@ -38,6 +37,9 @@ from pinads_rec.modules.pooling import PeriodSumPooling, sum_pooling
 from pinads_rec.modules.sequence_projection import SequenceProjection
 from pinads_rec.modules.target_attention import TargetAttention
 from pinads_rec.modules.transformer import TransformerEncoder
+
+if TYPE_CHECKING:  # an annotation only: the arch itself runs with torch alone (benchmarks/arch_precision.py)
+    from torchrec.sparse.jagged_tensor import JaggedTensor
 
 
 class GroupEncoder(nn.Module):
@@ -125,20 +127,29 @@ class GroupEncoder(nn.Module):
                 f"candidate query (two-tower user tower); add transformer, sum or period_sum"
             )
 
-    def forward(
+    def forward(self, events: Dict[str, "JaggedTensor"], *rest: Optional[torch.Tensor]) -> torch.Tensor:
+        """``encode`` of the group's events as the EmbeddingCollection returns them (``<group>.<feature>``
+        -> JaggedTensor over U requests); ``rest``: time_deltas, pretrained, request_index, query,
+        user, as ``encode`` takes them."""
+        attributes = [events[k].values() for k in self.keys]
+        return self.encode(attributes, events[self.keys[0]].offsets(), *rest)
+
+    def encode(
         self,
-        events: Dict[str, JaggedTensor],
+        attributes: List[torch.Tensor],
+        offsets: torch.Tensor,
         time_deltas: torch.Tensor,
         pretrained: Optional[torch.Tensor],
         request_index: torch.Tensor,
         query: Optional[torch.Tensor],
         user: Optional[torch.Tensor],
     ) -> torch.Tensor:
+        """The group's features [B, output_dim] from plain tensors: each attribute's event embeddings
+        [N, D] (in ``self.keys`` order), the events' offsets [U + 1] per request, time deltas [N],
+        pretrained event embeddings [N, E] (or None), request_index [B], the candidate query [B, Dq]
+        and the user representation [U, Du] (each None when absent)."""
         content, mask, deltas = self.events(
-            [events[k].values() for k in self.keys],
-            events[self.keys[0]].offsets(),
-            time_deltas,
-            pretrained if self.has_pretrained else None,
+            attributes, offsets, time_deltas, pretrained if self.has_pretrained else None
         )
         index = request_index
         if user is not None:
@@ -194,7 +205,7 @@ class SequenceArch(nn.Module):
 
     def forward(
         self,
-        events: Dict[str, JaggedTensor],
+        events: Dict[str, "JaggedTensor"],
         time_deltas: Dict[str, torch.Tensor],
         pretrained: Dict[str, torch.Tensor],
         request_index: torch.Tensor,

@@ -14,9 +14,10 @@ request_index [B] (row -> request, non-decreasing). Out: [B, d].
 import math
 from typing import Tuple
 
-import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
 import torch
 from torch import nn
+
+from pinads_rec.modules.jagged import pad_jagged
 
 
 def by_request(q: torch.Tensor, request_index: torch.Tensor, U: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -26,7 +27,7 @@ def by_request(q: torch.Tensor, request_index: torch.Tensor, U: int) -> Tuple[to
     offsets = torch.cat([rows.new_zeros(1), rows.cumsum(0)])
     # .item(), not int(): torch.export keeps the width symbolic instead of failing on it.
     C = rows.max().item()
-    blocks = torch.ops.fbgemm.jagged_to_padded_dense(q, [offsets], [C], 0.0)
+    blocks = pad_jagged(q, offsets, C)
     slot = (
         request_index * C
         + torch.arange(request_index.shape[0], device=q.device)

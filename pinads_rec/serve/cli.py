@@ -1,8 +1,8 @@
 """Inference for a trained run: checkpoint -> unsharded CPU model -> probabilities; and export.
 
     python -m pinads_rec.serve score --run runs/demo [--data data/demo/eval] [--out predictions.parquet]
-                                     [--precision fp32|bf16|fp16] [--batch-size 4096]
-    python -m pinads_rec.serve export --run runs/demo --out model.pt2 [--precision bf16]
+                                     [--precision auto|fp32|bf16|fp16] [--batch-size 4096]
+    python -m pinads_rec.serve export --run runs/demo --out model.pt2 [--precision auto|bf16]
     python -m pinads_rec.serve export-ads --run runs/two_tower --data data/demo/eval --out ads.parquet
 
 The command line only: each command is one call into scoring.py, export.py or ad_table.py. A run,
@@ -18,7 +18,7 @@ import time
 from typing import Optional, Sequence
 
 from pinads_rec.data.contract import ContractError
-from pinads_rec.modules.precision import DTYPES
+from pinads_rec.modules.precision import PRECISIONS
 from pinads_rec.serve.ad_table import export_ads
 from pinads_rec.serve.export import export_run
 from pinads_rec.serve.loading import ServeError
@@ -36,9 +36,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         if precision:
             s.add_argument(
                 "--precision",
-                choices=sorted(DTYPES),
+                choices=PRECISIONS,
                 default=None,
-                help="large layers' dtype (default: the run's model.precision.inference)",
+                help="large layers' dtype; auto: bf16 on a CPU with AMX/avx512_bf16, else fp32 "
+                "(default: the run's model.precision.inference, auto unless set)",
             )
 
     s = sub.add_parser("score", help="score a Parquet directory of requests, write predictions as Parquet")

@@ -166,7 +166,7 @@ def export_run(
         "config": config.to_dict(cfg),
         "inputs": list(EXPORT_INPUTS),
         "tasks": predictor.tasks,
-        "precision": precision or cfg.model.precision.inference,
+        "precision": cfg.model.precision.inference,  # as served: auto resolved
         "run": str(run_dir),
     }
     torch.export.save(program, str(out), extra_files={EXPORT_CONFIG: json.dumps(meta, default=str)})

@@ -6,11 +6,13 @@ sharded tensors. DCP reshards on load, so reading those keys into a *plain* stat
 unsharded model (``model.`` + its own keys) gives full-shape tensors on one process, whatever plan
 or world size wrote them. The model is built from the checkpoint's own config, put in eval mode,
 and its large layers (Transformer, DCNv2, MMoE experts) are cast to the inference precision
-(``model.precision.inference``, BF16 by default; sequence-modeling article, "Serving Efficiency").
+(``model.precision.inference``; sequence-modeling article, "Serving Efficiency"): by default
+``auto``, BF16 on a CPU with AMX or avx512_bf16 and FP32 on one without (modules/precision.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import warnings
@@ -21,7 +23,7 @@ from torch import nn
 
 from pinads_rec import config
 from pinads_rec.models import build_model
-from pinads_rec.modules.precision import DTYPES, set_precision
+from pinads_rec.modules.precision import PRECISIONS, resolve, set_precision
 from pinads_rec.training import checkpoint as ckpt_lib
 from pinads_rec.training.run_log import CONFIG_FILE
 
@@ -92,12 +94,14 @@ def load_weights(model: nn.Module, path: Path) -> None:
 
 
 def prepare(model: nn.Module, precision: str, fp16_overflow: str = "error") -> nn.Module:
-    """Eval mode, large layers cast to ``precision`` (fp32 | bf16 | fp16), no gradients."""
-    if precision not in DTYPES:
-        raise ServeError(f"precision must be one of {sorted(DTYPES)}, got {precision!r}")
+    """Eval mode, large layers cast to ``precision`` (fp32 | bf16 | fp16, or auto: the one that fits
+    the model's device), no gradients."""
+    if precision not in PRECISIONS:
+        raise ServeError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
+    precision = resolve(precision, next(model.parameters()).device, "inference precision")
     set_precision(model, precision, cast_weights=True, fp16_overflow=fp16_overflow)
     return model
 
@@ -108,12 +112,15 @@ def load_model(
     step: Optional[int] = None,
     fp16_overflow: Optional[str] = None,
 ) -> Tuple[nn.Module, config.ExperimentConfig]:
-    """(unsharded model with the trained weights, ready to score; the run's config)."""
+    """(unsharded model with the trained weights, ready to score; the run's config as served: its
+    ``model.precision.inference`` is the precision the model runs in, ``auto`` resolved)."""
     path = find_checkpoint(run_dir, step)
     cfg = run_config(run_dir, path)
     model = build_model(cfg.features, cfg.model)
     load_weights(model, path)
     prec = cfg.model.precision
-    prepare(model, precision or prec.inference, fp16_overflow or prec.fp16_overflow)
-    log.info("loaded %s (%s, %s)", path, cfg.model.kind, precision or prec.inference)
-    return model, cfg
+    chosen = resolve(precision or prec.inference, next(model.parameters()).device, "inference precision")
+    prepare(model, chosen, fp16_overflow or prec.fp16_overflow)
+    log.info("loaded %s (%s, %s)", path, cfg.model.kind, chosen)
+    served = dataclasses.replace(prec, inference=chosen)
+    return model, dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, precision=served))

@@ -104,14 +104,15 @@ def config_differences(saved: dict, current: dict, prefix: str = "") -> list:
 def check_compatible(path: Path, cfg: config.ExperimentConfig) -> None:
     """The parts of the config that shape the weights must match: features and model (except
     model.calibration: the calibration maps are refit at the end of every run, so a trained model
-    may be recalibrated another way)."""
+    may be recalibrated another way; and model.precision.inference: it only says how the trained
+    weights are served -- checkpoints of the days its default was bf16 resume under auto)."""
     saved = json.loads((Path(path) / STATE_FILE).read_text())["config"]
     current = config.to_dict(cfg)
     diffs = [
         d
         for section in ("features", "model")
         for d in config_differences(saved.get(section), current[section], section)
-        if d != "model.calibration"
+        if d not in ("model.calibration", "model.precision.inference")
     ]
     if diffs:
         shown = ", ".join(diffs[:8]) + (f" and {len(diffs) - 8} more" if len(diffs) > 8 else "")
