@@ -24,7 +24,7 @@ TORCHREC=1.8.0
 # which torchx 0.7.0 refuses (urllib3 < 1.27), so 36.0.3 is the newest that fits.
 REST=(
   torchx==0.7.0 torchmetrics==1.0.3 tensordict tqdm pyre-extensions iopath
-  pyarrow pyyaml numpy matplotlib tensorboard==2.21.0 kubernetes==36.0.3 pytest ruff==0.17.6
+  pyarrow pyyaml numpy matplotlib tensorboard==2.21.0 kubernetes==36.0.3 pytest pytest-xdist ruff==0.17.6
 )
 
 WORK=$(mktemp -d)

@@ -6,7 +6,9 @@ cd "$(dirname "$0")/.."
 # Style first (seconds): the whole tree is ruff-formatted and lint-clean (pyproject.toml [tool.ruff]).
 .venv/bin/ruff format --check --quiet . || { echo "ruff format: run .venv/bin/ruff format ." >&2; exit 1; }
 .venv/bin/ruff check --quiet . || exit 1
-.venv/bin/python -m pytest -q "$@"
+# Two pytest workers (pytest-xdist), a test file each at a time (its module fixtures, e.g. one
+# 2-rank launch, run once): a worker waiting on spawned ranks or imports leaves the core to the other.
+.venv/bin/python -m pytest -q -n 2 --dist loadfile "$@"
 rc=$?
 if [ $rc -eq 5 ]; then
   echo "pytest: no tests were collected for this selection" >&2

@@ -14,7 +14,7 @@ LOCKS = Path(__file__).resolve().parent.parent / "locks"
 # The packages only one variant has: torch's build, fbgemm's build, and the CUDA runtime torch requires.
 VARIANT_ONLY = re.compile(r"^(torch|fbgemm-gpu(-cpu)?|nvidia-.*|cuda-.*|triton)$")
 # What the project needs in every lock (issue 18): installed today, TensorBoard, the kubernetes extra.
-REQUIRED = {"torch", "torchrec", "torchx", "pyarrow", "tensorboard", "kubernetes", "ruff", "pytest"}
+REQUIRED = {"torch", "torchrec", "torchx", "pyarrow", "tensorboard", "kubernetes", "ruff", "pytest", "pytest-xdist"}
 
 
 def _name(name: str) -> str:
