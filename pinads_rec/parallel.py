@@ -313,6 +313,13 @@ def plan_sharding(
     topo = topology(
         env.world_size, compute, local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
     )
+    if env.is_main:  # what the planner was told about the cluster (a 2 x 1 launch: 2 hosts of 1)
+        logging.getLogger("pinads_rec.parallel").info(
+            "sharding plan for %d host(s) x %d %s rank(s)",
+            env.world_size // topo.local_world_size,
+            topo.local_world_size,
+            compute,
+        )
     allowed = constraints(cfg, compute)
     planner = EmbeddingShardingPlanner(
         topology=topo,

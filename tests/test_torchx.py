@@ -448,6 +448,7 @@ def test_each_node_ran_one_rank(two_nodes):
     ranks = [sorted(r.name for r in attempt.iterdir()) for agent in agents for attempt in agent.glob("attempt_*")]
     assert len(agents) == 2 and ranks == [["0"], ["0"]], (agents, ranks, out[-3000:])
     assert sorted(r.name for r in (app / "train").iterdir()) == ["0", "1"]  # TorchX's two replicas
+    assert "sharding plan for 2 host(s) x 1 cpu rank(s)" in out, out[-3000:]  # what the planner was told
 
 
 def _split_truth(split_dir: Path, tasks: list[str]) -> dict:
