@@ -53,12 +53,17 @@ def _same(a, b, rel=1e-12) -> bool:
     return a == pytest.approx(b, rel=rel, abs=1e-15)
 
 
-def _rows_equal(r1, r2) -> None:
-    assert len(r1) == len(r2)
+def row_differences(r1, r2) -> list:
+    """Where two metric tables differ: [] when every row has the same keys and values."""
+    if len(r1) != len(r2):
+        return [f"{len(r1)} rows vs {len(r2)}"]
+    out = []
     for a, b in zip(r1, r2):
-        assert a.keys() == b.keys()
-        for k in a:
-            assert _same(a[k], b[k]), (a["surface"], a["task"], k, a[k], b[k])
+        if a.keys() != b.keys():
+            out.append((a.get("surface"), a.get("task"), "keys", sorted(a), sorted(b)))
+            continue
+        out += [(a["surface"], a["task"], k, a[k], b[k]) for k in a if not _same(a[k], b[k])]
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -339,12 +344,19 @@ def two_ranks(tmp_path_factory):
     return [json.loads(Path(result_dir, f"rank{rank}.json").read_text()) for rank in range(2)]
 
 
+def test_row_differences_name_what_differs():
+    rows = [{"surface": "all", "task": "click", "auc": 0.7}]
+    assert row_differences(rows, [dict(rows[0])]) == []
+    assert row_differences(rows, [dict(rows[0], auc=0.71)]) == [("all", "click", "auc", 0.7, 0.71)]
+    assert row_differences(rows, []) == ["1 rows vs 0"]
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_gathered_metrics_match_single_process(two_ranks, rank):
     ref = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
     for r in range(2):
         _fill(ref, r)
-    _rows_equal(two_ranks[rank]["rows"], ref.compute())
+    assert row_differences(two_ranks[rank]["rows"], ref.compute()) == []
 
 
 def test_gathered_metrics_count_every_valid_example():
@@ -359,7 +371,7 @@ def test_gathered_metrics_count_every_valid_example():
 def test_a_rank_without_examples_contributes_nothing(two_ranks, rank):
     ref0 = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
     _fill(ref0, 0)
-    _rows_equal(two_ranks[rank]["rows2"], ref0.compute())
+    assert row_differences(two_ranks[rank]["rows2"], ref0.compute()) == []
 
 
 @pytest.mark.parametrize("rank", [0, 1])
