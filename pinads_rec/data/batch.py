@@ -174,6 +174,12 @@ class BatchBuilder:
     def __init__(self, layout: FeatureLayout, user_slots: int, broadcast: bool = True, zero_fill: bool = False):
         self.layout, self.user_slots, self.broadcast = layout, user_slots, broadcast
         self.zero_fill = zero_fill
+        # The Parquet columns of each KJT, resolved once (not per batch).
+        f = layout.features
+        self.row_columns = layout.columns(layout.row_keys)
+        self.user_columns = layout.columns(layout.user_keys)
+        self.event_columns = [sf.column for g in f.sequence_groups for sf in g.features]
+        self.shared_columns = layout.columns(layout.shared_keys)
 
     def build(self, table: pa.Table, source: str = "", pad_to: Optional[int] = None) -> Batch:
         """The batch of ``table``'s rows (requests contiguous). ``pad_to``: fewer rows are padded to
@@ -205,19 +211,19 @@ class BatchBuilder:
             dense_np[:, at : at + d.dim] = values.reshape(B, d.dim)
             at += d.dim
 
-        sparse = _kjt(layout.row_keys, [table.column(c) for c in layout.columns(layout.row_keys)], B)
+        sparse = _kjt(layout.row_keys, [table.column(c) for c in self.row_columns], B)
         # A fixed number of user slots (the unused ones empty): pooled embedding lookups exchange
         # equal-sized blocks between ranks, so their batch size must not vary.
         user_sparse = _kjt(
             layout.user_keys,
-            [first_rows.column(c) for c in layout.columns(layout.user_keys)],
+            [first_rows.column(c) for c in self.user_columns],
             self.user_slots if self.broadcast else B,
         )
-        seq_cols = [first_rows.column(sf.column) for g in f.sequence_groups for sf in g.features]
+        seq_cols = [first_rows.column(c) for c in self.event_columns]
         # Candidate ids sharing a sequence table: per request, the ids of its rows (in row order).
         seq_cols += [
             pa.ListArray.from_arrays(pa.array(np.append(starts, B).astype(np.int32)), table.column(c).combine_chunks())
-            for c in layout.columns(layout.shared_keys)
+            for c in self.shared_columns
         ]
         sequences = _kjt(layout.sequence_keys, seq_cols, len(starts))
 
