@@ -150,10 +150,11 @@ def train_variant(
 
 def read_metrics(run_dir: Path) -> Dict[str, object]:
     """The run's step records, its two evaluation lines (one per phase) and the last step of phase 1."""
-    summaries = read_run_log(run_dir).summaries  # NOT IN THE CONTRACT YET: every evaluation line, oldest first
+    log = read_run_log(run_dir)
+    summaries = log.summaries  # NOT IN THE CONTRACT YET: every evaluation line, oldest first
     if len(summaries) != 2:
         raise SystemExit(f"{run_dir}/metrics.jsonl: expected 2 evaluation lines (one per phase), got {len(summaries)}")
-    return {"steps": read_run_log(run_dir).steps, "summaries": summaries, "boundary": summaries[0]["step"]}
+    return {"steps": log.steps, "summaries": summaries, "boundary": summaries[0]["step"]}
 
 
 def completed(run_dir: Path) -> bool:
