@@ -174,7 +174,7 @@ class ParquetBatches(torch.utils.data.IterableDataset):
         rng = np.random.default_rng([self.settings.seed, self.epoch, self.rank, info.id if info else 0])
         pool = ShufflePool(
             self.batch_size,
-            self.user_slots if self.settings.broadcast else self.batch_size,
+            self.max_requests,
             max(self.settings.data.shuffle_buffer_rows, self.batch_size) if self.shuffle else 0,
             rng if self.shuffle else None,
         )
