@@ -15,13 +15,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import warnings
 from pathlib import Path
 from typing import Optional, Tuple, Union
 
 from torch import nn
 
 from pinads_rec import config
+from pinads_rec.library_notices import without_warning
 from pinads_rec.models import build_model
 from pinads_rec.modules.precision import PRECISIONS, resolve, set_precision
 from pinads_rec.training import checkpoint as ckpt_lib
@@ -87,8 +87,9 @@ def load_weights(model: nn.Module, path: Path) -> None:
         )
     state = {CHECKPOINT_PREFIX + k: v for k, v in own.items()}
     # no_dist: read every shard in this one process, even inside an initialized process group.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+    with without_warning(
+        "torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to load", UserWarning
+    ):
         dcp.load({"model": state}, storage_reader=reader, no_dist=True)
     model.load_state_dict({k: state[CHECKPOINT_PREFIX + k] for k in own})
 
