@@ -47,6 +47,7 @@ import torch
 from pinads_rec import config
 from pinads_rec.data.batch import Batch
 from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+from pinads_rec.experiments import markdown
 from pinads_rec.models import build_model
 from pinads_rec.modules.precision import set_precision
 from pinads_rec.serve.ad_table import export_ad_embeddings, load_ad_table, score_with_ad_table
@@ -192,8 +193,7 @@ def auc_table(paths: List[str]) -> None:
         + [f"calib. {n}" for n in names]
         + ["oracle AUC"]
     )
-    print("\n| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
+    out_rows = []
     for key, ref in rows[0].items():
         if not all(key in r for r in rows[1:]):
             continue
@@ -207,7 +207,8 @@ def auc_table(paths: List[str]) -> None:
             + [f"{c['calibration']:.3f}" for c in cells]
             + ["-" if oracle is None else f"{oracle:.4f}"]
         )
-        print("| " + " | ".join(line) + " |")
+        out_rows.append(line)
+    print("\n" + "\n".join(markdown.table(head, out_rows)))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
