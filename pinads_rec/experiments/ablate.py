@@ -48,7 +48,7 @@ import yaml
 from pinads_rec import config
 from pinads_rec.data import synth
 from pinads_rec.experiments.ablate_report import METRIC_NAMES, slug, write_report
-from pinads_rec.training.run_log import read_run_log
+from pinads_rec.training.run_log import METRICS_FILE, read_run_log
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -97,7 +97,7 @@ def load_ablation(path: str) -> Ablation:
 
 def run_summary(run_dir: Path) -> Optional[dict]:
     """The finished run's summary (metrics.jsonl's last evaluation line), if any."""
-    if not (run_dir / "metrics.jsonl").exists():
+    if not (run_dir / METRICS_FILE).exists():
         return None
     return read_run_log(run_dir).summary
 

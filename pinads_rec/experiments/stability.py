@@ -49,7 +49,7 @@ from pinads_rec import config
 from pinads_rec.data import synth
 from pinads_rec.experiments import stability_report as report
 from pinads_rec.experiments.stability_report import LABEL, NORMS
-from pinads_rec.training.run_log import read_run_log
+from pinads_rec.training.run_log import METRICS_FILE, read_run_log
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -158,7 +158,7 @@ def read_metrics(run_dir: Path) -> Dict[str, object]:
 
 
 def completed(run_dir: Path) -> bool:
-    return (run_dir / "metrics.jsonl").exists() and len(read_run_log(run_dir).summaries) == 2
+    return (run_dir / METRICS_FILE).exists() and len(read_run_log(run_dir).summaries) == 2
 
 
 def checkpoint_state(ckpt: Path) -> Dict[str, torch.Tensor]:
