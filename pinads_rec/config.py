@@ -213,6 +213,131 @@ class SynthConfig:
     faults: FaultsConfig = field(default_factory=FaultsConfig)
 
 
+# --------------------------------------------------------------------------------------------
+# Building the contract from raw logs (pinads_rec/data/build.py; docs/data_build.md).
+# Expressions are SQL (DuckDB's dialect, which Spark SQL also reads for everything used here).
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RawSourceConfig:
+    """One raw table: files and how to read them."""
+
+    # Files or globs, relative to the build's --raw directory (or absolute). CSV or Parquet.
+    path: List[str] = field(default_factory=list)
+    format: Literal["auto", "csv", "parquet"] = "auto"
+    # CSV: the delimiter and the strings read as null (blank fields always are). Header names are
+    # stripped of surrounding spaces (Taobao's user_profile.csv ends its header with one).
+    delimiter: str = ","
+    null_values: List[str] = field(default_factory=lambda: ["", "NULL"])
+    # SQL predicate over the file's columns: only matching rows are used.
+    filter: Optional[str] = None
+
+
+@dataclass
+class ImpressionsConfig(RawSourceConfig):
+    """The impression log: one row per ad shown (who, which ad, where, when, what they did)."""
+
+    user: str = "user_id"  # SQL expression: the user key (joins the behaviour logs)
+    # SQL expression: the impression time, epoch seconds (a number, fractions allowed) or a TIMESTAMP.
+    time: str = "timestamp"
+    # SQL expression of the request id; empty: derived from request_key (a request = one value of
+    # those expressions, numbered in time order).
+    request: Optional[str] = None
+    request_key: List[str] = field(default_factory=list)
+    # SQL expression ordering a request's candidates (its slot or position); default: the item.
+    order: Optional[str] = None
+    item: str = "item_id"  # SQL expression: the candidate (duplicates are judged on request + item)
+    # The same (request, item) twice: stop with an error naming both rows, or keep the first (by
+    # order, then highest labels) and count the others.
+    duplicates: Literal["error", "drop"] = "drop"
+
+
+@dataclass
+class SideTableConfig(RawSourceConfig):
+    """A table joined to impressions by key: item attributes, user profile, daily item statistics.
+    Its columns are named ``<name>.<column>`` in build.columns."""
+
+    name: str = ""
+    # side table column -> SQL expression over the impression row it must equal.
+    key: Dict[str, str] = field(default_factory=dict)
+    # A side table that changes over time: its date column (a DATE, or text/integer such as
+    # 20220408 or 2022-04-08); an impression joins the row of its own date (build.timezone).
+    as_of: Optional[str] = None
+    # column -> SQL literal used when the impression's key has no row (counted) or the value is null.
+    defaults: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class SequenceSourceConfig(RawSourceConfig):
+    """Where one sequence group's events come from. ``path`` empty: the impression log itself
+    (its rows, filtered, are the events: a user's earlier clicks are their history)."""
+
+    group: str = ""  # a features.sequence_groups name
+    user: str = "user_id"  # SQL expression: the user key
+    time: str = "timestamp"  # SQL expression: event time, as ImpressionsConfig.time
+    # The group's contract columns (its id features' and embedding columns) -> SQL expression over
+    # the event row. The group's timestamp column is the event time (whole seconds).
+    columns: Dict[str, str] = field(default_factory=dict)
+    # Only events at least this long before the impression (e.g. the logging delay of the real
+    # feature pipeline); 0: every event strictly before it.
+    min_gap_s: float = 0.0
+    # Events whose user expression is null: stop with an error naming file and row, or drop and count.
+    missing_user: Literal["error", "drop"] = "error"
+
+
+@dataclass
+class SplitConfig:
+    """One output split: impressions with start <= time < end (dates or datetimes in
+    build.timezone; either side open when empty) that match ``filter``."""
+
+    name: str
+    start: Optional[str] = None
+    end: Optional[str] = None
+    filter: Optional[str] = None  # SQL predicate over the impression row (KuaiRand: is_rand = 1)
+
+
+@dataclass
+class NegativeDownsamplingConfig:
+    """Keep each negative of ``task`` (label 0) of a training split with probability rates[surface]
+    (1.0 for surfaces not listed); the rates go to the manifest. Only ``splits`` are sampled: fit the
+    calibration layers on an unsampled split and they correct the sampled model's bias."""
+
+    task: str = ""
+    rates: Dict[str, float] = field(default_factory=dict)
+    splits: List[str] = field(default_factory=lambda: ["train"])
+    seed: int = 0
+
+
+@dataclass
+class VocabularyConfig:
+    """Raw ids of ``table`` mapped to 1..V by frequency on the fitting split (every column feeding
+    the table: candidate and sequence ones); 0 is the out-of-vocabulary bucket. V is at most
+    num_embeddings - 1; ids seen fewer than min_count times are out of vocabulary. Saved as
+    <out>/vocabularies/<table>.parquet for serving."""
+
+    table: str
+    min_count: int = 1
+    fit_split: str = "train"
+
+
+@dataclass
+class BuildConfig:
+    impressions: ImpressionsConfig = field(default_factory=ImpressionsConfig)
+    side_tables: List[SideTableConfig] = field(default_factory=list)
+    sequences: List[SequenceSourceConfig] = field(default_factory=list)
+    # Every contract column not made by a sequence source (and not the request id or timestamp) ->
+    # SQL expression over the impression row and the side tables' <name>.<column>.
+    columns: Dict[str, str] = field(default_factory=dict)
+    splits: List[SplitConfig] = field(default_factory=list)
+    timezone: str = "UTC"  # where days matter: split boundaries, as-of dates
+    negative_downsampling: Optional[NegativeDownsamplingConfig] = None
+    vocabularies: List[VocabularyConfig] = field(default_factory=list)
+    # Output: requests per Parquet row group, and per file (files are in time order).
+    requests_per_row_group: int = 2048
+    requests_per_file: int = 200000
+
+
 @dataclass
 class EarlyInteractionConfig:
     """Early feature interaction (sequence-modeling article, "More Feature Interaction")."""
@@ -402,6 +527,7 @@ class ExperimentConfig:
     synth: SynthConfig = field(default_factory=SynthConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    build: BuildConfig = field(default_factory=BuildConfig)
 
 
 # --------------------------------------------------------------------------------------------

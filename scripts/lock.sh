@@ -22,9 +22,12 @@ TORCHREC=1.8.0
 # Everything else the project imports or runs, each pinned where the project needs that version.
 # kubernetes: TorchX's Kubernetes scheduler (the `kubernetes` extra); 37.x needs urllib3 >= 2,
 # which torchx 0.7.0 refuses (urllib3 < 1.27), so 36.0.3 is the newest that fits.
+# duckdb: the raw-log builder's engine (data/build.py); polars and pandas: the engines
+# benchmarks/build.py measures it against (docs/data_build.md says why DuckDB).
 REST=(
   torchx==0.7.0 torchmetrics==1.0.3 tensordict tqdm pyre-extensions iopath
   pyarrow pyyaml numpy matplotlib tensorboard==2.21.0 kubernetes==36.0.3 pytest pytest-xdist ruff==0.17.6
+  duckdb==2.0.1 polars==2.1.0 pandas==3.1.1
 )
 
 WORK=$(mktemp -d)
