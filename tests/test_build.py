@@ -197,7 +197,9 @@ def test_deterministic(tmp_path, built):
 
 def test_cli_prints_the_summary(tmp_path, capsys):
     raw, path = write_raw(tmp_path)
-    assert main(["--config", str(path), "--raw", str(raw), "--out", str(tmp_path / "out"), "--memory-limit", "1GB"]) == 0
+    assert (
+        main(["--config", str(path), "--raw", str(raw), "--out", str(tmp_path / "out"), "--memory-limit", "1GB"]) == 0
+    )
     assert "train: 3 requests, 4 rows" in capsys.readouterr().out
 
 
@@ -212,7 +214,9 @@ def expect_error(tmp_path, match, **raw):
 
 def test_label_not_01_names_file_and_row(tmp_path):
     bad = IMPRESSIONS[:2] + [(1, T0 + 200, "p2", 12, 2)] + IMPRESSIONS[3:]
-    expect_error(tmp_path, r"build.columns.click: 1 label\(s\) not 0/1.*impressions.csv, row 2 \(line 4\)", impressions=bad)
+    expect_error(
+        tmp_path, r"build.columns.click: 1 label\(s\) not 0/1.*impressions.csv, row 2 \(line 4\)", impressions=bad
+    )
 
 
 def test_unparsable_timestamp(tmp_path):
@@ -227,7 +231,9 @@ def test_milliseconds_timestamp(tmp_path):
 
 def test_event_without_user(tmp_path):
     bad = BEHAVIOUR + [("", T0, "pv", 1, 1)]
-    expect_error(tmp_path, r"build.sequences\[0\].user: 1 event\(s\) without a user.*behaviour.csv, row 8", behaviour=bad)
+    expect_error(
+        tmp_path, r"build.sequences\[0\].user: 1 event\(s\) without a user.*behaviour.csv, row 8", behaviour=bad
+    )
 
 
 def test_duplicated_impressions_dropped_and_counted(tmp_path):
@@ -282,3 +288,14 @@ def test_negative_downsampling_counts_and_records(tmp_path):
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["negative_downsampling"]["rates"] == {"feed": 0.000001}
     assert requests_of(tmp_path / "out", "eval")  # eval untouched
+
+
+def test_null_in_a_contract_column(tmp_path):
+    no_default = CONFIG.replace('defaults: {cate: "0", price: "0.0"}', 'defaults: {price: "0.0"}')
+    raw, path = write_raw(tmp_path, config_text=no_default)
+    with pytest.raises(ContractError, match=r"build.columns.cate: 1 null value\(s\).*coalesce"):
+        build(config.load(path), str(raw), str(tmp_path / "out"))
+    bad = BEHAVIOUR + [(2, T0, "cart", "", 1)]
+    raw, path = write_raw(tmp_path, behaviour=bad)
+    with pytest.raises(ContractError, match=r"build.sequences\[0\].columns.all_item: 1 null.*behaviour.csv, row 8"):
+        build(config.load(path), str(raw), str(tmp_path / "out"))
