@@ -299,3 +299,25 @@ def test_null_in_a_contract_column(tmp_path):
     raw, path = write_raw(tmp_path, behaviour=bad)
     with pytest.raises(ContractError, match=r"build.sequences\[0\].columns.all_item: 1 null.*behaviour.csv, row 8"):
         build(config.load(path), str(raw), str(tmp_path / "out"))
+
+
+def test_as_of_side_table_and_timezone(tmp_path):
+    """A daily side table joins the row of the impression's own date, in build.timezone: T0 + 14 h
+    is 2017-07-15 00:40 in Beijing but still 2017-07-14 in UTC."""
+    daily = CONFIG.replace(
+        '      defaults: {cate: "0", price: "0.0"}\n',
+        '      defaults: {cate: "0", price: "0.0"}\n'
+        "    - name: daily\n      path: [daily.csv]\n      key: {ad: ad}\n      as_of: day\n"
+        '      defaults: {price: "-1.0"}\n',
+    ).replace("price: ads.price", "price: daily.price")
+    daily = daily.replace("timezone: UTC", "timezone: Asia/Shanghai").replace("03:00:00", "11:00:00")
+    impressions = IMPRESSIONS[:4] + [(3, T0 + 14 * 3600, "p1", 10, 1)]
+    raw, path = write_raw(tmp_path, impressions=impressions, config_text=daily)
+    (raw / "daily.csv").write_text("ad,day,price\n10,20170714,1.0\n10,20170715,2.0\n11,20170714,3.0\n")
+    summary = build(config.load(path), str(raw), str(tmp_path / "out"))
+    assert requests_of(tmp_path / "out", "train")[(1, T0 + 100)]["price"] == [1.0, 3.0]
+    assert requests_of(tmp_path / "out", "eval")[(3, T0 + 14 * 3600)]["price"] == [2.0]
+    assert summary["join_misses"]["daily"] == 1  # ad 12 has no row
+    raw, path = write_raw(tmp_path, impressions=impressions, config_text=daily.replace("Asia/Shanghai", "UTC"))
+    build(config.load(path), str(raw), str(tmp_path / "utc"))
+    assert requests_of(tmp_path / "utc", "eval")[(3, T0 + 14 * 3600)]["price"] == [1.0]
