@@ -4,12 +4,14 @@ joins and their defaults, splits, determinism, bad input named by file, column a
 import json
 import textwrap
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from pinads_rec import config
 from pinads_rec.data.build import build, main
 from pinads_rec.data.contract import ContractError
+from pinads_rec.data.vocabulary import Vocabularies
 
 T0 = 1_500_000_000  # 2017-07-14 02:40:00 UTC
 
@@ -278,6 +280,12 @@ def test_vocabulary_fitted_on_train(tmp_path):
     assert ev["all_item"] == [0]  # item 57 is only seen after the training split: out of vocabulary too
     first = requests_of(tmp_path / "out", "train")[(1, T0 + 100)]
     assert first["all_item"] == [index["50"], index["53"], index["54"]]
+    # Serving maps raw ids the same way, from the saved vocabulary.
+    raw_rows = pa.table({"item_id": [10, 13], "all_item": [[50, 53], [57]], "cate": [1, 2]})
+    mapped = Vocabularies.load(str(tmp_path / "out"), cfg.features).apply(raw_rows)
+    assert mapped.column("item_id").to_pylist() == [index["10"], 0]
+    assert mapped.column("all_item").to_pylist() == [[index["50"], index["53"]], [0]]
+    assert mapped.column("cate").to_pylist() == [1, 2]  # no vocabulary for its table
 
 
 def test_negative_downsampling_counts_and_records(tmp_path):
