@@ -414,7 +414,8 @@ class GroupScanner:
         sep = ", " if cols else ""
         self.src = (
             f"(SELECT file_index::BIGINT AS __f, file_row_number::BIGINT AS __r, NULL::BIGINT AS __k, "
-            f"[{', '.join(map(str, offsets)) or '0'}][file_index::BIGINT + 1] + file_row_number::BIGINT AS __g{sep}{cols} "
+            f"[{', '.join(map(str, offsets)) or '0'}][file_index::BIGINT + 1] + file_row_number::BIGINT AS __g"
+            f"{sep}{cols} "
             f"FROM read_parquet([{paths}], file_row_number = true))"
         )
         if layout == PER_REQUEST:
@@ -992,9 +993,10 @@ def _draft_stats(files: List[FileInfo]) -> Tuple[str, Dict[str, pa.DataType], Di
         lists = [fld.name for fld in schema if _is_list(fld.type)]
         sig = {}
         if lists:
-            row = con.execute(
-                f"SELECT {', '.join(f'bit_xor(hash(__f, __r, len({_q(n)})))' for n in lists)} FROM {src}"
-            ).fetchone()
+            # A row's length signature: equal signatures mean equal lengths on every row (a string hash:
+            # DuckDB's multi-argument hash combines linearly, and the xor over rows would cancel).
+            sigs = [f"bit_xor(hash(concat(__f, ':', __r, ':', len({_q(n)}))))" for n in lists]
+            row = con.execute(f"SELECT {', '.join(sigs)} FROM {src}").fetchone()
             sig = dict(zip(lists, row))
         request_cols = [fld.name for fld in schema]
         candidate: List[str] = []
