@@ -191,8 +191,11 @@ def _count_if(cond: str) -> str:
     return f"CASE WHEN {cond} THEN 1 ELSE 0 END"
 
 
-def _count_in(list_sql: str, cond: str) -> str:
-    return f"coalesce(len(list_filter({list_sql}, lambda e: {cond})), 0)"
+def _count_in(list_sql: str, cond: str, cheap_test: Optional[str] = None) -> str:
+    """How many elements of a list meet ``cond``; ``cheap_test`` (a whole-list test, e.g. on its
+    minimum) skips the lambda on the rows that cannot hold one (DuckDB's CASE runs lazily)."""
+    exact = f"coalesce(len(list_filter({list_sql}, lambda e: {cond})), 0)"
+    return exact if cheap_test is None else f"CASE WHEN {cheap_test} THEN {exact} ELSE 0 END"
 
 
 def _nested_depth(t: pa.DataType) -> int:
@@ -211,16 +214,21 @@ def column_checks(c: Column, t: pa.DataType, data: DataConfig, features: Feature
         flat = x
         for _ in range(depth - 1):
             flat = f"flatten({flat})"
-        out.append(Check("null inside a list", c.name, "values", ERROR, _count_in(flat, "e IS NULL")))
+        out.append(
+            Check("null inside a list", c.name, "values", ERROR, f"coalesce(len({flat}) - list_count({flat}), 0)")
+        )
     if c.role in (ID, SHARED_ID, SEQ_ID):
         # The loader truncates a sequence before it checks the ids: only the kept head is seen.
         vals = x
         if c.role == SEQ_ID and data.overlong_sequence == "truncate":
             vals = f"{x}[1:{c.max_length}]"
-        neg = _count_in(vals, "e < 0") if depth else _count_if(f"{x} < 0")
+        neg = _count_in(vals, "e < 0", f"list_min({vals}) < 0") if depth else _count_if(f"{x} < 0")
         out.append(Check("negative id", c.name, "values", ERROR, neg))
         if not c.hashed:
-            beyond = _count_in(vals, f"e >= {c.table_size}") if depth else _count_if(f"{x} >= {c.table_size}")
+            if depth:
+                beyond = _count_in(vals, f"e >= {c.table_size}", f"list_max({vals}) >= {c.table_size}")
+            else:
+                beyond = _count_if(f"{x} >= {c.table_size}")
             out.append(
                 Check(
                     "id beyond its table",
@@ -235,7 +243,8 @@ def column_checks(c: Column, t: pa.DataType, data: DataConfig, features: Feature
         out.append(_nonfinite(c, _count_if(f"NOT isfinite({x}::DOUBLE)"), data))
     elif c.role == FLOAT_LIST:
         out.append(Check("wrong dense width", c.name, "rows", ERROR, _count_if(f"len({x}) != {c.dim}"), f"dim {c.dim}"))
-        out.append(_nonfinite(c, _count_in(x, "NOT isfinite(e::DOUBLE)"), data))
+        test = f"NOT isfinite(list_sum({x}::DOUBLE[]))"
+        out.append(_nonfinite(c, _count_in(x, "NOT isfinite(e::DOUBLE)", test), data))
     elif c.role == LABEL:
         out.append(Check("label not 0/1", c.name, "rows", ERROR, _count_if(f"NOT ({x} = 0 OR {x} = 1)")))
     elif c.role == PROB:
@@ -259,7 +268,7 @@ def column_checks(c: Column, t: pa.DataType, data: DataConfig, features: Feature
                 c.name,
                 "events",
                 ERROR,
-                _count_in(x, f"len(e) != {dim}"),
+                _count_in(x, f"len(e) != {dim}", f"len(flatten({x})) != {dim} * len({x})"),
                 f"embedding_dim {dim}",
             )
         )
@@ -447,11 +456,11 @@ class GroupScanner:
     def run_checks(self, view: str, checks: List[Check]) -> None:
         if not checks or view is None:
             return
-        sel = []
-        for i, c in enumerate(checks):
-            sel.append(f"sum({c.count_sql}) AS n{i}")
-            sel.append(f"min({{'f': __f, 'r': __r, 'k': __k}}) FILTER (WHERE ({c.count_sql}) > 0) AS p{i}")
-        row = self.con.execute(f"SELECT {', '.join(sel)} FROM {view}").fetchone()
+        counts = ", ".join(f"({c.count_sql}) AS c{i}" for i, c in enumerate(checks))
+        sel = ", ".join(f"sum(c{i}), min(p) FILTER (WHERE c{i} > 0)" for i in range(len(checks)))
+        row = self.con.execute(
+            f"SELECT {sel} FROM (SELECT {{'f': __f, 'r': __r, 'k': __k}} AS p, {counts} FROM {view})"
+        ).fetchone()
         for i, c in enumerate(checks):
             n = int(row[2 * i] or 0)
             if n:
@@ -802,6 +811,7 @@ def inspect(cfg: ExperimentConfig, data: Optional[str] = None, memory_limit: Opt
     con = duckdb.connect()
     try:
         con.execute(f"SET temp_directory = {_lit(tmp)}")
+        con.execute("SET enable_progress_bar = false")
         if memory_limit:
             con.execute(f"SET memory_limit = {_lit(memory_limit)}")
         for (layout, _), members in groups.items():
@@ -830,11 +840,8 @@ def inspect(cfg: ExperimentConfig, data: Optional[str] = None, memory_limit: Opt
     rates = {}
     for surface, e in sorted(scan.label_rates.items()):
         rates[surface] = {"rows": e["rows"], **{k: v / e["rows"] for k, v in e.items() if k != "rows" and e["rows"]}}
-    order = {f.path: i for i, f in enumerate(files)}
-    problems = sorted(
-        scan.problems.values(),
-        key=lambda p: (order.get(p.place.file, 0) if p.place else 0, p.kind, p.column),
-    )
+    # In the order the data meets them: file, row group, row (schema problems first in their file).
+    problems = sorted(scan.problems.values(), key=lambda p: (_place_key(p.place) if p.place else (-1,), p.kind))
     return Report(
         data=data,
         files=len(files),
@@ -895,7 +902,14 @@ def format_report(r: Report, features: FeaturesConfig) -> str:
             text_table(
                 ["problem", "column", "count", "first at", "loader", "detail"],
                 [
-                    [p.kind, p.column, f"{p.count:,} {p.unit}", str(p.place) if p.place else "-", p.loader, p.detail]
+                    [
+                        p.kind,
+                        p.column,
+                        f"{p.count:,} {p.unit if p.count != 1 else p.unit[:-1]}",
+                        str(p.place) if p.place else "-",
+                        p.loader,
+                        p.detail,
+                    ]
                     for p in r.problems
                 ],
             )
