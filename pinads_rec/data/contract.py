@@ -459,10 +459,11 @@ class RowGroupChecker:
             u = min(bounded, key=lambda u: u.table_size)
             if ids.max() >= u.table_size:
                 bad = int(np.argmax(ids >= u.table_size))
-                whose = "its table's size" if len(c.uses) == 1 else f"the table size of {u.what}"
+                bound = f"its table's size {u.table_size}"
+                if len(c.uses) > 1:
+                    bound = f"the table size {u.table_size} of {u.what}"
                 raise ContractError(
-                    f"{place}: id {ids[bad]} is beyond {whose} {u.table_size} ({where_is(bad)}); "
-                    "enlarge the table or set hash: true"
+                    f"{place}: id {ids[bad]} is beyond {bound} ({where_is(bad)}); enlarge the table or set hash: true"
                 )
 
     def _check_floats(self, c: Column, col: pa.Array, place: str, locate) -> Optional[pa.Array]:

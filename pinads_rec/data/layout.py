@@ -239,3 +239,19 @@ def _put(table: pa.Table, name: str, array) -> pa.Table:
     if idx < 0:
         return table.append_column(name, array)
     return table.set_column(idx, name, array)
+
+
+def rewrite_per_request(src: str, dst: str, features: FeaturesConfig, **parquet_options) -> int:
+    """Rewrites a per-row Parquet file per request, row group by row group (each keeps its
+    requests; they must not span row groups); ``parquet_options`` go to ``pq.ParquetWriter``.
+    Returns the requests written."""
+    import pyarrow.parquet as pq
+
+    f = pq.ParquetFile(src)
+    requests = 0
+    with pq.ParquetWriter(dst, per_request_schema(f.schema_arrow, features), **parquet_options) as writer:
+        for i in range(f.metadata.num_row_groups):
+            table = to_per_request(f.read_row_group(i), features)
+            writer.write_table(table, row_group_size=max(table.num_rows, 1))
+            requests += table.num_rows
+    return requests
