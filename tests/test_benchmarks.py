@@ -220,3 +220,20 @@ def test_inference_precision_reports_every_section(tmp_path):
         assert any(line.startswith(variant) and _numbers(line)[0] > 0 for line in lines), variant
     assert "max |delta AUC| =" in report
     assert "train examples/s (whole run, as logged): fp32 100, bf16 100" in report
+
+
+def test_storage_layout_measures_both_layouts_side_by_side(tmp_path):
+    out = _run(
+        "storage_layout.py",
+        f"--train-requests 300 --eval-requests 20 --repeats 2 --max-batches 3 --out {tmp_path}",
+        ["synth.sequence_length=20", "synth.row_group_size=600", "synth.num_files=2", "data.batch_size=128"],
+    )
+    assert "first batches equal: True" in out
+    for label in ("disk MB", "sequence columns MB", "held per row group MB", "loader rows/s (median)"):
+        assert label in out
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert result["disk"]["per_request"]["files"] < result["disk"]["per_row"]["files"]
+    assert result["disk"]["per_request"]["sequences"] < result["disk"]["per_row"]["sequences"]
+    for layout in ("per_row", "per_request"):
+        assert len(result["throughput"][layout]) == 2
+        assert all(r["rows_per_s"] > 0 and r["batches"] == 3 for r in result["throughput"][layout])

@@ -9,6 +9,7 @@ are checked on the batch values and on the checker's ``repairs`` counter.
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import re
 from pathlib import Path
@@ -655,3 +656,131 @@ def test_error_in_worker_process_is_raised(base, tmp_path):
     with pytest.raises(ContractError, match=where(path, BAD_RG, "item_id") + ": negative id -3"):
         for _ in make_loader(d, LoaderSettings.of(cfg), shuffle=False, num_workers=1):
             pass
+
+
+# --------------------------------------------------------------------------------------------
+# A column may feed several features: checked once, hashed and cut per use.
+# --------------------------------------------------------------------------------------------
+
+
+def shared_cfg(data_dir, pooled_table="query_token"):
+    """The tiny config plus a pooled user-side feature and a second sequence group (max_length 5, a
+    hashed table of 100 ids) both reading the queries group's columns seq_query_token and seq_query_ts."""
+    raw = yaml.safe_load(Path(DEMO).read_text())
+    f = raw["features"]
+    f["tables"] += [
+        {"name": "short_token", "num_embeddings": 100, "embedding_dim": 32, "hash": True},
+        {"name": "tiny_token", "num_embeddings": 10, "embedding_dim": 8},
+    ]
+    f["sparse"].append({"name": "query_history", "column": "seq_query_token", "table": pooled_table, "user_side": True})
+    f["sequence_groups"].append(
+        {
+            "name": "recent_queries",
+            "timestamp_column": "seq_query_ts",
+            "max_length": 5,
+            "features": [{"name": "token", "column": "seq_query_token", "table": "short_token"}],
+        }
+    )
+    return config.from_dict(raw, tiny_overrides(data_dir))
+
+
+def test_a_column_feeds_a_pooled_feature_and_two_sequence_groups(base, tmp_path):
+    from pinads_rec.data.contract import contract_columns
+
+    _, data_dir, table = base
+    cfg = shared_cfg(data_dir)
+    (tokens,) = [c for c in contract_columns(cfg.features) if c.name == "seq_query_token"]
+    assert [u.what for u in tokens.uses] == [
+        "sparse feature 'query_history'",
+        "sequence group 'queries' feature 'token'",
+        "sequence group 'recent_queries' feature 'token'",
+    ]
+    d, _ = write(tmp_path, table)
+    ds, batches = read_all(cfg, d)
+    assert_file_order(batches, table)
+    want = table["seq_query_token"].to_pylist()
+    want_ts = table["seq_query_ts"].to_pylist()
+    for k, b in enumerate(batches):
+        n = int(b.valid.sum())
+        ri = b.request_index.numpy()
+        firsts = np.flatnonzero(np.r_[True, ri[1:] != ri[:-1]])
+        pooled = lists(b.user_sparse["query_history"])
+        full, recent = lists(b.sequences["queries.token"]), lists(b.sequences["recent_queries.token"])
+        at = 0
+        for u, p in enumerate(firsts):
+            if p >= n:
+                continue
+            row = k * b.batch_size + p
+            assert pooled[u] == want[row]  # as read: the pooled table holds 1024 ids, no cut
+            assert full[u] == want[row][:50]
+            assert recent[u] == [t % 100 for t in want[row][:5]]  # cut to 5, hashed into 100
+            deltas = b.sequence_time_deltas["recent_queries"].numpy()[at : at + len(recent[u])]
+            rt = float(table["timestamp"][row].as_py())
+            np.testing.assert_allclose(deltas, rt - np.asarray(want_ts[row][:5], np.float64))
+            at += len(recent[u])
+    assert max(t for w in want for t in w) >= 100
+    # the group's own cut is the documented repair, counted per row; the other uses see the whole list
+    assert dict(ds.reader.checker.repairs) == {
+        "sequence group recent_queries: truncated to newest 5": sum(len(w) > 5 for w in want)
+    }
+
+
+def test_a_shared_column_is_checked_against_the_smallest_table_that_does_not_hash(base, tmp_path):
+    _, data_dir, table = base
+    cfg = shared_cfg(data_dir, pooled_table="tiny_token")
+    d, path = write(tmp_path, table)
+    assert_rejected(
+        cfg,
+        d,
+        where(path, 0, "seq_query_token") + r": id \d+ is beyond the table size 10 of sparse feature 'query_history'",
+    )
+
+
+def test_a_list_column_as_pooled_ids_and_a_sequence_is_accepted(base):
+    """The case from the field: query_tokens both a pooled user-side feature and a sequence group's
+    id list (its own timestamps)."""
+    from pinads_rec.data.contract import SEQ_ID, contract_columns
+
+    _, data_dir, _ = base
+    cfg = demo_cfg(data_dir)
+    groups = list(cfg.features.sequence_groups)
+    groups[2] = dataclasses.replace(
+        groups[2], features=[dataclasses.replace(groups[2].features[0], column="query_tokens")] + groups[2].features[1:]
+    )
+    features = dataclasses.replace(cfg.features, sequence_groups=groups)
+    (col,) = [c for c in contract_columns(features) if c.name == "query_tokens"]
+    assert {u.role for u in col.uses} == {"id", SEQ_ID} and col.request_level
+
+
+@pytest.mark.parametrize(
+    "edit,pattern",
+    [
+        (
+            {"dense": {"name": "leak", "column": "click"}},
+            "config uses column 'click' as both float \\(dense feature 'leak'\\) and 0/1 label \\(task 'click' label\\)"
+            ": a label read as a model input would leak the answer",
+        ),
+        (
+            {"sequence": {"name": "candidate_item", "column": "item_id", "table": "item"}},
+            "config uses column 'item_id' as both single id .* \\(sparse feature 'item_id'\\) and sequence id list "
+            "\\(sequence group 'pins' feature 'candidate_item'\\): one needs int64, the other list<int64>",
+        ),
+        (
+            {"dense": {"name": "when", "column": "seq_pin_emb", "dim": 8}},
+            "config uses column 'seq_pin_emb' as both .*: a dense vector column feeds dense vectors of one width only",
+        ),
+    ],
+    ids=["label-as-dense", "single-id-as-sequence", "embedding-as-dense"],
+)
+def test_incompatible_uses_of_a_column_are_refused_naming_both(base, edit, pattern):
+    from pinads_rec.data.contract import contract_columns
+
+    _, data_dir, _ = base
+    raw = yaml.safe_load(Path(DEMO).read_text())
+    if "dense" in edit:
+        raw["features"]["dense"].append(edit["dense"])
+    else:
+        raw["features"]["sequence_groups"][0]["features"].append(edit["sequence"])
+    cfg = config.from_dict(raw, tiny_overrides(data_dir))
+    with pytest.raises(ContractError, match=pattern):
+        contract_columns(cfg.features)

@@ -21,6 +21,8 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
+from pinads_rec.data.contract import checked_columns, contract_columns
+from pinads_rec.data.layout import Requests, request_starts
 from pinads_rec.features import FeatureLayout
 
 
@@ -155,12 +157,13 @@ def _unpack_batch(buffer: torch.Tensor, layout: List[tuple], spec: dict) -> Batc
 
 
 # --------------------------------------------------------------------------------------------
-# Arrow rows -> Batch.
+# Requests -> Batch.
 # --------------------------------------------------------------------------------------------
 
 
 class BatchBuilder:
-    """Arrow rows in the contract, already checked (data/reader.py) -> ``Batch``.
+    """Checked requests (data/reader.py) -> ``Batch``: ``build_requests`` from ``Requests`` (the
+    request-level columns once per request, as the loader holds them), ``build`` from a per-row table.
 
     ``user_slots``: the stride of ``user_sparse`` with broadcasting (pooled user-side lookups
     exchange equal-sized blocks between ranks, so it is fixed; slots past the batch's requests are
@@ -174,76 +177,88 @@ class BatchBuilder:
     def __init__(self, layout: FeatureLayout, user_slots: int, broadcast: bool = True, zero_fill: bool = False):
         self.layout, self.user_slots, self.broadcast = layout, user_slots, broadcast
         self.zero_fill = zero_fill
-        # The Parquet columns of each KJT, resolved once (not per batch).
+        # The checked columns of each KJT, resolved once (not per batch): a column feeding several
+        # features may hold each one's ids in a column of its own (contract.Column.column_for).
         f = layout.features
-        self.row_columns = layout.columns(layout.row_keys)
-        self.user_columns = layout.columns(layout.user_keys)
-        self.event_columns = [sf.column for g in f.sequence_groups for sf in g.features]
-        self.shared_columns = layout.columns(layout.shared_keys)
+        names = checked_columns(contract_columns(f))
+        self.row_columns = [names["sparse", k] for k in layout.row_keys]
+        self.user_columns = [names["sparse", k] for k in layout.user_keys]
+        self.event_columns = [names["sequence", g.name, sf.name] for g in f.sequence_groups for sf in g.features]
+        self.shared_columns = [names["sparse", k] for k in layout.shared_keys]
+        self.timestamp_columns = {g.name: names["timestamp", g.name] for g in f.sequence_groups}
+        self.embedding_columns = {g.name: names["embedding", g.name] for g in f.sequence_groups if g.embedding_column}
 
     def build(self, table: pa.Table, source: str = "", pad_to: Optional[int] = None) -> Batch:
-        """The batch of ``table``'s rows (requests contiguous). ``pad_to``: fewer rows are padded to
-        this many by repeating the last row marked ``valid = False`` (it belongs to the last request,
-        so no request slot is added)."""
-        valid = table.num_rows
-        if pad_to is not None and valid < pad_to:
-            table = pa.concat_tables([table, table.take(pa.array(np.full(pad_to - valid, valid - 1)))])
-            return self._build(table, valid, source)
-        return self._build(table, None, source)
+        """The batch of ``table``'s rows (one per candidate, a request's rows contiguous; its
+        request-level values are read from its first row). ``pad_to``: as ``build_requests``."""
+        starts = request_starts(table.column(self.layout.features.columns.request_id).to_numpy())
+        block = Requests(pa.table({}), table, np.append(starts, table.num_rows).astype(np.int64))
+        return self.build_requests(block, source, pad_to)
 
-    def _build(self, table: pa.Table, num_valid: Optional[int], source: str) -> Batch:
+    def build_requests(self, block: Requests, source: str = "", pad_to: Optional[int] = None) -> Batch:
+        """The batch of ``block``'s candidates. ``pad_to``: fewer rows are padded to this many by
+        repeating the last row marked ``valid = False`` (it belongs to the last request, so no request
+        slot is added)."""
+        valid = block.num_rows
+        num_valid = None
+        if pad_to is not None and valid < pad_to:
+            rows = pa.concat_tables([block.rows, block.rows.take(pa.array(np.full(pad_to - valid, valid - 1)))])
+            offsets = block.offsets.copy()
+            offsets[-1] = pad_to
+            block, num_valid = Requests(block.requests, rows, offsets), valid
+        if not self.broadcast:  # every row its own request slot: user-side work done per row
+            requests = block.requests
+            if requests.num_columns:
+                requests = requests.take(pa.array(block.request_of_rows()))
+            block = Requests(requests, block.rows, np.arange(block.num_rows + 1, dtype=np.int64))
+        return self._build(block, num_valid, source)
+
+    def _build(self, block: Requests, num_valid: Optional[int], source: str) -> Batch:
         layout = self.layout
         f = layout.features
-        req = table.column(f.columns.request_id).to_numpy()
-        # Without broadcasting every row is its own request slot: user-side work is done per row.
-        is_first = np.concatenate([[True], req[1:] != req[:-1]]) if self.broadcast else np.ones(len(req), bool)
-        starts = np.flatnonzero(is_first)
-        request_index = torch.from_numpy(np.cumsum(is_first) - 1)
-        first_rows = table.take(pa.array(starts))
-        B = table.num_rows
+        B, U = block.num_rows, block.num_requests
+        request_index = torch.from_numpy(block.request_of_rows())
         new = torch.zeros if self.zero_fill else torch.empty  # every tensor below is written whole
 
         dense = new(B, layout.dense_dim, dtype=torch.float32)
         dense_np, at = dense.numpy(), 0  # filled in place through a numpy view: one copy from Arrow
         for d in f.dense:
-            col = table.column(d.column).combine_chunks()
+            col = block.row_column(d.column)
             values = (col.flatten() if d.dim > 1 else col).to_numpy(zero_copy_only=False)
             dense_np[:, at : at + d.dim] = values.reshape(B, d.dim)
             at += d.dim
 
-        sparse = _kjt(layout.row_keys, [table.column(c) for c in self.row_columns], B)
+        sparse = _kjt(layout.row_keys, [block.row_column(c) for c in self.row_columns], B)
         # A fixed number of user slots (the unused ones empty): pooled embedding lookups exchange
         # equal-sized blocks between ranks, so their batch size must not vary.
         user_sparse = _kjt(
             layout.user_keys,
-            [first_rows.column(c) for c in self.user_columns],
+            [block.request_column(c) for c in self.user_columns],
             self.user_slots if self.broadcast else B,
         )
-        seq_cols = [first_rows.column(c) for c in self.event_columns]
+        seq_cols = [block.request_column(c) for c in self.event_columns]
         # Candidate ids sharing a sequence table: per request, the ids of its rows (in row order).
-        seq_cols += [
-            pa.ListArray.from_arrays(pa.array(np.append(starts, B).astype(np.int32)), table.column(c).combine_chunks())
-            for c in self.shared_columns
-        ]
-        sequences = _kjt(layout.sequence_keys, seq_cols, len(starts))
+        offsets = pa.array(block.offsets.astype(np.int32))
+        seq_cols += [pa.ListArray.from_arrays(offsets, block.row_column(c)) for c in self.shared_columns]
+        sequences = _kjt(layout.sequence_keys, seq_cols, U)
 
-        request_time = first_rows.column(f.columns.timestamp).to_numpy().astype(np.float64)
+        request_time = block.request_column(f.columns.timestamp).to_numpy().astype(np.float64)
         deltas, embeddings = {}, {}
         for g in f.sequence_groups:
-            ts = first_rows.column(g.timestamp_column).combine_chunks()
+            ts = block.request_column(self.timestamp_columns[g.name])
             lengths = pc.list_value_length(ts).to_numpy(zero_copy_only=False)
             event_time = ts.flatten().to_numpy(zero_copy_only=False)
             deltas[g.name] = torch.from_numpy((np.repeat(request_time, lengths) - event_time).astype(np.float32))
             if g.embedding_column:
-                emb = first_rows.column(g.embedding_column).combine_chunks().flatten().flatten()
+                emb = block.request_column(self.embedding_columns[g.name]).flatten().flatten()
                 emb = emb.to_numpy(zero_copy_only=False).reshape(-1, g.embedding_dim)
                 embeddings[g.name] = new(emb.shape, dtype=torch.float32)
                 embeddings[g.name].numpy()[:] = emb
 
-        labels = _stack(table, [t.label_column for t in f.tasks], new)
+        labels = _stack(block, [t.label_column for t in f.tasks], new)
         oracle = [t.true_probability_column for t in f.tasks]
-        true_probs = _stack(table, oracle, new) if all(oracle) else None
-        surface = torch.from_numpy(table.column(f.columns.surface).to_numpy().astype(np.int64))
+        true_probs = _stack(block, oracle, new) if all(oracle) else None
+        surface = torch.from_numpy(block.row_column(f.columns.surface).to_numpy().astype(np.int64))
         valid = torch.ones(B, dtype=torch.bool)
         if num_valid is not None:
             valid[num_valid:] = False
@@ -287,9 +302,9 @@ def _kjt(keys: List[str], columns: List[pa.ChunkedArray], stride: int) -> KeyedJ
     )
 
 
-def _stack(table: pa.Table, names: List[str], new=torch.empty) -> torch.Tensor:
-    out = new(table.num_rows, len(names), dtype=torch.float32)
+def _stack(block: Requests, names: List[str], new=torch.empty) -> torch.Tensor:
+    out = new(block.num_rows, len(names), dtype=torch.float32)
     view = out.numpy()
     for j, name in enumerate(names):
-        view[:, j] = table.column(name).to_numpy()
+        view[:, j] = block.row_column(name).to_numpy()
     return out

@@ -6,6 +6,8 @@ filter), ``ShufflePool`` (data/shuffle.py: whole requests, bounded shuffle buffe
 they read of the experiment is ``LoaderSettings`` (``LoaderSettings.of(cfg)``): the feature layout,
 the data section, the seed and ``model.broadcast`` -- never the whole config.
 
+- Both storage layouts are read (data/layout.py: one row per candidate, or one per request); in
+  memory a request's sequences are held once, from the file to the batch.
 - Row groups are dealt to (rank, worker) slots round-robin after a per-epoch shuffle, so every row
   is read exactly once per epoch by exactly one slot.
 - The shuffle pool holds whole requests (all candidates of a request stay together, which
@@ -107,6 +109,7 @@ class ParquetBatches(torch.utils.data.IterableDataset):
 
     @property
     def num_rows(self) -> int:
+        """Candidate rows (a per-request file's are counted from its footer)."""
         return sum(g.num_rows for g in self.row_groups)
 
     def require_rows(self, what: str) -> None:
@@ -178,11 +181,10 @@ class ParquetBatches(torch.utils.data.IterableDataset):
             max(self.settings.data.shuffle_buffer_rows, self.batch_size) if self.shuffle else 0,
             rng if self.shuffle else None,
         )
-        spans = read_requests(self.reader, self.my_row_groups(), self.layout.features.columns.request_id)
-        for rows in pool.batches(spans):
-            if rows.last and self.drop_last and rows.table.num_rows < self.batch_size:
+        for rows in pool.batches(read_requests(self.reader, self.my_row_groups())):
+            if rows.last and self.drop_last and rows.num_rows < self.batch_size:
                 return
-            yield self.builder.build(rows.table, rows.source, pad_to=self.batch_size)
+            yield self.builder.build_requests(rows.requests, rows.source, pad_to=self.batch_size)
 
 
 def make_loader(

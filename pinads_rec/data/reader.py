@@ -7,9 +7,15 @@ of row groups to (rank, worker) slots, and reading one row group at a time.
 - ``select_part``: all row groups, the training ones, or the calibration holdout (the last ones).
 - ``assign_row_groups``: one slot's row groups for an epoch; the slots partition the list, so every
   row is read exactly once per epoch by exactly one slot.
-- ``RowGroupReader.read``: one row group's contract columns -> ``pa.Table`` after the contract's
+- ``RowGroupReader.read_requests``: one row group's contract columns -> ``Requests`` (data/layout.py:
+  request-level columns once per request, the others once per candidate) after the contract's
   per-row-group checks and repairs (ids hashed, surfaces as indices, ...) and ``data.row_filter``.
-  Never the whole dataset.
+  ``read``: the same as one ``pa.Table`` row per candidate. Never the whole dataset.
+
+Both storage layouts are read (data/layout.py), file by file: per row (one row per candidate) and
+per request (one row per request, its candidate columns lists). A per-request row group's footer
+counts requests; its candidates are counted from the footer too (the first label column's values:
+every request holds at least one candidate, so the count is exact).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +32,7 @@ import pyarrow.parquet as pq
 
 from pinads_rec.config import DataConfig, FeaturesConfig
 from pinads_rec.data.contract import ContractError, RowGroupChecker, check_schema, contract_columns
+from pinads_rec.data.layout import Requests, is_per_request, request_level_columns, request_starts
 
 # Prefix of the copies ``RowGroupReader(keep_as_read=...)`` adds: a column before the contract's repairs.
 AS_READ_PREFIX = "__as_read_"
@@ -35,7 +42,8 @@ AS_READ_PREFIX = "__as_read_"
 class RowGroup:
     path: str
     index: int
-    num_rows: int
+    num_rows: int  # candidates (rows of the per-row layout)
+    num_requests: Optional[int] = None  # per-request files: the footer's row count; per-row files: not counted
 
     def __str__(self) -> str:
         return f"{self.path}, row group {self.index}"
@@ -66,14 +74,29 @@ def list_row_groups(files: Sequence[str], features: FeaturesConfig) -> List[RowG
     groups = []
     for path in files:
         f = open_parquet(path)
-        check_schema(path, f.schema_arrow, columns)
+        per_request = is_per_request(f.schema_arrow, features)
+        check_schema(path, f.schema_arrow, columns, per_request)
         md = f.metadata
-        groups += [
-            RowGroup(path, i, md.row_group(i).num_rows)
-            for i in range(md.num_row_groups)
-            if md.row_group(i).num_rows > 0
-        ]
+        if per_request:
+            leaf = _leaf_column(md, features.tasks[0].label_column)
+            groups += [
+                RowGroup(path, i, md.row_group(i).column(leaf).num_values, md.row_group(i).num_rows)
+                for i in range(md.num_row_groups)
+                if md.row_group(i).num_rows > 0
+            ]
+        else:
+            groups += [
+                RowGroup(path, i, md.row_group(i).num_rows)
+                for i in range(md.num_row_groups)
+                if md.row_group(i).num_rows > 0
+            ]
     return groups
+
+
+def _leaf_column(md: pq.FileMetaData, name: str) -> int:
+    """The index of the Parquet leaf column of a list column ``name`` (its values' count per row
+    group is in the footer)."""
+    return next(j for j in range(md.num_columns) if md.schema.column(j).path.split(".")[0] == name)
 
 
 def select_part(groups: List[RowGroup], part: str, holdout: float, where: str) -> List[RowGroup]:
@@ -111,13 +134,22 @@ class RowGroupReader:
     the input by them."""
 
     def __init__(self, features: FeaturesConfig, data: DataConfig, keep_as_read: Sequence[str] = ()):
-        self.columns = [c.name for c in contract_columns(features)]
+        self.features = features
+        contract = contract_columns(features)
+        self.columns = [c.name for c in contract]
         self.columns += [c for c in dict.fromkeys(keep_as_read) if c not in self.columns]
         self.keep_as_read = list(dict.fromkeys(keep_as_read))
         self.checker = RowGroupChecker(features, data)
         self.row_filter = data.row_filter
+        # Kept once per request in memory: the request-level columns, their derived columns, copies.
+        level = set(request_level_columns(features))
+        self.request_level = set(self.checker.request_level)
+        self.request_level.update(AS_READ_PREFIX + c for c in self.keep_as_read if c in level)
+        # The columns of ``read``'s per-row table, in order.
+        self.row_columns = self.columns + [AS_READ_PREFIX + c for c in self.keep_as_read]
+        self.row_columns += [d for c in contract for d in c.derived]
 
-    def read(self, group: RowGroup) -> pa.Table:
+    def _read(self, group: RowGroup) -> pa.Table:
         try:
             table = open_parquet(group.path).read_row_group(group.index, columns=self.columns)
         except ContractError:
@@ -126,7 +158,46 @@ class RowGroupReader:
             raise ContractError(f"{group}: cannot be read ({e})") from None
         for c in self.keep_as_read:
             table = table.append_column(AS_READ_PREFIX + c, table.column(c))
-        table = self.checker(table, str(group))
+        return table
+
+    def read(self, group: RowGroup) -> pa.Table:
+        """The row group, checked and filtered, one row per candidate (request-level values repeated)."""
+        table = self._read(group)
+        if is_per_request(table.schema, self.features):
+            return self._requests(table, str(group)).per_row(self.row_columns)
+        return self._filter(self.checker(table, str(group)))
+
+    def read_requests(self, group: RowGroup) -> Requests:
+        """The row group, checked and filtered, as ``Requests``: whatever the file's layout, the
+        request-level columns are held once per request (a per-row file's from each request's first
+        row; requests must be contiguous)."""
+        table = self._read(group)
+        if is_per_request(table.schema, self.features):
+            return self._requests(table, str(group))
+        table = self._filter(self.checker(table, str(group)))
+        column = self.features.columns.request_id
+        req = table.column(column).to_numpy()
+        starts = request_starts(req)
+        if len(starts) != len(np.unique(req)):
+            raise ContractError(
+                f"{group}, column {column!r}: the rows of a request are not contiguous "
+                f"(request-level broadcasting needs them together); sort the file by request"
+            )
+        return Requests.from_per_row(table, starts, self.request_level)
+
+    def _requests(self, table: pa.Table, where: str) -> Requests:
+        block = self.checker.split_requests(table, where, self.request_level)
+        block = self.checker.check_requests(block, where)
+        keep = self.row_filter
+        if keep is None:
+            return block
+        col = block.column(keep.column)
+        mask = pc.is_in(col, pa.array(keep.values, col.type)).to_numpy(zero_copy_only=False)
+        if keep.column in block.requests.column_names:
+            return block.filter_requests(mask)
+        return block.filter_rows(mask)
+
+    def _filter(self, table: pa.Table) -> pa.Table:
         keep = self.row_filter
         if keep is not None:
             table = table.filter(

@@ -5,12 +5,13 @@ into ``RequestSpan``s, one per request, and the pool holds spans. When it holds 
 ``buffer_rows`` rows it permutes them and draws spans off the front until half the buffer remains;
 the drawn spans are cut, in draw order, into batches of ``batch_size`` rows and at most
 ``max_requests`` requests. A request cut by a batch boundary appears in both batches (each with its
-own copy of the user-side columns). Memory stays at about ``buffer_rows`` rows plus one row group:
+own copy of the request-level columns). Memory stays at about ``buffer_rows`` rows plus one row group:
 the spans still waiting are copied out of a partly drawn row group so it is freed (``compact``).
 
-In: lists of spans (one list per row group read). Out: ``BatchRows``: an Arrow table of at most
-``batch_size`` rows (fewer when the request bound closed it early, or for the last one), the row
-groups it came from, and whether it is the last.
+In: lists of spans (one list per row group read, data/layout.py's ``Requests``: request-level
+columns once per request). Out: ``BatchRows``: the ``Requests`` of at most ``batch_size`` candidate
+rows (fewer when the request bound closed it early, or for the last one), the row groups they came
+from, and whether it is the last. A request's sequences are never copied per candidate.
 """
 
 from __future__ import annotations
@@ -19,68 +20,62 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, Iterator, List, NamedTuple, Optional
 
 import numpy as np
-import pyarrow as pa
 
-from pinads_rec.data.contract import ContractError
+from pinads_rec.data.layout import Requests
 from pinads_rec.data.reader import RowGroup, RowGroupReader
 
 
 @dataclass(frozen=True)
 class RequestSpan:
-    """One request's rows: ``table[start : start + length]``, read from ``group``."""
+    """One request's candidates ``block.rows[start : start + length]`` (request ``request`` of the
+    block: all its candidates, or those a batch boundary left), read from ``group``."""
 
-    table: pa.Table
+    block: Requests
+    request: int
     start: int
     length: int
     group: RowGroup
 
 
 class BatchRows(NamedTuple):
-    table: pa.Table  # the rows of one batch, requests contiguous
+    requests: Requests  # the requests of one batch and their candidates, in order
     source: str  # the row groups they came from ("; "-joined), named in errors about the batch
     last: bool  # the pool's final, partial batch
 
-
-def request_spans(table: pa.Table, request_column: str, group: RowGroup) -> List[RequestSpan]:
-    """One span per request, in table order: the contract wants a request's rows contiguous."""
-    req = table.column(request_column).to_numpy()
-    starts = np.flatnonzero(np.concatenate([[True], req[1:] != req[:-1]]))
-    if len(starts) != len(np.unique(req)):
-        raise ContractError(
-            f"{group}, column {request_column!r}: the rows of a request are not contiguous "
-            f"(request-level broadcasting needs them together); sort the file by request"
-        )
-    lengths = np.diff(np.append(starts, len(req)))
-    return [RequestSpan(table, s, n, group) for s, n in zip(starts.tolist(), lengths.tolist())]
+    @property
+    def num_rows(self) -> int:
+        return self.requests.num_rows
 
 
-def read_requests(
-    reader: RowGroupReader, groups: Iterable[RowGroup], request_column: str
-) -> Iterator[List[RequestSpan]]:
-    """Each row group read in turn (``reader.read``), as its request spans; a row group the row
-    filter emptied gives none."""
+def request_spans(block: Requests, group: RowGroup) -> List[RequestSpan]:
+    """One span per request of the block, in order."""
+    offsets = block.offsets.tolist()
+    return [RequestSpan(block, i, offsets[i], offsets[i + 1] - offsets[i], group) for i in range(block.num_requests)]
+
+
+def read_requests(reader: RowGroupReader, groups: Iterable[RowGroup]) -> Iterator[List[RequestSpan]]:
+    """Each row group read in turn (``reader.read_requests``), as its request spans; a row group the
+    row filter emptied gives none."""
     for group in groups:
-        table = reader.read(group)
-        if table.num_rows:
-            yield request_spans(table, request_column, group)
+        block = reader.read_requests(group)
+        if block.num_rows:
+            yield request_spans(block, group)
 
 
 def compact(spans: List[RequestSpan]) -> List[RequestSpan]:
-    """Copies the requests still waiting into fresh tables, so a row group is freed as soon as it
+    """Copies the requests still waiting into fresh blocks, so a row group is freed as soon as it
     is drained instead of living until its last request is drawn (keeps memory at the buffer size)."""
-    by_table: Dict[int, list] = {}
+    by_block: Dict[int, list] = {}
     for span in spans:
-        by_table.setdefault(id(span.table), [span.table, []])[1].append(span)
+        by_block.setdefault(id(span.block), [span.block, []])[1].append(span)
     out = []
-    for table, waiting in by_table.values():
-        if sum(s.length for s in waiting) == table.num_rows:  # untouched: nothing to free
+    for block, waiting in by_block.values():
+        if sum(s.length for s in waiting) == block.num_rows:  # untouched: nothing to free
             out += waiting
             continue
-        kept = table.take(pa.array(np.concatenate([np.arange(s.start, s.start + s.length) for s in waiting])))
-        at = 0
-        for s in waiting:
-            out.append(RequestSpan(kept, at, s.length, s.group))
-            at += s.length
+        kept = Requests.gather([(s.block, s.request, s.start, s.length) for s in waiting])
+        offsets = kept.offsets.tolist()
+        out += [RequestSpan(kept, i, offsets[i], s.length, s.group) for i, s in enumerate(waiting)]
     return out
 
 
@@ -128,17 +123,14 @@ class ShufflePool:
                 rest = self.drawn[i:]
                 break
             k = min(span.length, rows - taken)
-            pieces.append((span.table, span.start, k))
+            pieces.append((span.block, span.request, span.start, k))
             groups[span.group] = None
             if k < span.length:  # a request cut at the batch boundary: the rest opens the next batch
-                rest = [RequestSpan(span.table, span.start + k, span.length - k, span.group)] + self.drawn[i + 1 :]
+                rest = [
+                    RequestSpan(span.block, span.request, span.start + k, span.length - k, span.group)
+                ] + self.drawn[i + 1 :]
             taken += k
             if k < span.length:
                 break
         self.drawn, self.drawn_rows = rest, sum(s.length for s in rest)
-        # Group the pieces by source table so each table is gathered once (rows of a request stay contiguous).
-        by_table: Dict[int, list] = {}
-        for table, start, k in pieces:
-            by_table.setdefault(id(table), [table, []])[1].append(np.arange(start, start + k))
-        out = pa.concat_tables([t.take(pa.array(np.concatenate(idx))) for t, idx in by_table.values()])
-        return BatchRows(out, "; ".join(map(str, groups)), last)
+        return BatchRows(Requests.gather(pieces), "; ".join(map(str, groups)), last)

@@ -1,9 +1,11 @@
 """Rows -> ``Batch`` for inference, with the loader's contract checks and ``BatchBuilder``.
 
-- ``RequestBatcher``: one in-memory request (an Arrow table of its N candidate rows, labels
-  optional) -> a Batch with one user slot (U = 1), so the user-side work runs once for all N.
-- ``ScoringBatches``: every row of a Parquet file or directory in file order, nothing shuffled or
-  dropped -> (rows as read, Batch) pairs, so predictions join back to the input.
+- ``RequestBatcher``: one in-memory request (an Arrow table of its N candidate rows, or its one row
+  of the per-request layout; labels optional) -> a Batch with one user slot (U = 1), so the
+  user-side work runs once for all N.
+- ``ScoringBatches``: every candidate of a Parquet file or directory (either layout) in file order,
+  nothing shuffled or dropped -> (request and item ids as read, one row per candidate; Batch) pairs,
+  so predictions join back to the input.
 - ``file_order_batches``: the loader's ``ParquetBatches`` over a directory the same way (file
   order, nothing dropped), for callers that need batches only (export's example, the ad table).
 
@@ -23,7 +25,8 @@ from pinads_rec import config
 from pinads_rec.data.batch import Batch, BatchBuilder
 from pinads_rec.data.contract import ContractError, RowGroupChecker, check_schema, contract_columns
 from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
-from pinads_rec.data.reader import RowGroupReader, list_files, list_row_groups
+from pinads_rec.data.layout import is_per_request
+from pinads_rec.data.reader import AS_READ_PREFIX, RowGroupReader, list_files, list_row_groups
 from pinads_rec.data.shuffle import ShufflePool, read_requests
 from pinads_rec.features import FeatureLayout
 
@@ -47,25 +50,41 @@ class RequestBatcher:
         self.builder = BatchBuilder(FeatureLayout.of(cfg.features), user_slots=1, broadcast=cfg.model.broadcast)
 
     def batch(self, request: pa.Table, where: str) -> Batch:
+        """One request's batch: ``request`` holds its candidate rows (per-row layout) or is one row of
+        the per-request layout (data/layout.py)."""
         f = self.cfg.features
         if request.num_rows == 0:
             raise ContractError(f"{where}: no rows to score")
-        if f.columns.request_id in request.column_names:
+        per_request = is_per_request(request.schema, f)
+        if per_request and request.num_rows != 1:
+            raise ContractError(f"{where}: score_request takes one request, got {request.num_rows} per-request rows")
+        if not per_request and f.columns.request_id in request.column_names:
             ids = len(pc.unique(request.column(f.columns.request_id)))
             if ids != 1:
                 raise ContractError(f"{where}: score_request takes the rows of one request, got {ids} request ids")
-        table = _with_label_columns(request, self.cfg)
-        check_schema(where, table.schema, self.columns)
+        table = _with_label_columns(request, self.cfg, per_request)
+        check_schema(where, table.schema, self.columns, per_request)
         table = table.select([c.name for c in self.columns])
+        if per_request:
+            block = self.checker.check_requests(self.checker.split_requests(table, where), where)
+            return self.builder.build_requests(block)
         return self.builder.build(self.checker(table, where))
 
 
-def _with_label_columns(table: pa.Table, cfg: config.ExperimentConfig) -> pa.Table:
-    """A served request has no labels: the contract's label (and oracle) columns are filled with 0."""
+def _with_label_columns(table: pa.Table, cfg: config.ExperimentConfig, per_request: bool = False) -> pa.Table:
+    """A served request has no labels: the contract's label (and oracle) columns are filled with 0
+    (per candidate: in a per-request row, a list as long as its surface column's)."""
     for task in cfg.features.tasks:
         for name in (task.label_column, task.true_probability_column):
             if name and table.schema.get_field_index(name) < 0:
-                table = table.append_column(name, pa.array(np.zeros(table.num_rows, np.float32)))
+                if per_request:
+                    surface = table.column(cfg.features.columns.surface)
+                    lengths = pc.list_value_length(surface).to_numpy(zero_copy_only=False)
+                    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+                    zeros = pa.array(np.zeros(int(lengths.sum()), np.float32))
+                    table = table.append_column(name, pa.ListArray.from_arrays(offsets, zeros))
+                else:
+                    table = table.append_column(name, pa.array(np.zeros(table.num_rows, np.float32)))
     return table
 
 
@@ -78,16 +97,17 @@ def file_order_batches(cfg: config.ExperimentConfig, data_dir: str, batch_size: 
 
 class ScoringBatches:
     """Every row of ``data_dir`` in file order, nothing shuffled or dropped, as (rows, batch) pairs:
-    ``batch`` padded to ``batch_size`` rows (padding marked invalid) and ``rows`` its valid rows, with
-    each row's request id and item id as read -- before the contract's id hashing, under
-    ``AS_READ_PREFIX + column`` -- so predictions join back to the input. The files are listed and
-    their schemas checked here, before the first batch."""
+    ``batch`` padded to ``batch_size`` rows (padding marked invalid) and ``rows`` one row per valid
+    candidate, its request id and item id as read -- before the contract's id hashing, under
+    ``AS_READ_PREFIX + column`` -- so predictions join back to the input (either storage layout).
+    The files are listed and their schemas checked here, before the first batch."""
 
     def __init__(self, cfg: config.ExperimentConfig, data_dir: str, batch_size: Optional[int] = None):
         names = cfg.features.columns
         self.batch_size = batch_size or cfg.data.batch_size
         self.request_column = names.request_id
         self.reader = RowGroupReader(cfg.features, cfg.data, keep_as_read=[names.request_id, names.item_id])
+        self.joined_columns = [AS_READ_PREFIX + names.request_id, AS_READ_PREFIX + names.item_id]
         self.row_groups = list_row_groups(list_files(data_dir), cfg.features)
         # No data.max_unique_users_per_batch (see unbounded_users): up to batch_size requests a batch.
         layout = FeatureLayout.of(cfg.features)
@@ -95,5 +115,6 @@ class ScoringBatches:
 
     def __iter__(self) -> Iterator[Tuple[pa.Table, Batch]]:
         pool = ShufflePool(self.batch_size, max_requests=self.batch_size, buffer_rows=0, rng=None)
-        for rows in pool.batches(read_requests(self.reader, self.row_groups, self.request_column)):
-            yield rows.table, self.builder.build(rows.table, rows.source, pad_to=self.batch_size)
+        for rows in pool.batches(read_requests(self.reader, self.row_groups)):
+            kept = rows.requests.per_row(self.joined_columns)
+            yield kept, self.builder.build_requests(rows.requests, rows.source, pad_to=self.batch_size)
