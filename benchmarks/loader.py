@@ -155,18 +155,18 @@ def memory_stream(cfg, data_dir: str, sample_every: int) -> dict:
     del sample
     largest = max(g.num_rows for g in ds.row_groups)
     bound_mb = bytes_per_row * (max(cfg.data.shuffle_buffer_rows, ds.batch_size) + largest + ds.batch_size) / MB
-    # Count the row-group tables still referenced (by the shuffle pool or a pending batch).
+    # Count the row groups still referenced (by the shuffle pool or a pending batch).
     alive: set = set()
-    read = ds.reader.read
+    read = ds.reader.read_requests
 
     def tracked_read(group):
-        table = read(group)
+        requests = read(group)
         key = (group.path, group.index)
         alive.add(key)
-        weakref.finalize(table, alive.discard, key)
-        return table
+        weakref.finalize(requests, alive.discard, key)
+        return requests
 
-    ds.reader.read = tracked_read
+    ds.reader.read_requests = tracked_read
     max_alive = 0
     can_reset = reset_hwm()
     baseline = rss_mib()

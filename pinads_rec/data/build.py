@@ -49,12 +49,12 @@ from pinads_rec.config import (
     load,
     to_dict,
 )
+from pinads_rec.data import layout
 from pinads_rec.data.contract import ContractError, contract_columns
 from pinads_rec.data.raw_sources import RawSource, sql_name, sql_string
 
 # Timestamps outside [1990, 2100) are a mistake (milliseconds read as seconds, a zero): an error.
 EARLIEST, LATEST = 631152000.0, 4102444800.0
-LAYOUT_KEY, PER_REQUEST = b"pinads_rec.layout", b"per_request"
 
 
 def build(
@@ -721,7 +721,7 @@ class _SplitWriter:
 
     def add(self, batch: pa.RecordBatch) -> None:
         if self.schema is None:
-            self.schema = _canonical_schema(batch.schema).with_metadata({LAYOUT_KEY: PER_REQUEST})
+            self.schema = _canonical_schema(batch.schema).with_metadata({layout.LAYOUT_KEY: layout.PER_REQUEST})
         table = pa.Table.from_batches([batch]).cast(self.schema)
         self.buffer = table if self.buffer is None else pa.concat_tables([self.buffer, table])
         while self.buffer.num_rows >= self.per_group:

@@ -118,6 +118,33 @@ class Column:
             return self.role
         return " and ".join(f"{u.role} ({u.what})" for u in self.uses)
 
+    # The strictest reading over the uses, for reports of a whole column (data/inspect.py).
+    @property
+    def hashed(self) -> bool:
+        """Every id use hashes: no id is out of range."""
+        ids = [u for u in self.uses if u.role in ID_ROLES]
+        return bool(ids) and all(u.hashed for u in ids)
+
+    @property
+    def table_size(self) -> int:
+        """The smallest table an id must fit (a use that hashes fits any id)."""
+        sizes = [u.table_size for u in self.uses if u.role in ID_ROLES and not u.hashed]
+        sizes = sizes or [u.table_size for u in self.uses if u.role in ID_ROLES]
+        return min(sizes, default=0)
+
+    @property
+    def max_length(self) -> int:
+        """The shortest sequence cap among the uses (0: no sequence use)."""
+        return min((u.max_length for u in self.uses if u.role in SEQUENCE_ROLES), default=0)
+
+    @property
+    def dim(self) -> int:
+        return self.uses[0].dim
+
+    @property
+    def group(self) -> Optional[str]:
+        return self.uses[0].group
+
     @property
     def views(self) -> List[Tuple[int, int]]:
         return list(dict.fromkeys(u.view for u in self.uses))

@@ -38,6 +38,7 @@ import yaml
 
 from pinads_rec import config as config_lib
 from pinads_rec.config import DataConfig, ExperimentConfig, FeaturesConfig
+from pinads_rec.data import layout
 from pinads_rec.data.contract import (
     FLOAT,
     FLOAT_LIST,
@@ -57,7 +58,6 @@ from pinads_rec.data.contract import (
 )
 from pinads_rec.data.reader import list_files, open_parquet
 
-LAYOUT_KEY = b"pinads_rec.layout"
 PER_ROW, PER_REQUEST = "per_row", "per_request"
 
 # What the loader does with a problem.
@@ -115,30 +115,20 @@ def _is_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
-def request_level_columns(features: FeaturesConfig) -> List[str]:
-    """Columns stored once per request in the per-request layout (the others: one value per candidate)."""
-    names = [features.columns.request_id, features.columns.timestamp]
-    names += [s.column for s in features.sparse if s.user_side]
-    for g in features.sequence_groups:
-        names += [g.timestamp_column] + [f.column for f in g.features]
-        names += [g.embedding_column] if g.embedding_column else []
-    return list(dict.fromkeys(names))
-
-
 def file_layout(schema: pa.Schema, features: Optional[FeaturesConfig]) -> str:
-    """Per request iff the first task's label column is a list (the loader's rule); without a config
-    or that column, the writer's schema metadata."""
+    """The loader's rule (``layout.is_per_request``); without a config, the writer's schema metadata."""
     if features is not None and features.tasks:
-        i = schema.get_field_index(features.tasks[0].label_column)
-        if i >= 0:
-            return PER_REQUEST if _is_list(schema.field(i).type) else PER_ROW
+        return PER_REQUEST if layout.is_per_request(schema, features) else PER_ROW
     meta = schema.metadata or {}
-    return PER_REQUEST if meta.get(LAYOUT_KEY) == b"per_request" else PER_ROW
+    return PER_REQUEST if meta.get(layout.LAYOUT_KEY) == layout.PER_REQUEST else PER_ROW
 
 
 def open_files(data: str, features: Optional[FeaturesConfig]) -> List[FileInfo]:
+    """The dataset's Parquet files; a build's saved vocabularies (``vocabularies/``) are not data."""
     out = []
     for path in list_files(data):
+        if os.path.basename(os.path.dirname(path)) == "vocabularies":
+            continue
         f = open_parquet(path)
         md = f.metadata
         rows = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
@@ -384,14 +374,14 @@ class GroupScanner:
         self,
         con: duckdb.DuckDBPyConnection,
         files: List[FileInfo],
-        layout: str,
+        kind: str,
         usable: Dict[str, Column],
         view_types: Dict[str, pa.DataType],
         features: FeaturesConfig,
         data: DataConfig,
         scan: Scan,
     ):
-        self.con, self.files, self.layout = con, files, layout
+        self.con, self.files, self.layout = con, files, kind
         self.usable, self.view_types, self.features, self.data, self.scan = (
             usable,
             view_types,
@@ -399,14 +389,14 @@ class GroupScanner:
             data,
             scan,
         )
-        request_cols = set(request_level_columns(features))
+        request_cols = set(layout.request_level_columns(features))
         names = list(usable)
         item = features.columns.item_id
         self.item = item if item in view_types else None
         if self.item and self.item not in names:
             names.append(self.item)
         self.names = names
-        if layout == PER_ROW:
+        if kind == PER_ROW:
             self.request_names = names
             self.candidate_names: List[str] = []
         else:
@@ -427,7 +417,7 @@ class GroupScanner:
             f"{sep}{cols} "
             f"FROM read_parquet([{paths}], file_row_number = true))"
         )
-        if layout == PER_REQUEST:
+        if kind == PER_REQUEST:
             cand = self.candidate_names
             label = features.tasks[0].label_column
             self.ref = label if label in cand else (cand[0] if cand else None)
@@ -751,7 +741,7 @@ def _view_schema(f: FileInfo, features: FeaturesConfig) -> Tuple[pa.Schema, List
     per-request layout; and the candidate columns of a per-request file that are not lists."""
     if f.layout == PER_ROW:
         return f.schema, []
-    request_cols = set(request_level_columns(features))
+    request_cols = set(layout.request_level_columns(features))
     fields, not_lists = [], []
     for fld in f.schema:
         if fld.name in request_cols:
@@ -814,9 +804,9 @@ def inspect(cfg: ExperimentConfig, data: Optional[str] = None, memory_limit: Opt
         con.execute("SET enable_progress_bar = false")
         if memory_limit:
             con.execute(f"SET memory_limit = {_lit(memory_limit)}")
-        for (layout, _), members in groups.items():
+        for (kind, _), members in groups.items():
             _, usable, types = members[0]
-            GroupScanner(con, [m[0] for m in members], layout, usable, types, features, cfg.data, scan).run()
+            GroupScanner(con, [m[0] for m in members], kind, usable, types, features, cfg.data, scan).run()
     finally:
         con.close()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -1093,7 +1083,7 @@ def draft_config(data: str) -> str:
     """A starting config (a ``features:`` section and ``data.train_dir``) guessed from the Parquet
     schema and statistics of ``data``; comments mark each guess."""
     files = open_files(data, None)
-    layout, types, stats, request_cols = _draft_stats(files)
+    kind, types, stats, request_cols = _draft_stats(files)
     guesses: List[str] = []
     names = list(types)
     used = set()
@@ -1203,7 +1193,7 @@ def draft_config(data: str) -> str:
             t["name"] = n + "_ids"
         tables.append(t)
         entry = {"name": n, "column": n, "table": t["name"]}
-        if layout == PER_REQUEST and n in request_cols:
+        if kind == PER_REQUEST and n in request_cols:
             entry["user_side"] = True
         if st.get("binary"):
             comments.append(f"{n}: only 0/1 values: a label? (kept as an id feature)")
@@ -1217,7 +1207,7 @@ def draft_config(data: str) -> str:
             t["name"] = n + "_ids"
         tables.append(t)
         entry = {"name": n, "column": n, "table": t["name"]}
-        if layout == PER_REQUEST and n in request_cols:
+        if kind == PER_REQUEST and n in request_cols:
             entry["user_side"] = True
         sparse.append(entry)
         comments.append(f"{n}: a list of ids in no sequence group: a multi-hot feature (sum pooling)")
