@@ -4,12 +4,14 @@ joins and their defaults, splits, determinism, bad input named by file, column a
 import json
 import textwrap
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from pinads_rec import config
 from pinads_rec.data.build import build, main
 from pinads_rec.data.contract import ContractError
+from pinads_rec.data.vocabulary import Vocabularies
 
 T0 = 1_500_000_000  # 2017-07-14 02:40:00 UTC
 
@@ -197,7 +199,9 @@ def test_deterministic(tmp_path, built):
 
 def test_cli_prints_the_summary(tmp_path, capsys):
     raw, path = write_raw(tmp_path)
-    assert main(["--config", str(path), "--raw", str(raw), "--out", str(tmp_path / "out"), "--memory-limit", "1GB"]) == 0
+    assert (
+        main(["--config", str(path), "--raw", str(raw), "--out", str(tmp_path / "out"), "--memory-limit", "1GB"]) == 0
+    )
     assert "train: 3 requests, 4 rows" in capsys.readouterr().out
 
 
@@ -212,7 +216,9 @@ def expect_error(tmp_path, match, **raw):
 
 def test_label_not_01_names_file_and_row(tmp_path):
     bad = IMPRESSIONS[:2] + [(1, T0 + 200, "p2", 12, 2)] + IMPRESSIONS[3:]
-    expect_error(tmp_path, r"build.columns.click: 1 label\(s\) not 0/1.*impressions.csv, row 2 \(line 4\)", impressions=bad)
+    expect_error(
+        tmp_path, r"build.columns.click: 1 label\(s\) not 0/1.*impressions.csv, row 2 \(line 4\)", impressions=bad
+    )
 
 
 def test_unparsable_timestamp(tmp_path):
@@ -227,7 +233,9 @@ def test_milliseconds_timestamp(tmp_path):
 
 def test_event_without_user(tmp_path):
     bad = BEHAVIOUR + [("", T0, "pv", 1, 1)]
-    expect_error(tmp_path, r"build.sequences\[0\].user: 1 event\(s\) without a user.*behaviour.csv, row 8", behaviour=bad)
+    expect_error(
+        tmp_path, r"build.sequences\[0\].user: 1 event\(s\) without a user.*behaviour.csv, row 8", behaviour=bad
+    )
 
 
 def test_duplicated_impressions_dropped_and_counted(tmp_path):
@@ -272,6 +280,12 @@ def test_vocabulary_fitted_on_train(tmp_path):
     assert ev["all_item"] == [0]  # item 57 is only seen after the training split: out of vocabulary too
     first = requests_of(tmp_path / "out", "train")[(1, T0 + 100)]
     assert first["all_item"] == [index["50"], index["53"], index["54"]]
+    # Serving maps raw ids the same way, from the saved vocabulary.
+    raw_rows = pa.table({"item_id": [10, 13], "all_item": [[50, 53], [57]], "cate": [1, 2]})
+    mapped = Vocabularies.load(str(tmp_path / "out"), cfg.features).apply(raw_rows)
+    assert mapped.column("item_id").to_pylist() == [index["10"], 0]
+    assert mapped.column("all_item").to_pylist() == [[index["50"], index["53"]], [0]]
+    assert mapped.column("cate").to_pylist() == [1, 2]  # no vocabulary for its table
 
 
 def test_negative_downsampling_counts_and_records(tmp_path):
@@ -282,3 +296,36 @@ def test_negative_downsampling_counts_and_records(tmp_path):
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["negative_downsampling"]["rates"] == {"feed": 0.000001}
     assert requests_of(tmp_path / "out", "eval")  # eval untouched
+
+
+def test_null_in_a_contract_column(tmp_path):
+    no_default = CONFIG.replace('defaults: {cate: "0", price: "0.0"}', 'defaults: {price: "0.0"}')
+    raw, path = write_raw(tmp_path, config_text=no_default)
+    with pytest.raises(ContractError, match=r"build.columns.cate: 1 null value\(s\).*coalesce"):
+        build(config.load(path), str(raw), str(tmp_path / "out"))
+    bad = BEHAVIOUR + [(2, T0, "cart", "", 1)]
+    raw, path = write_raw(tmp_path, behaviour=bad)
+    with pytest.raises(ContractError, match=r"build.sequences\[0\].columns.all_item: 1 null.*behaviour.csv, row 8"):
+        build(config.load(path), str(raw), str(tmp_path / "out"))
+
+
+def test_as_of_side_table_and_timezone(tmp_path):
+    """A daily side table joins the row of the impression's own date, in build.timezone: T0 + 14 h
+    is 2017-07-15 00:40 in Beijing but still 2017-07-14 in UTC."""
+    daily = CONFIG.replace(
+        '      defaults: {cate: "0", price: "0.0"}\n',
+        '      defaults: {cate: "0", price: "0.0"}\n'
+        "    - name: daily\n      path: [daily.csv]\n      key: {ad: ad}\n      as_of: day\n"
+        '      defaults: {price: "-1.0"}\n',
+    ).replace("price: ads.price", "price: daily.price")
+    daily = daily.replace("timezone: UTC", "timezone: Asia/Shanghai").replace("03:00:00", "11:00:00")
+    impressions = IMPRESSIONS[:4] + [(3, T0 + 14 * 3600, "p1", 10, 1)]
+    raw, path = write_raw(tmp_path, impressions=impressions, config_text=daily)
+    (raw / "daily.csv").write_text("ad,day,price\n10,20170714,1.0\n10,20170715,2.0\n11,20170714,3.0\n")
+    summary = build(config.load(path), str(raw), str(tmp_path / "out"))
+    assert requests_of(tmp_path / "out", "train")[(1, T0 + 100)]["price"] == [1.0, 3.0]
+    assert requests_of(tmp_path / "out", "eval")[(3, T0 + 14 * 3600)]["price"] == [2.0]
+    assert summary["join_misses"]["daily"] == 1  # ad 12 has no row
+    raw, path = write_raw(tmp_path, impressions=impressions, config_text=daily.replace("Asia/Shanghai", "UTC"))
+    build(config.load(path), str(raw), str(tmp_path / "utc"))
+    assert requests_of(tmp_path / "utc", "eval")[(3, T0 + 14 * 3600)]["price"] == [1.0]

@@ -166,6 +166,7 @@ class Build:
         self.check_not_null("imp", "__user", self.imp_source, imp.user, "build.impressions.user", "user")
         for task in self.features.tasks:
             self.check_label(task.label_column)
+        self.check_no_nulls("imp", self.computed, "build.columns", self.imp_source, self.b.columns)
         over = self.scalar("SELECT count(*) FROM imp WHERE __n_splits > 1")
         if over:
             raise ContractError(
@@ -328,6 +329,7 @@ class Build:
         self.counts[f"sequence group {group.name}: events without a user (dropped)"] = no_user
         self.con.execute(f"DELETE FROM {events} WHERE __no_user")
         self.check_times(events, "__t", raw, t, f"{where}.time")
+        self.check_no_nulls(events, cols, f"{where}.columns", raw, source.columns)
         for c in ids:
             if not self.is_integer_column(events, c):
                 raise ContractError(
@@ -478,6 +480,21 @@ class Build:
             raise ContractError(
                 f"{where}: {bad[1]} impression(s) with no {what}, first at {source.place(bad[0], f'({expr}) IS NULL')}"
             )
+
+    def check_no_nulls(self, table: str, columns: List[str], where: str, source: RawSource, exprs: dict) -> None:
+        """A null in a contract column (a blank field, a side table's missing key without a default)."""
+        if not columns:
+            return
+        counts = self.one(
+            f"SELECT {', '.join(f'count(*) FILTER (WHERE {sql_name(c)} IS NULL)' for c in columns)} FROM {table}"
+        )
+        for c, n in zip(columns, counts):
+            if n:
+                path = self.scalar(f"SELECT any_value(__file) FROM {table} WHERE {sql_name(c)} IS NULL")
+                raise ContractError(
+                    f"{where}.{c}: {n} null value(s), first at {source.place(path, f'({exprs[c]}) IS NULL')}; "
+                    f"give a value with coalesce(...) in the expression (or a side table's defaults)"
+                )
 
     def check_label(self, column: str) -> None:
         col = sql_name(column)
