@@ -95,7 +95,13 @@ def write_taobao(raw: Path, seed: int = 0, users: int = 600, requests_per_user: 
     for i, ad in enumerate(ad_ids):
         cate = cates[i % n_cates]
         brand = None if rng.random() < 0.15 else rng.choice(brands_of[cate])  # NULL brands, as in the real file
-        ads[ad] = (cate, rng.randrange(1, 423437), rng.randrange(1, 255876), brand, round(rng.lognormvariate(4, 1.5), 2))
+        ads[ad] = (
+            cate,
+            rng.randrange(1, 423437),
+            rng.randrange(1, 255876),
+            brand,
+            round(rng.lognormvariate(4, 1.5), 2),
+        )
     ads_of = {c: [a for a in ad_ids if ads[a][0] == c] for c in cates}
     missing_ads = ad_ids[:2]  # shown, but absent from ad_feature.csv
 
@@ -169,7 +175,11 @@ def write_taobao(raw: Path, seed: int = 0, users: int = 600, requests_per_user: 
     _csv(
         raw / "ad_feature.csv",
         "adgroup_id,cate_id,campaign_id,customer,brand,price",
-        [(a, *ads[a][:3], "NULL" if ads[a][3] is None else ads[a][3], ads[a][4]) for a in ad_ids if a not in missing_ads],
+        [
+            (a, *ads[a][:3], "NULL" if ads[a][3] is None else ads[a][3], ads[a][4])
+            for a in ad_ids
+            if a not in missing_ads
+        ],
     )
     without_profile = user_ids[: users // 10]
     blank = []
@@ -233,7 +243,8 @@ _ONEHOT_RANGES = [2, 7, 50, 1471, 15, 34, 3, 118, 454, 7, 5, 5, 2, 2, 2, 2, 2, 2
 class KuaiRandProbe:
     """A user whose clicked impressions sit at ``time - 0.4 s``, ``time`` and ``time + 1 s`` (plus
     one an hour earlier and an unclicked one 10 s before), and a random exposure at ``time + 2 s``.
-    ``rows``: (time_ms, video_id, tab, is_click, long_view, is_like, is_rand) of all its rows."""
+    ``rows``: (time_ms, video_id, tab, is_click, long_view, is_like, is_rand) of all its rows (no
+    follow, comment or forward)."""
 
     user: int
     time: int
@@ -248,10 +259,13 @@ class KuaiRandFixture:
     random_rows: int
 
 
-def _kuairand_row(rng: random.Random, user, video, time_ms, click, long_view, like, is_rand, tab, duration_ms):
+def _kuairand_row(
+    rng: random.Random, user, video, time_ms, click, long_view, like, is_rand, tab, duration_ms, rare: bool = True
+):
+    """One log row; ``rare``: draw the rare feedback (follow, comment, forward, hate), else all 0."""
     moment = datetime.fromtimestamp(time_ms / 1000, BEIJING)
     play = int(duration_ms * (rng.uniform(0.6, 1.5) if long_view else rng.uniform(0.0, 0.3)))
-    follow = int(click and rng.random() < 0.02)
+    follow = int(rare and click and rng.random() < 0.02)
     return (
         user,
         video,
@@ -261,9 +275,9 @@ def _kuairand_row(rng: random.Random, user, video, time_ms, click, long_view, li
         click,
         like,
         follow,
-        int(click and rng.random() < 0.03),
-        int(click and rng.random() < 0.02),
-        int(rng.random() < 0.005),
+        int(rare and click and rng.random() < 0.03),
+        int(rare and click and rng.random() < 0.02),
+        int(rare and rng.random() < 0.005),
         long_view,
         play,
         duration_ms,
@@ -294,7 +308,6 @@ def write_kuairand(raw: Path, seed: int = 0, users: int = 300, impressions_per_u
             "music_type": rng.choice([4, 9, 11, None]),
             "tags": tags,
         }
-    missing_video = videos[0]  # shown, absent from video_features_basic
 
     user_ids = rng.sample(range(0, 27285), users)
     probe_user = 27285
@@ -340,7 +353,8 @@ def write_kuairand(raw: Path, seed: int = 0, users: int = 300, impressions_per_u
         (t * 1000 + 2000, videos[6], 1, 0, 0, 0, 1),  # a random exposure (eval) at t + 2 s
     ]
     for time_ms, v, tab, click, lv, like, is_rand in probe_plan:
-        row = _kuairand_row(rng, probe_user, v, time_ms, click, lv, like, is_rand, tab, video_info[v]["duration"])
+        duration = video_info[v]["duration"]
+        row = _kuairand_row(rng, probe_user, v, time_ms, click, lv, like, is_rand, tab, duration, rare=False)
         (random_rows if is_rand else standard).append(row)
 
     standard.sort(key=lambda r: (r[0], r[4]))
@@ -377,7 +391,7 @@ def write_kuairand(raw: Path, seed: int = 0, users: int = 300, impressions_per_u
         )
     _csv(raw / "user_features_pure.csv", KUAIRAND_USER_HEADER, user_rows)
     video_rows = []
-    for v in videos[1:]:
+    for v in videos[1:]:  # videos[0] is shown but absent from the file
         i = video_info[v]
         tag = None if rng.random() < 0.05 else ",".join(map(str, i["tags"]))  # blank tags occur
         video_rows.append(
