@@ -1,0 +1,1329 @@
+"""Scan a dataset against a config: every contract problem with its count and first place, and the
+statistics a user needs to size a config -- or draft a ``features:`` section from the data itself.
+
+    python -m pinads_rec.data.inspect --config X.yaml [--data DIR] [--json OUT.json]
+    python -m pinads_rec.data.inspect --data DIR --draft-config OUT.yaml
+
+The loader stops at the first problem of a row group; this scans everything and counts. Each
+problem says what the loader would do with it: stop with an error, repair it (the config's
+``data.nonfinite_dense`` / ``data.overlong_sequence`` policies) or read it unchecked (a sequence
+event at or after its impression, duplicated impressions, ...). Ids beyond a ``hash: true`` table
+are hashed by design: a statistic, not a problem.
+
+The scan is DuckDB SQL over the Parquet files (out of core: aggregates stream, groupings spill), a
+few passes over the data. Both storage layouts are read: per row (one row per candidate) and per
+request (candidate columns stored as lists, one value per candidate; docs/storage_layout.md).
+The column roles and the types they accept come from the contract (``data/contract.py``).
+
+Exit code: 0 no problem, 1 problems (each listed), 2 a usage error (bad config, no data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import duckdb
+import pyarrow as pa
+import yaml
+
+from pinads_rec import config as config_lib
+from pinads_rec.config import DataConfig, ExperimentConfig, FeaturesConfig
+from pinads_rec.data.contract import (
+    FLOAT,
+    FLOAT_LIST,
+    ID,
+    LABEL,
+    PROB,
+    REQUEST,
+    SEQ_EMB,
+    SEQ_ID,
+    SHARED_ID,
+    SURFACE,
+    TIME,
+    Column,
+    ContractError,
+    check_schema,
+    contract_columns,
+)
+from pinads_rec.data.reader import list_files, open_parquet
+
+LAYOUT_KEY = b"pinads_rec.layout"
+PER_ROW, PER_REQUEST = "per_row", "per_request"
+
+# What the loader does with a problem.
+ERROR = "error"
+UNCHECKED = "read unchecked"
+
+
+# --------------------------------------------------------------------------------------------
+# Files, layouts, places.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FileInfo:
+    path: str
+    layout: str
+    schema: pa.Schema
+    row_group_rows: List[int]
+
+    def locate(self, row: int) -> Tuple[int, int]:
+        """(row group, row within it) of the file's row ``row``."""
+        starts = [0]
+        for n in self.row_group_rows[:-1]:
+            starts.append(starts[-1] + n)
+        g = bisect.bisect_right(starts, row) - 1
+        return g, row - starts[g]
+
+
+@dataclass
+class Place:
+    file: str
+    row_group: Optional[int] = None  # None: the whole file (a schema problem)
+    row: Optional[int] = None  # within the row group (a request's row in the per-request layout)
+    candidate: Optional[int] = None  # per-request layout: the candidate's index in its lists
+
+    def __str__(self) -> str:
+        if self.row_group is None:
+            return self.file
+        s = f"{self.file}, row group {self.row_group}, row {self.row}"
+        return s + (f", candidate {self.candidate}" if self.candidate is not None else "")
+
+
+@dataclass
+class Problem:
+    kind: str
+    column: str
+    count: int
+    unit: str  # what is counted: values, rows, requests, files
+    place: Optional[Place]
+    loader: str  # what the loader does: error, repaired (how), read unchecked
+    detail: str = ""
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def request_level_columns(features: FeaturesConfig) -> List[str]:
+    """Columns stored once per request in the per-request layout (the others: one value per candidate)."""
+    names = [features.columns.request_id, features.columns.timestamp]
+    names += [s.column for s in features.sparse if s.user_side]
+    for g in features.sequence_groups:
+        names += [g.timestamp_column] + [f.column for f in g.features]
+        names += [g.embedding_column] if g.embedding_column else []
+    return list(dict.fromkeys(names))
+
+
+def file_layout(schema: pa.Schema, features: Optional[FeaturesConfig]) -> str:
+    """Per request iff the first task's label column is a list (the loader's rule); without a config
+    or that column, the writer's schema metadata."""
+    if features is not None and features.tasks:
+        i = schema.get_field_index(features.tasks[0].label_column)
+        if i >= 0:
+            return PER_REQUEST if _is_list(schema.field(i).type) else PER_ROW
+    meta = schema.metadata or {}
+    return PER_REQUEST if meta.get(LAYOUT_KEY) == b"per_request" else PER_ROW
+
+
+def open_files(data: str, features: Optional[FeaturesConfig]) -> List[FileInfo]:
+    out = []
+    for path in list_files(data):
+        f = open_parquet(path)
+        md = f.metadata
+        rows = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+        out.append(FileInfo(path, file_layout(f.schema_arrow, features), f.schema_arrow, rows))
+    return out
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _lit(v) -> str:
+    return "'" + str(v).replace("'", "''") + "'"
+
+
+def _quantiles(hist: Dict[int, int], qs=(0.5, 0.9, 0.99)) -> Dict[str, float]:
+    """Exact mean, quantiles and max of a histogram {value: count}."""
+    total = sum(hist.values())
+    if not total:
+        return {"n": 0}
+    out = {"n": total, "mean": sum(k * v for k, v in hist.items()) / total}
+    keys = sorted(hist)
+    for q in qs:
+        need, acc = q * total, 0
+        for k in keys:
+            acc += hist[k]
+            if acc >= need:
+                out[f"p{round(q * 100)}"] = k
+                break
+    out["min"], out["max"] = keys[0], keys[-1]
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The checks: one SQL expression per problem, counted and located in one aggregate pass.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Check:
+    kind: str
+    column: str
+    unit: str
+    loader: str
+    count_sql: str  # per view row: how many of this problem it holds
+    detail: str = ""
+
+
+def _count_if(cond: str) -> str:
+    return f"CASE WHEN {cond} THEN 1 ELSE 0 END"
+
+
+def _count_in(list_sql: str, cond: str, cheap_test: Optional[str] = None) -> str:
+    """How many elements of a list meet ``cond``; ``cheap_test`` (a whole-list test, e.g. on its
+    minimum) skips the lambda on the rows that cannot hold one (DuckDB's CASE runs lazily)."""
+    exact = f"coalesce(len(list_filter({list_sql}, lambda e: {cond})), 0)"
+    return exact if cheap_test is None else f"CASE WHEN {cheap_test} THEN {exact} ELSE 0 END"
+
+
+def _nested_depth(t: pa.DataType) -> int:
+    d = 0
+    while _is_list(t):
+        t, d = t.value_type, d + 1
+    return d
+
+
+def column_checks(c: Column, t: pa.DataType, data: DataConfig, features: FeaturesConfig) -> List[Check]:
+    """The value checks of one contract column whose (per-row) Arrow type ``t`` the contract accepts."""
+    x = _q(c.name)
+    out = []
+    depth = _nested_depth(t)
+    if depth:
+        flat = x
+        for _ in range(depth - 1):
+            flat = f"flatten({flat})"
+        out.append(
+            Check("null inside a list", c.name, "values", ERROR, f"coalesce(len({flat}) - list_count({flat}), 0)")
+        )
+    if c.role in (ID, SHARED_ID, SEQ_ID):
+        # The loader truncates a sequence before it checks the ids: only the kept head is seen.
+        vals = x
+        if c.role == SEQ_ID and data.overlong_sequence == "truncate":
+            vals = f"{x}[1:{c.max_length}]"
+        neg = _count_in(vals, "e < 0", f"list_min({vals}) < 0") if depth else _count_if(f"{x} < 0")
+        out.append(Check("negative id", c.name, "values", ERROR, neg))
+        if not c.hashed:
+            if depth:
+                beyond = _count_in(vals, f"e >= {c.table_size}", f"list_max({vals}) >= {c.table_size}")
+            else:
+                beyond = _count_if(f"{x} >= {c.table_size}")
+            out.append(
+                Check(
+                    "id beyond its table",
+                    c.name,
+                    "values",
+                    ERROR,
+                    beyond,
+                    f"table size {c.table_size}, hash: false (enlarge the table or set hash: true)",
+                )
+            )
+    elif c.role == FLOAT:
+        out.append(_nonfinite(c, _count_if(f"NOT isfinite({x}::DOUBLE)"), data))
+    elif c.role == FLOAT_LIST:
+        out.append(Check("wrong dense width", c.name, "rows", ERROR, _count_if(f"len({x}) != {c.dim}"), f"dim {c.dim}"))
+        test = f"NOT isfinite(list_sum({x}::DOUBLE[]))"
+        out.append(_nonfinite(c, _count_in(x, "NOT isfinite(e::DOUBLE)", test), data))
+    elif c.role == LABEL:
+        out.append(Check("label not 0/1", c.name, "rows", ERROR, _count_if(f"NOT ({x} = 0 OR {x} = 1)")))
+    elif c.role == PROB:
+        out.append(
+            Check("probability outside [0, 1]", c.name, "rows", ERROR, _count_if(f"NOT ({x} >= 0 AND {x} <= 1)"))
+        )
+    elif c.role == SURFACE:
+        n = len(features.surfaces)
+        if pa.types.is_integer(t):
+            bad = f"{x} < 0 OR {x} >= {n}"
+        else:
+            bad = f"{x}::VARCHAR NOT IN ({', '.join(_lit(s) for s in features.surfaces)})"
+        out.append(Check("unknown surface", c.name, "rows", ERROR, _count_if(bad), f"surfaces {features.surfaces}"))
+    elif c.role == TIME:
+        out.append(Check("non-finite timestamp", c.name, "rows", ERROR, _count_if(f"NOT isfinite({x}::DOUBLE)")))
+    elif c.role == SEQ_EMB:
+        dim = next(g.embedding_dim for g in features.sequence_groups if g.name == c.group)
+        out.append(
+            Check(
+                "wrong event embedding width",
+                c.name,
+                "events",
+                ERROR,
+                _count_in(x, f"len(e) != {dim}", f"len(flatten({x})) != {dim} * len({x})"),
+                f"embedding_dim {dim}",
+            )
+        )
+    return out
+
+
+def _nonfinite(c: Column, count_sql: str, data: DataConfig) -> Check:
+    loader = ERROR if data.nonfinite_dense == "error" else "repaired: replaced by 0"
+    return Check(
+        "non-finite dense value", c.name, "values", loader, count_sql, f"data.nonfinite_dense: {data.nonfinite_dense}"
+    )
+
+
+def group_checks(features: FeaturesConfig, data: DataConfig, usable: Dict[str, Column]) -> List[Check]:
+    """Per sequence group: ragged columns, overlong sequences, events at or after the impression,
+    events not newest first."""
+    out = []
+    ts_col = features.columns.timestamp
+    for g in features.sequence_groups:
+        ts = g.timestamp_column
+        if ts not in usable:
+            continue
+        cols = [f.column for f in g.features] + ([g.embedding_column] if g.embedding_column else [])
+        for name in dict.fromkeys(cols):
+            if name in usable and name != ts:
+                out.append(
+                    Check(
+                        "ragged sequence group",
+                        name,
+                        "rows",
+                        ERROR,
+                        _count_if(f"len({_q(name)}) != len({_q(ts)})"),
+                        f"group {g.name!r}: its length differs from {ts!r}",
+                    )
+                )
+        loader = f"repaired: truncated to the newest {g.max_length}" if data.overlong_sequence == "truncate" else ERROR
+        out.append(
+            Check(
+                "sequence longer than max_length",
+                ts,
+                "rows",
+                loader,
+                _count_if(f"len({_q(ts)}) > {g.max_length}"),
+                f"group {g.name!r}, max_length {g.max_length}, data.overlong_sequence: {data.overlong_sequence}",
+            )
+        )
+        if ts_col in usable:
+            out.append(
+                Check(
+                    "sequence event at or after the impression",
+                    ts,
+                    "rows",
+                    UNCHECKED,
+                    _count_if(f"list_max({_q(ts)}) >= {_q(ts_col)}"),
+                    f"group {g.name!r}: a leak of the future into the features",
+                )
+            )
+        out.append(
+            Check(
+                "sequence not newest first",
+                ts,
+                "rows",
+                UNCHECKED,
+                _count_if(f"NOT list_has_any({_q(ts)}, [NULL]) AND {_q(ts)} != list_reverse_sort({_q(ts)})"),
+                f"group {g.name!r}: truncation keeps the head of the list",
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# One scan of a set of files sharing a layout and schema.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Scan:
+    """Totals of one or more file groups, merged."""
+
+    problems: Dict[Tuple[str, str], Problem] = field(default_factory=dict)
+    rows: int = 0
+    requests: int = 0
+    candidates_hist: Dict[int, int] = field(default_factory=dict)
+    columns: Dict[str, dict] = field(default_factory=dict)
+    sequence_lengths: Dict[str, Dict[int, int]] = field(default_factory=dict)
+    sequence_unit: str = "rows"
+    label_rates: Dict[str, dict] = field(default_factory=dict)
+    layouts: Dict[str, int] = field(default_factory=dict)
+    schema_groups: int = 0
+
+    def add_problem(self, p: Problem) -> None:
+        key = (p.kind, p.column)
+        old = self.problems.get(key)
+        if old is None:
+            self.problems[key] = p
+            return
+        old.count += p.count
+        if old.place is None or (p.place is not None and _place_key(p.place) < _place_key(old.place)):
+            old.place = p.place
+
+
+_FILE_ORDER: Dict[str, int] = {}
+
+
+def _place_key(p: Place) -> tuple:
+    return (_FILE_ORDER.get(p.file, 0), -1 if p.row_group is None else p.row_group, p.row or 0, p.candidate or -1)
+
+
+class GroupScanner:
+    """Runs the SQL over one group of files (same layout, same types of the usable columns)."""
+
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        files: List[FileInfo],
+        layout: str,
+        usable: Dict[str, Column],
+        view_types: Dict[str, pa.DataType],
+        features: FeaturesConfig,
+        data: DataConfig,
+        scan: Scan,
+    ):
+        self.con, self.files, self.layout = con, files, layout
+        self.usable, self.view_types, self.features, self.data, self.scan = (
+            usable,
+            view_types,
+            features,
+            data,
+            scan,
+        )
+        request_cols = set(request_level_columns(features))
+        names = list(usable)
+        item = features.columns.item_id
+        self.item = item if item in view_types else None
+        if self.item and self.item not in names:
+            names.append(self.item)
+        self.names = names
+        if layout == PER_ROW:
+            self.request_names = names
+            self.candidate_names: List[str] = []
+        else:
+            self.request_names = [n for n in names if n in request_cols]
+            self.candidate_names = [n for n in names if n not in request_cols]
+        self.cand: Optional[str] = None
+        self.ref: Optional[str] = None
+        paths = ", ".join(_lit(f.path) for f in files)
+        offsets, acc = [], 0
+        for f in files:
+            offsets.append(acc)
+            acc += sum(f.row_group_rows)
+        cols = ", ".join(_q(n) for n in names)
+        sep = ", " if cols else ""
+        self.src = (
+            f"(SELECT file_index::BIGINT AS __f, file_row_number::BIGINT AS __r, NULL::BIGINT AS __k, "
+            f"[{', '.join(map(str, offsets)) or '0'}][file_index::BIGINT + 1] + file_row_number::BIGINT AS __g"
+            f"{sep}{cols} "
+            f"FROM read_parquet([{paths}], file_row_number = true))"
+        )
+        if layout == PER_REQUEST:
+            cand = self.candidate_names
+            label = features.tasks[0].label_column
+            self.ref = label if label in cand else (cand[0] if cand else None)
+            if self.ref is None:
+                self.cand = None
+            else:
+                ok = " AND ".join(
+                    [f"{_q(n)} IS NOT NULL" for n in cand] + [f"len({_q(n)}) = len({_q(self.ref)})" for n in cand]
+                )
+                req = ", ".join(_q(n) for n in self.request_names)
+                unn = ", ".join(f"unnest({_q(n)}) AS {_q(n)}" for n in cand)
+                self.cand = (
+                    f"(SELECT __f, __r, unnest(range(len({_q(self.ref)}))) AS __k, __g, "
+                    f"{req + ', ' if req else ''}{unn} FROM {self.src} WHERE {ok})"
+                )
+
+    # --- places ------------------------------------------------------------------------------
+
+    def place(self, pos: Optional[dict]) -> Optional[Place]:
+        if pos is None:
+            return None
+        f = self.files[pos["f"]]
+        g, r = f.locate(pos["r"])
+        return Place(f.path, g, r, pos["k"])
+
+    def run_checks(self, view: str, checks: List[Check]) -> None:
+        if not checks or view is None:
+            return
+        counts = ", ".join(f"({c.count_sql}) AS c{i}" for i, c in enumerate(checks))
+        sel = ", ".join(f"sum(c{i}), min(p) FILTER (WHERE c{i} > 0)" for i in range(len(checks)))
+        row = self.con.execute(
+            f"SELECT {sel} FROM (SELECT {{'f': __f, 'r': __r, 'k': __k}} AS p, {counts} FROM {view})"
+        ).fetchone()
+        for i, c in enumerate(checks):
+            n = int(row[2 * i] or 0)
+            if n:
+                self.scan.add_problem(
+                    Problem(c.kind, c.column, n, c.unit, self.place(row[2 * i + 1]), c.loader, c.detail)
+                )
+
+    # --- the passes ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        features, data = self.features, self.data
+        per_request = self.layout == PER_REQUEST
+        req_checks, cand_checks = [], []
+        nulls_seen = set()
+        for name, c in self.usable.items():
+            checks = []
+            if name not in nulls_seen:
+                nulls_seen.add(name)
+                checks.append(Check("null", name, "rows", ERROR, _count_if(f"{_q(name)} IS NULL")))
+            checks += column_checks(c, self.view_types[name], data, features)
+            (cand_checks if name in self.candidate_names else req_checks).extend(checks)
+        req_checks += group_checks(features, data, self.usable)
+        if per_request:
+            # A candidate list that is null, or of another length than the others, drops the request
+            # from the candidate-level checks (it is counted here once).
+            for n in self.candidate_names:
+                if n in self.usable:
+                    req_checks.append(Check("null", n, "rows", ERROR, _count_if(f"{_q(n)} IS NULL")))
+                if n != self.ref and self.ref is not None:
+                    req_checks.append(
+                        Check(
+                            "candidate lists of unequal lengths",
+                            n,
+                            "requests",
+                            ERROR,
+                            _count_if(f"len({_q(n)}) != len({_q(self.ref)})"),
+                            f"its length differs from {self.ref!r}'s",
+                        )
+                    )
+            self.run_checks(self.src, req_checks)
+            self.run_checks(self.cand, cand_checks)
+        else:
+            self.run_checks(self.src, req_checks + cand_checks)
+        self.requests()
+        self.duplicates()
+        self.stats()
+
+    def _view(self, name: str) -> Optional[str]:
+        return self.cand if name in self.candidate_names else self.src
+
+    def requests(self) -> None:
+        """Rows, requests, candidates per request; requests not contiguous or split over row groups."""
+        scan, req = self.scan, self.features.columns.request_id
+        per_request = self.layout == PER_REQUEST
+        if not per_request:
+            scan.rows += sum(sum(f.row_group_rows) for f in self.files)
+        elif self.ref is not None:  # rows = candidates
+            scan.rows += int(
+                self.con.execute(f"SELECT coalesce(sum(len({_q(self.ref)})), 0) FROM {self.src}").fetchone()[0]
+            )
+        if req not in self.usable:
+            return
+        r = _q(req)
+        if per_request:
+            n_sql = f"len({_q(self.ref)})" if self.ref else "0"
+            agg = (
+                f"SELECT {r} AS req, count(*) AS n, sum({n_sql}) AS cands, min({{'f': __f, 'r': __r, 'k': __k}}) AS p "
+                f"FROM {self.src} WHERE {r} IS NOT NULL GROUP BY {r}"
+            )
+            self.con.execute(f"CREATE OR REPLACE TEMP TABLE __req AS {agg}")
+            row = self.con.execute(
+                "SELECT count(*), count(*) FILTER (WHERE n > 1), min(p) FILTER (WHERE n > 1) FROM __req"
+            ).fetchone()
+            scan.requests += int(row[0])
+            if row[1]:
+                scan.add_problem(
+                    Problem("request in several rows", req, int(row[1]), "requests", self.place(row[2]), UNCHECKED)
+                )
+            for k, v in self.con.execute("SELECT cands, count(*) FROM __req GROUP BY 1").fetchall():
+                scan.candidates_hist[int(k or 0)] = scan.candidates_hist.get(int(k or 0), 0) + int(v)
+            self.con.execute("DROP TABLE __req")
+            return
+        # Per row: a request is contiguous iff its rows span exactly its count of global row numbers.
+        starts, acc = [], 0
+        for f in self.files:
+            for n in f.row_group_rows:
+                starts.append(acc)
+                acc += n
+        rgs = ", ".join(f"({s}, {i})" for i, s in enumerate(starts)) or "(0, 0)"
+        agg = (
+            f"SELECT {r} AS req, count(*) AS n, min(__g) AS g0, max(__g) AS g1, "
+            f"min({{'f': __f, 'r': __r, 'k': __k}}) AS p FROM {self.src} WHERE {r} IS NOT NULL GROUP BY {r}"
+        )
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE __req AS {agg}")
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE __rg AS SELECT * FROM (VALUES {rgs}) t(s, i)")
+        row = self.con.execute(
+            "SELECT count(*), count(*) FILTER (WHERE n != g1 - g0 + 1), min(p) FILTER (WHERE n != g1 - g0 + 1) "
+            "FROM __req"
+        ).fetchone()
+        scan.requests += int(row[0])
+        if row[1]:
+            scan.add_problem(
+                Problem(
+                    "request rows not contiguous",
+                    req,
+                    int(row[1]),
+                    "requests",
+                    self.place(row[2]),
+                    ERROR,
+                    "sort the rows by request",
+                )
+            )
+        row = self.con.execute(
+            "SELECT count(*), min(q.p) FROM __req q ASOF JOIN __rg a ON q.g0 >= a.s ASOF JOIN __rg b ON q.g1 >= b.s "
+            "WHERE q.n = q.g1 - q.g0 + 1 AND a.i != b.i"
+        ).fetchone()
+        if row[0]:
+            scan.add_problem(
+                Problem(
+                    "request split across row groups",
+                    req,
+                    int(row[0]),
+                    "requests",
+                    self.place(row[1]),
+                    "read as separate requests",
+                    "write whole requests per row group",
+                )
+            )
+        for k, v in self.con.execute("SELECT n, count(*) FROM __req GROUP BY 1").fetchall():
+            scan.candidates_hist[int(k)] = scan.candidates_hist.get(int(k), 0) + int(v)
+        self.con.execute("DROP TABLE __req")
+        self.con.execute("DROP TABLE __rg")
+
+    def duplicates(self) -> None:
+        req, item = self.features.columns.request_id, self.item
+        if item is None or req not in self.usable:
+            return
+        view = self._view(item)
+        if view is None:
+            return
+        r, i = _q(req), _q(item)
+        row = self.con.execute(
+            f"SELECT sum(n - 1), min(p2) FROM (SELECT count(*) AS n, "
+            f"list_sort(list({{'f': __f, 'r': __r, 'k': __k}}))[2] AS p2 FROM {view} "
+            f"WHERE {r} IS NOT NULL AND {i} IS NOT NULL GROUP BY {r}, {i} HAVING count(*) > 1)"
+        ).fetchone()
+        if row[0]:
+            self.scan.add_problem(
+                Problem(
+                    "duplicated (request, item) row",
+                    item,
+                    int(row[0]),
+                    "rows",
+                    self.place(row[1]),
+                    UNCHECKED,
+                    f"rows repeating an earlier ({req}, {item}) pair",
+                )
+            )
+
+    def stats(self) -> None:
+        features, scan = self.features, self.scan
+        for view, names in ((self.src, self.request_names), (self.cand, self.candidate_names)):
+            if view is None:
+                continue
+            sel, keys = [], []
+            lists = []
+            for n in names:
+                c = self.usable.get(n)
+                t = self.view_types[n]
+                x = _q(n)
+                sel.append(f"count(*) FILTER (WHERE {x} IS NULL)")
+                keys.append((n, "nulls"))
+                role = c.role if c else ID  # the item column, when it is no feature
+                if role in (ID, SHARED_ID, SEQ_ID, REQUEST):
+                    if _is_list(t):
+                        sel += [f"min(list_min({x}))", f"max(list_max({x}))"]
+                        keys += [(n, "min"), (n, "max")]
+                        lists.append(n)
+                    else:
+                        sel += [f"min({x})", f"max({x})", f"approx_count_distinct({x})"]
+                        keys += [(n, "min"), (n, "max"), (n, "distinct")]
+                elif role in (FLOAT, TIME, PROB):
+                    sel += [
+                        f"min({x}) FILTER (WHERE isfinite({x}::DOUBLE))",
+                        f"max({x}) FILTER (WHERE isfinite({x}::DOUBLE))",
+                        f"avg({x}::DOUBLE) FILTER (WHERE isfinite({x}::DOUBLE))",
+                    ]
+                    keys += [(n, "min"), (n, "max"), (n, "mean")]
+                elif role == LABEL:
+                    sel.append(f"avg({x}::DOUBLE)")
+                    keys.append((n, "rate"))
+            for g in features.sequence_groups:
+                if g.timestamp_column in names and g.timestamp_column in self.usable:
+                    sel.append(f"histogram(len({_q(g.timestamp_column)}))")
+                    keys.append((g.name, "lengths"))
+            if not sel:
+                continue
+            row = self.con.execute(f"SELECT {', '.join(sel)} FROM {view}").fetchone()
+            for (name, what), v in zip(keys, row):
+                if what == "lengths":
+                    hist = scan.sequence_lengths.setdefault(name, {})
+                    for k, cnt in (v or {}).items():
+                        hist[int(k)] = hist.get(int(k), 0) + int(cnt)
+                    scan.sequence_unit = "requests" if self.layout == PER_REQUEST else "rows"
+                    continue
+                _merge_stat(scan.columns.setdefault(name, {}), what, v)
+            if lists:
+                distinct = self.con.execute(
+                    f"SELECT {', '.join(f'approx_count_distinct(u{i})' for i in range(len(lists)))} FROM "
+                    f"(SELECT {', '.join(f'unnest({_q(n)}) AS u{i}' for i, n in enumerate(lists))} FROM {view})"
+                ).fetchone()
+                for n, v in zip(lists, distinct):
+                    _merge_stat(scan.columns.setdefault(n, {}), "distinct", v)
+        self.label_rates()
+
+    def label_rates(self) -> None:
+        features, scan = self.features, self.scan
+        surface = features.columns.surface
+        labels = [t for t in features.tasks if t.label_column in self.usable]
+        if surface not in self.usable or not labels:
+            return
+        view = self._view(surface)
+        if view is None or any(self._view(t.label_column) != view for t in labels):
+            return
+        s = _q(surface)
+        if pa.types.is_integer(self.view_types[surface]):
+            names = ", ".join(_lit(x) for x in features.surfaces)
+            s = f"coalesce([{names}][{s} + 1], {s}::VARCHAR)"
+        sums = ", ".join(
+            f"sum({_q(t.label_column)}::DOUBLE) FILTER (WHERE {_q(t.label_column)} = 0 OR {_q(t.label_column)} = 1)"
+            for t in labels
+        )
+        for row in self.con.execute(f"SELECT {s}::VARCHAR, count(*), {sums} FROM {view} GROUP BY 1").fetchall():
+            entry = scan.label_rates.setdefault(str(row[0]), {"rows": 0, **{t.name: 0.0 for t in labels}})
+            entry["rows"] += int(row[1])
+            for t, v in zip(labels, row[2:]):
+                entry[t.name] = entry.get(t.name, 0.0) + float(v or 0.0)
+
+
+def _merge_stat(entry: dict, what: str, v) -> None:
+    if v is None:
+        entry.setdefault(what, None)
+        return
+    v = v.item() if hasattr(v, "item") else v
+    old = entry.get(what)
+    if old is None:
+        entry[what] = v
+    elif what == "min":
+        entry[what] = min(old, v)
+    elif what == "max":
+        entry[what] = max(old, v)
+    elif what in ("nulls", "distinct"):
+        entry[what] = old + v  # over several file schemas: the distinct count is an upper bound
+    else:
+        entry[what] = v  # a mean or rate of the last group: exact with one file schema (the usual case)
+
+
+# --------------------------------------------------------------------------------------------
+# The whole dataset.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    data: str
+    files: int
+    layouts: Dict[str, int]
+    rows: int
+    requests: int
+    candidates_per_request: dict
+    problems: List[Problem]
+    columns: Dict[str, dict]
+    sequence_lengths: Dict[str, dict]
+    sequence_unit: str
+    label_rates: Dict[str, dict]
+    notes: List[str]
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        for p in out["problems"]:
+            if p["place"] is not None:
+                p["place"]["where"] = str(Place(**p["place"]))
+        return out
+
+
+def _view_schema(f: FileInfo, features: FeaturesConfig) -> Tuple[pa.Schema, List[str]]:
+    """The file's schema as the per-row contract sees it: candidate lists unwrapped in the
+    per-request layout; and the candidate columns of a per-request file that are not lists."""
+    if f.layout == PER_ROW:
+        return f.schema, []
+    request_cols = set(request_level_columns(features))
+    fields, not_lists = [], []
+    for fld in f.schema:
+        if fld.name in request_cols:
+            fields.append(fld)
+        elif _is_list(fld.type):
+            fields.append(pa.field(fld.name, fld.type.value_type))
+        else:
+            not_lists.append(fld.name)
+    return pa.schema(fields), not_lists
+
+
+def inspect(cfg: ExperimentConfig, data: Optional[str] = None, memory_limit: Optional[str] = None) -> Report:
+    """Scan ``data`` (default ``cfg.data.train_dir``) against the config; every problem, counted."""
+    features = cfg.features
+    data = data or cfg.data.train_dir
+    files = open_files(data, features)
+    _FILE_ORDER.clear()
+    _FILE_ORDER.update({f.path: i for i, f in enumerate(files)})
+    columns = contract_columns(features)
+    scan = Scan()
+    groups: Dict[tuple, List[Tuple[FileInfo, Dict[str, Column], Dict[str, pa.DataType]]]] = {}
+    for f in files:
+        scan.layouts[f.layout] = scan.layouts.get(f.layout, 0) + 1
+        view, not_lists = _view_schema(f, features)
+        usable: Dict[str, Column] = {}
+        for c in columns:
+            if c.name in not_lists:
+                scan.add_problem(
+                    Problem(
+                        "wrong type",
+                        c.name,
+                        1,
+                        "files",
+                        Place(f.path),
+                        ERROR,
+                        f"a candidate column of a per-request file must be a list, got {f.schema.field(c.name).type}",
+                    )
+                )
+                continue
+            try:
+                check_schema(f.path, view, [c])
+            except ContractError as e:
+                missing = view.get_field_index(c.name) < 0
+                kind = "missing column" if missing else "wrong type"
+                detail = f"used as {c.role}" if missing else str(e).split(": ", 1)[-1]
+                scan.add_problem(Problem(kind, c.name, 1, "files", Place(f.path), ERROR, detail))
+                continue
+            usable.setdefault(c.name, c)
+        types = {n: view.field(n).type for n in usable}
+        item = features.columns.item_id
+        if item not in types and view.get_field_index(item) >= 0 and pa.types.is_integer(view.field(item).type):
+            types[item] = view.field(item).type
+        key = (f.layout, tuple(sorted((n, str(t)) for n, t in types.items())))
+        groups.setdefault(key, []).append((f, usable, types))
+    scan.schema_groups = len(groups)
+    tmp = tempfile.mkdtemp(prefix="pinads_inspect_")
+    con = duckdb.connect()
+    try:
+        con.execute(f"SET temp_directory = {_lit(tmp)}")
+        con.execute("SET enable_progress_bar = false")
+        if memory_limit:
+            con.execute(f"SET memory_limit = {_lit(memory_limit)}")
+        for (layout, _), members in groups.items():
+            _, usable, types = members[0]
+            GroupScanner(con, [m[0] for m in members], layout, usable, types, features, cfg.data, scan).run()
+    finally:
+        con.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    notes = []
+    if scan.schema_groups > 1:
+        notes.append(
+            f"{scan.schema_groups} different file schemas: each scanned on its own; requests and "
+            "duplicates are checked within one, distinct counts are summed over them (an upper bound)"
+        )
+    hashed = []
+    for c in columns:
+        st = scan.columns.get(c.name)
+        if c.hashed and st and st.get("max") is not None and st["max"] >= c.table_size:
+            hashed.append(f"{c.name} (max id {st['max']} >= table size {c.table_size})")
+    if hashed:
+        notes.append("ids beyond hashed tables, hashed into range by design: " + ", ".join(hashed))
+    for c in columns:
+        st = scan.columns.get(c.name)
+        if st is not None and c.table_size:
+            st["table_size"], st["hash"] = c.table_size, c.hashed
+    rates = {}
+    for surface, e in sorted(scan.label_rates.items()):
+        rates[surface] = {"rows": e["rows"], **{k: v / e["rows"] for k, v in e.items() if k != "rows" and e["rows"]}}
+    # In the order the data meets them: file, row group, row (schema problems first in their file).
+    problems = sorted(scan.problems.values(), key=lambda p: (_place_key(p.place) if p.place else (-1,), p.kind))
+    return Report(
+        data=data,
+        files=len(files),
+        layouts=scan.layouts,
+        rows=scan.rows,
+        requests=scan.requests,
+        candidates_per_request=_quantiles(scan.candidates_hist),
+        problems=problems,
+        columns=scan.columns,
+        sequence_lengths={g: _quantiles(h) for g, h in scan.sequence_lengths.items()},
+        sequence_unit=scan.sequence_unit,
+        label_rates=rates,
+        notes=notes,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The readable report.
+# --------------------------------------------------------------------------------------------
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        return f"{v:,.4g}" if abs(v) < 1e6 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def text_table(header: Sequence[str], rows: Iterable[Sequence]) -> str:
+    rows = [[_fmt(v) for v in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def format_report(r: Report, features: FeaturesConfig) -> str:
+    cpr = r.candidates_per_request
+    layouts = ", ".join(f"{k}: {v}" for k, v in sorted(r.layouts.items()))
+    out = [
+        f"Dataset {r.data}: {r.files} file(s) ({layouts}), {r.rows:,} rows (candidates), {r.requests:,} requests",
+    ]
+    if cpr.get("n"):
+        out.append(
+            f"Candidates per request: mean {cpr['mean']:.2f}, p50 {cpr['p50']}, p90 {cpr['p90']}, "
+            f"min {cpr['min']}, max {cpr['max']}"
+        )
+    out.append("")
+    if r.problems:
+        out.append(f"PROBLEMS: {len(r.problems)} (the loader stops at the first of those marked 'error')")
+        out.append(
+            text_table(
+                ["problem", "column", "count", "first at", "loader", "detail"],
+                [
+                    [
+                        p.kind,
+                        p.column,
+                        f"{p.count:,} {p.unit if p.count != 1 else p.unit[:-1]}",
+                        str(p.place) if p.place else "-",
+                        p.loader,
+                        p.detail,
+                    ]
+                    for p in r.problems
+                ],
+            )
+        )
+    else:
+        out.append("No problem found: the loader reads this data as it is.")
+    out.append("")
+    roles = {c.name: c.role for c in contract_columns(features)}
+    id_rows, value_rows = [], []
+    for name, st in r.columns.items():
+        role = roles.get(name, "item id (duplicates check)")
+        if "distinct" in st or "table_size" in st:
+            id_rows.append(
+                [
+                    name,
+                    role,
+                    st.get("nulls"),
+                    st.get("min"),
+                    st.get("max"),
+                    st.get("distinct"),
+                    st.get("table_size"),
+                    st.get("hash"),
+                ]
+            )
+        else:
+            value_rows.append(
+                [name, role, st.get("nulls"), st.get("min"), st.get("max"), st.get("mean", st.get("rate"))]
+            )
+    if id_rows:
+        out.append("Id columns (distinct: approximate, HyperLogLog, ~2% error)")
+        out.append(text_table(["column", "role", "nulls", "min", "max", "distinct", "table size", "hash"], id_rows))
+        out.append("")
+    if value_rows:
+        out.append("Other columns (min/max/mean of the finite values; a label's mean is its rate)")
+        out.append(text_table(["column", "role", "nulls", "min", "max", "mean"], value_rows))
+        out.append("")
+    if r.sequence_lengths:
+        max_len = {g.name: g.max_length for g in features.sequence_groups}
+        out.append(f"Sequence lengths (per stored {r.sequence_unit[:-1]}, exact)")
+        out.append(
+            text_table(
+                ["group", "mean", "p50", "p90", "p99", "max", "max_length"],
+                [
+                    [g, q.get("mean"), q.get("p50"), q.get("p90"), q.get("p99"), q.get("max"), max_len.get(g)]
+                    for g, q in r.sequence_lengths.items()
+                ],
+            )
+        )
+        out.append("")
+    if r.label_rates:
+        tasks = [t.name for t in features.tasks]
+        out.append("Label rate per surface x task")
+        out.append(
+            text_table(
+                ["surface", "rows"] + tasks,
+                [[s, e["rows"]] + [e.get(t) for t in tasks] for s, e in r.label_rates.items()],
+            )
+        )
+        out.append("")
+    for n in r.notes:
+        out.append(f"Note: {n}")
+    return "\n".join(out).rstrip() + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# A draft features: section from the data alone.
+# --------------------------------------------------------------------------------------------
+
+_TIME = re.compile(r"(^|_)(ts|time|times|timestamp|timestamps|time_ms)(_|$)")
+_LABEL = re.compile(r"(^|_)(click|clk|label|conv|conversion|save|like|buy|purchase|follow|is)(_|$)|^y$")
+_PROB = re.compile(r"(^|_)(p|prob|probability|pctr|true_p)(_|$)")
+SEQUENCE_DIM = 32  # one width for every sequence table (one EmbeddingCollection)
+MAX_TABLE = 10_000_000  # ids up to this size get an exact table; beyond it, a hashed one
+
+
+def _table_dim(n: int) -> int:
+    return 8 if n <= 100 else 16 if n <= 10_000 else 32 if n <= 1_000_000 else 64
+
+
+def _flow(value) -> str:
+    """One YAML value on one line (a flow mapping or list, or a scalar)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**9, sort_keys=False)
+    return text.removesuffix("\n...\n").strip()
+
+
+def _draft_stats(files: List[FileInfo]) -> Tuple[str, Dict[str, pa.DataType], Dict[str, dict], List[str]]:
+    """(layout, per-row column types, stats per column, request-level columns) of the first file's schema."""
+    f0 = files[0]
+    schema = f0.schema
+    same = [f for f in files if f.schema.equals(schema, check_metadata=False)]
+    paths = ", ".join(_lit(f.path) for f in same)
+    src = f"(SELECT file_index AS __f, file_row_number AS __r, * FROM read_parquet([{paths}], file_row_number = true))"
+    con = duckdb.connect()
+    try:
+        lists = [fld.name for fld in schema if _is_list(fld.type)]
+        sig = {}
+        if lists:
+            # A row's length signature: equal signatures mean equal lengths on every row (a string hash:
+            # DuckDB's multi-argument hash combines linearly, and the xor over rows would cancel).
+            sigs = [f"bit_xor(hash(concat(__f, ':', __r, ':', len({_q(n)}))))" for n in lists]
+            row = con.execute(f"SELECT {', '.join(sigs)} FROM {src}").fetchone()
+            sig = dict(zip(lists, row))
+        request_cols = [fld.name for fld in schema]
+        candidate: List[str] = []
+        if f0.layout == PER_REQUEST and lists:
+            strings = [n for n in lists if pa.types.is_string(schema.field(n).type.value_type)]
+            ref_sig = sig[strings[0]] if strings else max(sig.values(), key=list(sig.values()).count)
+            candidate = [n for n in lists if sig[n] == ref_sig]
+            request_cols = [n for n in request_cols if n not in candidate]
+        types = {}
+        for fld in schema:
+            types[fld.name] = fld.type.value_type if fld.name in candidate else fld.type
+        if candidate:
+            req = ", ".join(_q(n) for n in request_cols)
+            unn = ", ".join(f"unnest({_q(n)}) AS {_q(n)}" for n in candidate)
+            view = f"(SELECT __f, __r, {req + ', ' if req else ''}{unn} FROM {src})"
+        else:
+            view = src
+        stats: Dict[str, dict] = {}
+        for name, t in types.items():
+            x = _q(name)
+            v = src if name in request_cols else view
+            st = stats.setdefault(name, {"signature": sig.get(name) if name not in candidate else None})
+            if pa.types.is_integer(t) or pa.types.is_boolean(t):
+                row = con.execute(
+                    f"SELECT min({x}::BIGINT), max({x}::BIGINT), approx_count_distinct({x}), "
+                    f"count(*) FILTER (WHERE {x}::BIGINT NOT IN (0, 1)) FROM {v}"
+                ).fetchone()
+                st.update(min=row[0], max=row[1], distinct=row[2], binary=row[3] == 0)
+            elif pa.types.is_floating(t):
+                row = con.execute(f"SELECT min({x}), max({x}) FROM {v} WHERE isfinite({x})").fetchone()
+                st.update(min=row[0], max=row[1])
+            elif pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
+                vals = [
+                    r[0]
+                    for r in con.execute(
+                        f"SELECT DISTINCT {x}::VARCHAR FROM {v} WHERE {x} IS NOT NULL ORDER BY 1 LIMIT 101"
+                    ).fetchall()
+                ]
+                st.update(values=vals)
+            elif _is_list(t):
+                inner = t.value_type
+                row = con.execute(f"SELECT min(len({x})), max(len({x})) FROM {v}").fetchone()
+                st.update(min_len=row[0], max_len=row[1])
+                if pa.types.is_integer(inner):
+                    row = con.execute(
+                        f"SELECT min(u), max(u), approx_count_distinct(u) FROM (SELECT unnest({x}) AS u FROM {v})"
+                    ).fetchone()
+                    st.update(min=row[0], max=row[1], distinct=row[2])
+                elif _is_list(inner):
+                    row = con.execute(
+                        f"SELECT min(len(u)), max(len(u)) FROM (SELECT unnest({x}) AS u FROM {v})"
+                    ).fetchone()
+                    st.update(inner_min=row[0], inner_max=row[1])
+        return f0.layout, types, stats, request_cols
+    finally:
+        con.close()
+
+
+def _table_for(name: str, st: dict, comments: List[str]) -> dict:
+    lo, hi, distinct = st.get("min") or 0, st.get("max") or 0, st.get("distinct") or 1
+    if hi + 1 <= MAX_TABLE:
+        size, hashed = max(hi + 1, 1), False
+        if size > 20 * distinct and size > 10_000:
+            comments.append(
+                f"{name}: {distinct:,} distinct ids spread over [0, {hi:,}]: sparse ids; a vocabulary would "
+                "make the table smaller"
+            )
+    else:
+        size, hashed = min(max(2 ** math.ceil(math.log2(2 * distinct)), 1024), MAX_TABLE), True
+        comments.append(f"{name}: ids up to {hi:,}: hashed into {size:,} rows (about 2x the distinct ids)")
+    if lo < 0:
+        comments.append(f"{name}: negative ids (min {lo}): remap them, the loader refuses them")
+    out = {"name": name, "num_embeddings": int(size), "embedding_dim": _table_dim(distinct)}
+    if hashed:
+        out["hash"] = True
+    return out
+
+
+def draft_config(data: str) -> str:
+    """A starting config (a ``features:`` section and ``data.train_dir``) guessed from the Parquet
+    schema and statistics of ``data``; comments mark each guess."""
+    files = open_files(data, None)
+    layout, types, stats, request_cols = _draft_stats(files)
+    guesses: List[str] = []
+    names = list(types)
+    used = set()
+
+    def pick(cands: List[str]) -> Optional[str]:
+        for n in cands:
+            if n not in used:
+                used.add(n)
+                return n
+        return None
+
+    ints = [n for n in names if pa.types.is_integer(types[n])]
+    floats = [n for n in names if pa.types.is_floating(types[n])]
+    strings = [n for n in names if "values" in stats[n]]
+    request_id = pick([n for n in ints if "request" in n.lower()])
+    timestamp = pick(
+        [n for n in ints + floats if n.lower() == "timestamp"] + [n for n in ints + floats if _TIME.search(n.lower())]
+    )
+    surface = pick(strings)
+    if request_id is None:
+        guesses.append("no request id column found (an integer column named *request*): add one")
+    if timestamp is None:
+        guesses.append("no timestamp column found (a number named timestamp/ts/time): add one")
+    surfaces = stats[surface]["values"][:100] if surface else ["default"]
+    if surface is None:
+        guesses.append("no surface column (a string column) found: add one")
+    elif len(stats[surface]["values"]) > 100:
+        guesses.append(f"surface {surface!r} has more than 100 values: the first 100 are listed")
+
+    # Sequence groups: list<int> columns of equal lengths on every row, around a timestamp list.
+    seq_lists = [
+        n
+        for n in names
+        if n in request_cols
+        and _is_list(types[n])
+        and stats[n].get("signature") is not None
+        and (pa.types.is_integer(types[n].value_type) or _is_list(types[n].value_type))
+    ]
+    ts_lists = [n for n in seq_lists if pa.types.is_integer(types[n].value_type) and _TIME.search(n.lower())]
+    groups: List[dict] = []
+    members: Dict[str, List[str]] = {ts: [] for ts in ts_lists}
+    for n in seq_lists:
+        if n in ts_lists:
+            continue
+        same = [ts for ts in ts_lists if stats[ts]["signature"] == stats[n]["signature"]]
+        if same:
+            best = max(same, key=lambda ts: len(os.path.commonprefix([ts, n])))
+            members[best].append(n)
+    tables, sparse, dense, tasks = [], [], [], []
+    comments: List[str] = []
+    for ts, cols in members.items():
+        id_cols = [c for c in cols if pa.types.is_integer(types[c].value_type)]
+        if not id_cols:
+            continue
+        emb = [c for c in cols if _is_list(types[c].value_type)]
+        base = re.sub(r"(^|_)(ts|time|times|timestamp|timestamps|time_ms)$", "", ts) or ts
+        gname = re.sub(r"^seq_", "", base) or base
+        feats = []
+        for c in id_cols:
+            fname = c[len(base) :].lstrip("_") if c.startswith(base) and len(c) > len(base) else c
+            t = _table_for(c, stats[c], comments)
+            t["embedding_dim"] = SEQUENCE_DIM
+            tables.append(t)
+            feats.append({"name": fname, "column": c, "table": c})
+            used.add(c)
+        g = {"name": gname, "timestamp_column": ts, "max_length": max(int(stats[ts].get("max_len") or 1), 1)}
+        if emb and stats[emb[0]].get("inner_min") == stats[emb[0]].get("inner_max") and stats[emb[0]].get("inner_max"):
+            g["embedding_column"], g["embedding_dim"] = emb[0], int(stats[emb[0]]["inner_max"])
+            used.add(emb[0])
+        g["features"] = feats
+        used.add(ts)
+        groups.append(g)
+    label_names = []
+    for n in ints:
+        if n in used:
+            continue
+        st = stats[n]
+        if st.get("binary") and (types[n] != pa.int64() or _LABEL.search(n.lower())):
+            tasks.append({"name": n, "label_column": n})
+            label_names.append(n)
+            used.add(n)
+    for n in floats:
+        if n in used or not (stats[n].get("min") is not None and 0 <= stats[n]["min"] and stats[n]["max"] <= 1):
+            continue
+        match = [
+            t
+            for t in tasks
+            if n != t["label_column"]
+            and n.endswith(t["label_column"])
+            and _PROB.search(n[: -len(t["label_column"])].lower())
+        ]
+        if match:
+            best = max(match, key=lambda t: len(t["label_column"]))
+            if "true_probability_column" not in best:
+                best["true_probability_column"] = n
+                used.add(n)
+    if not tasks:
+        guesses.append("no 0/1 label column found: add a task")
+        tasks.append({"name": "click", "label_column": "click"})
+    sequence_tables = {t["name"] for t in tables}
+    for n in ints:
+        if n in used:
+            continue
+        st = stats[n]
+        t = _table_for(n, st, comments)
+        if t["name"] in sequence_tables:
+            t["name"] = n + "_ids"
+        tables.append(t)
+        entry = {"name": n, "column": n, "table": t["name"]}
+        if layout == PER_REQUEST and n in request_cols:
+            entry["user_side"] = True
+        if st.get("binary"):
+            comments.append(f"{n}: only 0/1 values: a label? (kept as an id feature)")
+        sparse.append(entry)
+        used.add(n)
+    for n in names:  # multi-hot ids: list<int> columns in no sequence group
+        if n in used or not (_is_list(types[n]) and pa.types.is_integer(types[n].value_type)):
+            continue
+        t = _table_for(n, stats[n], comments)
+        if t["name"] in sequence_tables:
+            t["name"] = n + "_ids"
+        tables.append(t)
+        entry = {"name": n, "column": n, "table": t["name"]}
+        if layout == PER_REQUEST and n in request_cols:
+            entry["user_side"] = True
+        sparse.append(entry)
+        comments.append(f"{n}: a list of ids in no sequence group: a multi-hot feature (sum pooling)")
+        used.add(n)
+    for n in names:
+        if n in used:
+            continue
+        t, st = types[n], stats[n]
+        if pa.types.is_floating(t):
+            dense.append({"name": n, "column": n})
+            if st.get("min") is not None and st["min"] >= 0 and st["max"] > 100:
+                dense[-1]["norm"] = "log"
+                comments.append(f"{n}: values in [{st['min']:.4g}, {st['max']:.4g}]: log-normalized")
+            used.add(n)
+        elif _is_list(t) and pa.types.is_floating(t.value_type):
+            if st.get("min_len") == st.get("max_len") and st.get("max_len"):
+                dense.append({"name": n, "column": n, "dim": int(st["max_len"]), "norm": "layer_norm"})
+                used.add(n)
+            else:
+                comments.append(
+                    f"{n}: float lists of varying lengths ({st.get('min_len')}..{st.get('max_len')}): left out"
+                )
+    left = [n for n in names if n not in used and n not in (request_id, timestamp, surface)]
+    if left:
+        guesses.append(f"columns left out: {', '.join(left)}")
+    columns = {
+        "request_id": request_id or "request_id",
+        "user_id": "user_id",
+        "item_id": "item_id",
+        "surface": surface or "surface",
+        "timestamp": timestamp or "timestamp",
+    }
+    lines = [
+        f"# Draft config from the data in {data} ({layout} layout), by python -m pinads_rec.data.inspect.",
+        "# Every choice below is a guess from the Parquet schema and statistics: review it.",
+        "# Tables: exact size (max id + 1) where ids fit, hashed otherwise; widths 8/16/32/64 by distinct ids;",
+        f"# sequence tables share one width ({SEQUENCE_DIM}); max_length = the longest sequence seen.",
+        "# Labels: integer 0/1 columns of a narrow type or a label-like name. user_side: request-level columns.",
+    ]
+    lines += [f"# Guess: {g}" for g in guesses + comments]
+    lines += ["features:", f"  columns: {_flow(columns)}", f"  surfaces: {_flow(surfaces)}", "  tasks:"]
+    lines += [f"    - {_flow(t)}" for t in tasks]
+    for key, items in (("tables", tables), ("sparse", sparse), ("dense", dense)):
+        lines.append(f"  {key}:" + ("" if items else " []"))
+        lines += [f"    - {_flow(x)}" for x in items]
+    lines.append("  sequence_groups:" + ("" if groups else " []"))
+    for g in groups:
+        lines.append(f"    - name: {_flow(g['name'])}")
+        for k in ("timestamp_column", "max_length", "embedding_column", "embedding_dim"):
+            if k in g:
+                lines.append(f"      {k}: {_flow(g[k])}")
+        lines.append("      features:")
+        lines += [f"        - {_flow(f)}" for f in g["features"]]
+    lines += [
+        "",
+        "data:",
+        f"  train_dir: {_flow(data)}",
+        f"  eval_dir: {_flow(data)}  # point it at your evaluation split",
+    ]
+    text = "\n".join(lines) + "\n"
+    config_lib.from_dict(yaml.safe_load(text))  # a draft the config loader refuses is a bug here
+    return text
+
+
+# --------------------------------------------------------------------------------------------
+# Command line.
+# --------------------------------------------------------------------------------------------
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pinads_rec.data.inspect", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", help="experiment config (YAML); its features: section is checked")
+    ap.add_argument("--data", help="a directory (searched recursively) or file of Parquet; default data.train_dir")
+    ap.add_argument("--json", help="also write the report as JSON here")
+    ap.add_argument(
+        "--draft-config", help="write a draft config guessed from the data here, then check the data with it"
+    )
+    ap.add_argument("--memory-limit", help="DuckDB's memory cap, e.g. 2GB (it spills to disk beyond it)")
+    config_lib.add_overrides_flag(ap, "config override, e.g. data.overlong_sequence=error (repeatable)")
+    args = ap.parse_args(argv)
+    if not args.config and not args.draft_config:
+        ap.error("give --config, or --data with --draft-config")
+    if args.draft_config and not args.config and not args.data:
+        ap.error("--draft-config needs --data (or --config for its data.train_dir)")
+    try:
+        cfg = config_lib.load(args.config, args.overrides) if args.config else None
+        if args.draft_config:
+            text = draft_config(args.data or cfg.data.train_dir)
+            with open(args.draft_config, "w") as f:
+                f.write(text)
+            print(f"wrote a draft config to {args.draft_config}; checking the data with it\n")
+            if cfg is None:
+                cfg = config_lib.load(args.draft_config, args.overrides)
+        report = inspect(cfg, args.data, args.memory_limit)
+    except (config_lib.ConfigError, ContractError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except duckdb.Error as e:
+        print(f"error: the data cannot be read: {e}", file=sys.stderr)
+        return 2
+    print(format_report(report, cfg.features), end="")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.to_json(), f, indent=2, default=str)
+    return 1 if report.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
