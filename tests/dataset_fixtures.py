@@ -4,8 +4,8 @@ planted signal a model can learn, written in well under a second.
 - ``write_taobao``: Taobao "Ad Display/Click Data" -- raw_sample.csv, ad_feature.csv (NULL brands),
   user_profile.csv (the header's trailing space, blank values, users missing) and behavior_log.csv
   (unsorted). Planted: a click is likely when the ad's category is among the categories of the
-  user's last ``RECENT`` behaviour events before the impression; users' interests drift mid-way, so
-  only the recent past tells.
+  user's last ``RECENT`` behaviour events before the impression (users' interests drift mid-way, so
+  only the recent past tells), and when it is one of a few "hot" categories.
 - ``write_kuairand``: KuaiRand -- log_standard_*.csv and log_random_*.csv (times in milliseconds,
   the random exposures with is_rand = 1), user_features_*.csv, video_features_basic_*.csv (blank
   tags, a video missing). Planted: a click is likely when the video is among the user's last
@@ -103,6 +103,7 @@ def write_taobao(raw: Path, seed: int = 0, users: int = 600, requests_per_user: 
             round(rng.lognormvariate(4, 1.5), 2),
         )
     ads_of = {c: [a for a in ad_ids if ads[a][0] == c] for c in cates}
+    hot = set(cates[-6:])  # categories clicked more by everyone
     missing_ads = ad_ids[:2]  # shown, but absent from ad_feature.csv
 
     user_ids = rng.sample(range(1, 1141729), users)
@@ -162,7 +163,8 @@ def write_taobao(raw: Path, seed: int = 0, users: int = 600, requests_per_user: 
                     continue
                 shown.add(ad)
                 cate = ads[ad][0]
-                p = (0.5 if cate in recent else 0.04) * (1.0 if pid == TAOBAO_PIDS[0] else 0.8)
+                p = 0.02 + 0.45 * (cate in hot) + 0.3 * (cate in recent)
+                p *= 1.0 if pid == TAOBAO_PIDS[0] else 0.8
                 clk = _sigmoid_draw(rng, p)
                 samples.append((u, t, ad, pid, 1 - clk, clk))
     samples += [(probe_user, probe_time, a, TAOBAO_PIDS[0], 1, 0) for a in probe_first]
@@ -235,7 +237,7 @@ KUAIRAND_VIDEO_HEADER = (
     "video_id,author_id,video_type,upload_dt,upload_type,visible_status,video_duration,server_width,server_height,"
     "music_id,music_type,tag"
 )
-HOT_TAGS = {3, 7, 11}
+HOT_TAGS = {3, 7, 11, 13, 17}
 _ONEHOT_RANGES = [2, 7, 50, 1471, 15, 34, 3, 118, 454, 7, 5, 5, 2, 2, 2, 2, 2, 2]  # values 0..n-1
 
 
@@ -298,7 +300,7 @@ def write_kuairand(raw: Path, seed: int = 0, users: int = 300, impressions_per_u
     authors = rng.sample(range(0, 8_839_735), 60)
     video_info = {}
     for v in videos:
-        tags = rng.sample(range(0, 40), rng.choice([1, 1, 2]))
+        tags = rng.sample(range(0, 20), rng.choice([1, 1, 2]))
         video_info[v] = {
             "author": rng.choice(authors),
             "type": "AD" if rng.random() < 0.05 else "NORMAL",
@@ -316,8 +318,8 @@ def write_kuairand(raw: Path, seed: int = 0, users: int = 300, impressions_per_u
     start, split, end = beijing(2022, 4, 8), beijing(2022, 4, 22), beijing(2022, 5, 9)
 
     def click_p(u, v, recent) -> float:
-        logit = -2.2 + 2.4 * (v in recent) + 1.2 * bool(HOT_TAGS & set(video_info[v]["tags"]))
-        logit += 0.6 * (degree[u] == "full_active")
+        logit = -2.6 + 2.4 * (v in recent) + 2.2 * bool(HOT_TAGS & set(video_info[v]["tags"]))
+        logit += 0.8 * (degree[u] == "full_active")
         return 1 / (1 + pow(2.718281828, -logit))
 
     standard, random_rows = [], []

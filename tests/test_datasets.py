@@ -285,3 +285,4 @@ def test_kuairand_splits_random_exposures_and_features(kuairand):
         assert r["tab"][0].startswith("tab_") and r["duration_s"][0] in {6.0, 12.0, 17.2, 25.0, 60.0, 104.4}
     assert seen["tags"] and seen["unknown"]
     assert summary["join_misses"]["video"] > 0 and summary["join_misses"]["profile"] == 0
+
