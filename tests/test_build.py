@@ -329,3 +329,19 @@ def test_as_of_side_table_and_timezone(tmp_path):
     raw, path = write_raw(tmp_path, impressions=impressions, config_text=daily.replace("Asia/Shanghai", "UTC"))
     build(config.load(path), str(raw), str(tmp_path / "utc"))
     assert requests_of(tmp_path / "utc", "eval")[(3, T0 + 14 * 3600)]["price"] == [1.0]
+
+
+def test_id_beyond_its_table_is_found_at_build_time(tmp_path):
+    bad = BEHAVIOUR + [(2, T0, "pv", 150, 1)]  # item table: 100 rows, no hash
+    raw, path = write_raw(tmp_path, behaviour=bad)
+    with pytest.raises(ContractError, match=r"build.sequences\[0\].columns.all_item: id 150 at .*behaviour.csv, row 8"):
+        build(config.load(path), str(raw), str(tmp_path / "out"))
+    raw, path = write_raw(
+        tmp_path,
+        behaviour=bad,
+        config_text=CONFIG.replace(
+            "{name: item, num_embeddings: 100, embedding_dim: 4}",
+            "{name: item, num_embeddings: 100, embedding_dim: 4, hash: true}",
+        ),
+    )
+    build(config.load(path), str(raw), str(tmp_path / "out"))  # the loader hashes it into range

@@ -124,6 +124,7 @@ class Build:
                 self.sequence(source)
             for vocab in self.b.vocabularies:
                 self.vocabulary(vocab)
+            self.check_id_ranges()
             outputs = {split: self.write(split) for split in self.splits}
         except duckdb.Error as e:
             raise ContractError(f"build: {str(e).strip().splitlines()[0]}") from None
@@ -517,6 +518,37 @@ class Build:
                 raise ContractError(
                     f"build.columns.{name}: gives {self.column_type('imp', name)} values; an id must be an integer "
                     f"(map it with CASE, or declare a vocabulary for its table)"
+                )
+
+    def check_id_ranges(self) -> None:
+        """Ids (after the vocabularies) inside their tables, unless the table hashes: found here,
+        naming the row, rather than by the loader at training time."""
+        places = {c: ("imp", "build.columns", self.imp_source, self.b.columns) for c in self.computed}
+        for i, (events, source, group) in enumerate(self.group_sources.values()):
+            raw = RawSource.of(source, self.raw_dir, "") if source.path else self.imp_source
+            for f in group.features:
+                places[f.column] = (events, f"build.sequences[{i}].columns", raw, source.columns)
+        for name, (table, where, raw, exprs) in places.items():
+            c = self.columns[name]
+            if not c.table_size or c.hashed:
+                continue
+            col = sql_name(name)
+            is_list = self.column_type(table, name).endswith("[]")
+            low, high = (f"list_min({col})", f"list_max({col})") if is_list else (col, col)
+            bad = self.one(
+                f"SELECT __file, {low}, {high} FROM {table} WHERE {low} < 0 OR {high} >= {c.table_size} LIMIT 1"
+            )
+            if bad:
+                value = bad[1] if bad[1] < 0 else bad[2]
+                expr = exprs[name]
+                test = (
+                    f"list_min({expr}) < 0 OR list_max({expr}) >= {c.table_size}"
+                    if is_list
+                    else (f"({expr}) < 0 OR ({expr}) >= {c.table_size}")
+                )
+                raise ContractError(
+                    f"{where}.{name}: id {value} at {raw.place(bad[0], test)} is outside [0, {c.table_size}), the "
+                    f"table of {c.uses[0].what}; enlarge the table, set hash: true, or declare a vocabulary"
                 )
 
     def vocab_for(self, column: str) -> bool:
