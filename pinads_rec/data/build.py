@@ -1,0 +1,885 @@
+"""Raw impression and behaviour logs -> the training contract, point in time, beyond memory.
+
+    python -m pinads_rec.data.build --config X.yaml --raw RAW_DIR --out DIR [--memory-limit 2GB] [--threads N]
+
+The ``build:`` section of the config (``BuildConfig``; docs/data_build.md) says which raw file is what.
+The build runs as SQL on DuckDB, which streams the files, uses every core and spills to disk under
+``--memory-limit``; the same statements are plain SQL a distributed engine runs too. Steps:
+
+1. **Impressions**: the impression log, filtered, joined with the side tables by key (a missing key
+   gets the declared default and is counted; a table with ``as_of`` joins the row of the
+   impression's date), each contract column computed from its ``build.columns`` expression, each row
+   given its split by time window. Timestamps, labels, users and duplicated impressions are checked;
+   an error names the file, column and row.
+2. **Sequences**, per group: the group's events (a behaviour log, or the impression log itself),
+   numbered per user in time order; requests and events sorted together per user, requests first at
+   equal times, so each request counts the events strictly before (its time - ``min_gap_s``); the
+   newest ``max_length`` of them, newest first.
+3. **Vocabularies** (optional): raw ids -> 1..V by frequency on the fitting split, 0 out of vocabulary.
+4. **Output**: one row per request (the per-request layout, data/layout.py): the request-level columns
+   once, the candidates' columns as lists, requests in time order, in ``<out>/<split>/part-*.parquet``;
+   ``manifest.json`` (inputs, config, outputs) and ``summary.json`` (rows per split and surface, label
+   rates, sequence lengths, join misses, every repair counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+from zoneinfo import ZoneInfo
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pinads_rec.config import (
+    ConfigError,
+    ExperimentConfig,
+    SequenceGroupConfig,
+    SequenceSourceConfig,
+    add_overrides_flag,
+    load,
+    to_dict,
+)
+from pinads_rec.data.contract import ContractError, contract_columns
+from pinads_rec.data.raw_sources import RawSource, sql_name, sql_string
+
+# Timestamps outside [1990, 2100) are a mistake (milliseconds read as seconds, a zero): an error.
+EARLIEST, LATEST = 631152000.0, 4102444800.0
+LAYOUT_KEY, PER_REQUEST = b"pinads_rec.layout", b"per_request"
+
+
+def build(
+    cfg: ExperimentConfig,
+    raw_dir: str,
+    out_dir: str,
+    memory_limit: Optional[str] = None,
+    threads: Optional[int] = None,
+) -> dict:
+    """Builds every split of ``cfg.build`` from the files under ``raw_dir`` into ``out_dir``;
+    returns the summary (also written to ``out_dir/summary.json``)."""
+    return Build(cfg, raw_dir, out_dir, memory_limit, threads).run()
+
+
+def _time_of_day(text: str, tz: str, where: str) -> float:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"{where}: {text!r} is not a date or datetime (YYYY-MM-DD[THH:MM[:SS]])") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=ZoneInfo(tz))
+    return moment.timestamp()
+
+
+class Build:
+    def __init__(
+        self, cfg: ExperimentConfig, raw_dir: str, out_dir: str, memory_limit: Optional[str], threads: Optional[int]
+    ):
+        self.cfg, self.b, self.features = cfg, cfg.build, cfg.features
+        check_build(cfg)
+        self.raw_dir, self.out = raw_dir, Path(out_dir)
+        self.threads = threads or os.cpu_count() or 1
+        self.memory_limit = memory_limit
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.out / ".build_tmp"
+        self.con = duckdb.connect()
+        self.con.execute(f"SET threads = {int(self.threads)}")
+        self.con.execute(f"SET temp_directory = {sql_string(str(self.tmp))}")
+        self.con.execute("SET preserve_insertion_order = false")
+        if memory_limit:
+            try:
+                self.con.execute(f"SET memory_limit = {sql_string(memory_limit)}")
+            except duckdb.Error as e:
+                raise ConfigError(f"--memory-limit {memory_limit!r}: {str(e).splitlines()[0]}") from None
+        self.counts: Dict[str, int] = {}  # every repair and drop, by what it was
+        self.columns = {c.name: c for c in contract_columns(self.features)}
+        names = self.features.columns
+        self.user_side = [s.column for s in self.features.sparse if s.user_side]
+        self.sequence_columns = {
+            g.name: [g.timestamp_column] + [f.column for f in g.features] + _embedding(g)
+            for g in self.features.sequence_groups
+        }
+        made_here = {names.request_id, names.timestamp} | {c for cols in self.sequence_columns.values() for c in cols}
+        self.candidate = [c for c in self.columns if c not in made_here and c not in self.user_side]
+        self.computed = [c for c in self.columns if c not in made_here]  # from build.columns
+        self.splits = [s.name for s in self.b.splits]
+        self.group_sources: Dict[str, tuple] = {}  # group -> (events table, source, group)
+
+    # --- the steps ---------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        start = time.time()
+        try:
+            self.impressions()
+            self.requests()
+            for source in self.b.sequences:
+                self.sequence(source)
+            for vocab in self.b.vocabularies:
+                self.vocabulary(vocab)
+            outputs = {split: self.write(split) for split in self.splits}
+        except duckdb.Error as e:
+            raise ContractError(f"build: {str(e).strip().splitlines()[0]}") from None
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        summary = self.summarize(outputs, time.time() - start)
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (self.out / "manifest.json").write_text(json.dumps(self.manifest(outputs, summary), indent=2) + "\n")
+        return summary
+
+    def impressions(self) -> None:
+        imp = self.b.impressions
+        self.imp_source = RawSource.of(imp, self.raw_dir, "build.impressions")
+        self.imp_columns = self.imp_source.columns(self.con)
+        base = f"(SELECT *, filename AS __file FROM {self.imp_source.scan()}{_where(imp.filter)})"
+        self.con.execute(f"CREATE TEMP VIEW impressions AS SELECT * FROM {base}")
+        self.imp_time = self.seconds(imp.time, "impressions", "build.impressions.time")
+        joins, structs = [], []
+        for i, side in enumerate(self.b.side_tables):
+            join, struct = self.side_join(i, side)
+            joins.append(join)
+            structs.append(struct)
+        joined = "SELECT impressions.*" + "".join(", " + s for s in structs) + " FROM impressions " + " ".join(joins)
+        split_tests = [self.split_test(i) for i in range(len(self.b.splits))]
+        split_case = "CASE " + " ".join(f"WHEN {t} THEN {sql_string(s)}" for t, s in zip(split_tests, self.splits))
+        request = self.request_id_sql()
+        order = imp.order or imp.item
+        outputs = ", ".join(f"({self.b.columns[c]}) AS {sql_name(c)}" for c in self.computed)
+        hits = "".join(f", {sql_name(s.name)}.__hit AS {sql_name('__hit_' + s.name)}" for s in self.b.side_tables)
+        self.sql(
+            "building the impressions",
+            f"""CREATE TEMP TABLE imp AS
+            SELECT {request} AS __req, {self.imp_time} AS __t, ({imp.user}) AS __user, ({imp.item}) AS __item,
+                   ({order}) AS __order, {split_case} END AS __split,
+                   {" + ".join(f"CAST(coalesce({t}, false) AS INTEGER)" for t in split_tests)} AS __n_splits,
+                   __file, {outputs}{hits}
+            FROM ({joined})""",
+        )
+        self.check_times("imp", "__t", self.imp_source, self.imp_time, "build.impressions.time")
+        self.check_not_null("imp", "__user", self.imp_source, imp.user, "build.impressions.user", "user")
+        for task in self.features.tasks:
+            self.check_label(task.label_column)
+        over = self.scalar("SELECT count(*) FROM imp WHERE __n_splits > 1")
+        if over:
+            raise ContractError(
+                f"build.splits: {over} impression(s) fall in more than one split; make the windows and filters disjoint"
+            )
+        self.counts["impressions outside every split (dropped)"] = self.scalar(
+            "SELECT count(*) FROM imp WHERE __split IS NULL"
+        )
+        self.con.execute("DELETE FROM imp WHERE __split IS NULL")
+        if not self.scalar("SELECT count(*) FROM imp"):
+            raise ContractError(f"build.splits: no impression of {self.imp_source.files[0]}... falls in any split")
+        self.check_id_types()
+        self.drop_duplicates()
+        if self.b.negative_downsampling:
+            self.downsample()
+
+    def request_id_sql(self) -> str:
+        imp = self.b.impressions
+        if imp.request:
+            return f"dense_rank() OVER (ORDER BY ({imp.request}))" if not self.is_integer(imp.request) else imp.request
+        key = ", ".join(f"({k})" for k in imp.request_key)
+        return f"dense_rank() OVER (ORDER BY {key})"
+
+    def side_join(self, i: int, side) -> Tuple[str, str]:
+        """The LEFT JOIN of one side table and the struct its columns are read through
+        (``<name>.<column>`` in build.columns: a struct field), defaults applied."""
+        where = f"build.side_tables[{i}]"
+        if side.name in self.imp_columns:
+            raise ConfigError(
+                f"{where}.name: {side.name!r} is also a column of the impression log; name the side table otherwise"
+            )
+        source = RawSource.of(side, self.raw_dir, where)
+        columns = source.columns(self.con)
+        for col in list(side.key) + ([side.as_of] if side.as_of else []):
+            if col not in columns:
+                raise ContractError(f"{where}: {source.files[0]} has no column {col!r} (its columns: {columns})")
+        alias = f"__side{i}"
+        keys = list(side.key)
+        key_select = ", ".join(f"{sql_name(k)} AS __k{j}" for j, k in enumerate(keys))
+        dated = ""
+        on = " AND ".join(f"{alias}.__k{j} = ({side.key[k]})" for j, k in enumerate(keys))
+        if side.as_of:
+            key_select += f", {self.date_sql(sql_name(side.as_of), source, where + '.as_of')} AS __date"
+            imp_date = f"CAST(timezone({sql_string(self.b.timezone)}, to_timestamp({self.imp_time})) AS DATE)"
+            on += f" AND {alias}.__date = {imp_date}"
+            keys.append(side.as_of)
+            dated = ", __date"
+        filtered = f"(SELECT * FROM {source.scan()}{_where(side.filter)})"
+        fields = [c for c in columns if c not in side.key]
+        # The side columns travel in one struct, so no name of theirs can clash with the impressions'.
+        packed = ", ".join(f"{sql_name(c)} := {sql_name(c)}" for c in fields)
+        self.con.execute(
+            f"CREATE TEMP TABLE {alias} AS SELECT {key_select}, struct_pack({packed}) AS __fields FROM {filtered}"
+        )
+        dup = self.one(
+            f"SELECT {', '.join(f'__k{j}' for j in range(len(side.key)))}{dated}, count(*) FROM {alias} "
+            f"GROUP BY ALL HAVING count(*) > 1 LIMIT 1"
+        )
+        if dup:
+            raise ContractError(
+                f"{where}: key {dict(zip(keys, dup[:-1]))} has {dup[-1]} rows in {', '.join(source.files)}; "
+                f"a side table needs one row per key{' and date' if side.as_of else ''}"
+            )
+        for col in side.defaults:
+            if col not in columns:
+                raise ContractError(f"{where}.defaults.{col}: {source.files[0]} has no such column ({columns})")
+        values = {c: f"{alias}.__fields.{sql_name(c)}" for c in fields}
+        packed = ", ".join(
+            f"{sql_name(c)} := " + (f"coalesce({v}, {side.defaults[c]})" if c in side.defaults else v)
+            for c, v in values.items()
+        )
+        struct = f"struct_pack({packed}, __hit := {alias}.__k0 IS NOT NULL) AS {sql_name(side.name)}"
+        return f"LEFT JOIN {alias} ON {on}", struct
+
+    def split_test(self, i: int) -> str:
+        s = self.b.splits[i]
+        tests = []
+        if s.start:
+            tests.append(f"{self.imp_time} >= {_time_of_day(s.start, self.b.timezone, f'build.splits[{i}].start')}")
+        if s.end:
+            tests.append(f"{self.imp_time} < {_time_of_day(s.end, self.b.timezone, f'build.splits[{i}].end')}")
+        if s.filter:
+            tests.append(f"({s.filter})")
+        return "(" + (" AND ".join(tests) or "true") + ")"
+
+    def requests(self) -> None:
+        """One row per request: its user, time (the earliest of its impressions) and split."""
+        self.sql(
+            "grouping the requests",
+            """CREATE TEMP TABLE req AS
+            SELECT __req, any_value(__user) AS __user, min(__t) AS __t, arg_min(__split, __t) AS __split,
+                   count(DISTINCT __user) AS __users, count(DISTINCT __t) AS __times,
+                   count(DISTINCT __split) AS __splits
+            FROM imp GROUP BY __req""",
+        )
+        bad = self.one("SELECT __req, __users FROM req WHERE __users > 1 LIMIT 1")
+        if bad:
+            raise ContractError(
+                f"build.impressions: request {bad[0]} has impressions of {bad[1]} users; a request is one user's "
+                f"(check build.impressions.request / request_key)"
+            )
+        self.counts["requests with impressions at several times (request time = the earliest)"] = self.scalar(
+            "SELECT count(*) FROM req WHERE __times > 1"
+        )
+        moved = self.scalar("SELECT count(*) FROM req WHERE __splits > 1")
+        if moved:
+            self.counts["requests across a split boundary (put in the split of their earliest impression)"] = moved
+            self.con.execute("UPDATE imp SET __split = req.__split FROM req WHERE imp.__req = req.__req")
+        for col in self.user_side:
+            bad = self.one(
+                f"SELECT __req, count(DISTINCT {sql_name(col)}) FROM imp GROUP BY __req "
+                f"HAVING count(DISTINCT {sql_name(col)}) > 1 LIMIT 1"
+            )
+            if bad:
+                raise ContractError(
+                    f"build.columns.{col}: a user-side feature, but request {bad[0]} has {bad[1]} different values "
+                    f"among its impressions (it must be one per request)"
+                )
+
+    def sequence(self, source: SequenceSourceConfig) -> None:
+        """The group's lists per request: the newest max_length events strictly before
+        (request time - min_gap_s), newest first."""
+        i = self.b.sequences.index(source)
+        where = f"build.sequences[{i}]"
+        group = next(g for g in self.features.sequence_groups if g.name == source.group)
+        name = _ident(group.name)
+        if source.path:
+            raw = RawSource.of(source, self.raw_dir, where)
+            scan = f"(SELECT *, filename AS __file FROM {raw.scan()})"
+        else:  # the impression log is the event log (KuaiRand: earlier clicks are the history)
+            raw, scan = self.imp_source, "impressions"
+        view = f"__events_{name}"
+        self.con.execute(f"CREATE TEMP VIEW {view} AS SELECT * FROM {scan}{_where(source.filter)}")
+        t = self.seconds(source.time, view, f"{where}.time")
+        ids = [f.column for f in group.features]
+        cols = ids + _embedding(group)
+        exprs = []
+        for c in cols:
+            expr = source.columns[c]
+            if c == group.embedding_column:
+                expr = f"CAST(({expr}) AS FLOAT[{group.embedding_dim}])"
+            exprs.append(f"({expr}) AS {sql_name(c)}")
+        user_type = self.scalar("SELECT typeof(__user) FROM imp LIMIT 1")
+        events = f"ev_{name}"
+        self.sql(
+            f"reading the events of sequence group {group.name!r}",
+            f"""CREATE TEMP TABLE {events} AS
+            SELECT TRY_CAST(({source.user}) AS {user_type}) AS __user, ({source.user}) IS NULL AS __no_user,
+                   {t} AS __t, __file, {", ".join(exprs)}
+            FROM {view}""",
+        )
+        no_user = self.scalar(f"SELECT count(*) FROM {events} WHERE __no_user")
+        if no_user and source.missing_user == "error":
+            path = self.scalar(f"SELECT any_value(__file) FROM {events} WHERE __no_user")
+            first = raw.place(path, f"({source.user}) IS NULL")
+            raise ContractError(
+                f"{where}.user: {no_user} event(s) without a user, first at {first}; "
+                "fix the log or set missing_user: drop"
+            )
+        self.counts[f"sequence group {group.name}: events without a user (dropped)"] = no_user
+        self.con.execute(f"DELETE FROM {events} WHERE __no_user")
+        self.check_times(events, "__t", raw, t, f"{where}.time")
+        for c in ids:
+            if not self.is_integer_column(events, c):
+                raise ContractError(
+                    f"{where}.columns.{c}: gives {self.column_type(events, c)} values; a sequence id must be an "
+                    f"integer (map it, or declare a vocabulary for table "
+                    f"{next(f.table for f in group.features if f.column == c)!r})"
+                )
+        self.group_sources[group.name] = (events, source, group)
+
+    def vocabulary(self, vocab) -> None:
+        """Maps every column feeding ``vocab.table`` (candidate and sequence ones) to 1..V by
+        frequency on the fitting split; 0 is out of vocabulary."""
+        table = self.features.table(vocab.table)
+        imp_cols = [s.column for s in self.features.sparse if s.table == vocab.table]
+        event_cols = [
+            (events, f.column)
+            for events, _, g in self.group_sources.values()
+            for f in g.features
+            if f.table == vocab.table
+        ]
+        end = self.scalar(f"SELECT max(__t) FROM imp WHERE __split = {sql_string(vocab.fit_split)}")
+        if end is None:
+            raise ContractError(f"build.vocabularies: split {vocab.fit_split!r} has no impression to fit on")
+        values = [
+            f"SELECT CAST({sql_name(c)} AS VARCHAR) AS v FROM imp WHERE __split = {sql_string(vocab.fit_split)}"
+            for c in imp_cols
+        ]
+        values += [f"SELECT CAST({sql_name(c)} AS VARCHAR) AS v FROM {e} WHERE __t <= {end}" for e, c in event_cols]
+        name = f"vocab_{_ident(vocab.table)}"
+        self.sql(
+            f"fitting the vocabulary of table {vocab.table!r}",
+            f"""CREATE TEMP TABLE {name} AS
+            SELECT v AS raw, CAST(row_number() OVER (ORDER BY n DESC, v) AS BIGINT) AS idx, n AS count
+            FROM (SELECT v, count(*) AS n FROM ({" UNION ALL ".join(values)}) WHERE v IS NOT NULL GROUP BY v
+                  HAVING count(*) >= {int(vocab.min_count)})
+            QUALIFY idx < {table.num_embeddings}""",
+        )
+        for c in imp_cols:
+            self.remap("imp", c, name)
+        for events, c in event_cols:
+            self.remap(events, c, name)
+        vocab_dir = self.out / "vocabularies"
+        vocab_dir.mkdir(exist_ok=True)
+        self.con.execute(
+            f"COPY (SELECT * FROM {name} ORDER BY idx) TO {sql_string(str(vocab_dir / (vocab.table + '.parquet')))} "
+            f"(FORMAT parquet)"
+        )
+        self.counts[f"vocabulary {vocab.table}: ids kept"] = self.scalar(f"SELECT count(*) FROM {name}")
+
+    def remap(self, table: str, column: str, vocab: str) -> None:
+        col = sql_name(column)
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT {table}.* REPLACE (coalesce(__v.idx, 0) AS {col}) "
+            f"FROM {table} LEFT JOIN {vocab} AS __v ON __v.raw = CAST({table}.{col} AS VARCHAR)"
+        )
+
+    def sequences_sql(self, events: str, source: SequenceSourceConfig, group: SequenceGroupConfig) -> str:
+        """SELECT __req, <the group's list columns> for every request with at least one event."""
+        name = _ident(group.name)
+        ids = [f.column for f in group.features]
+        positions = f"__pos_{name}"
+        if not self.has_table(positions):
+            tie = ", ".join(sql_name(c) for c in ids)
+            self.sql(
+                f"ordering the events of sequence group {group.name!r}",
+                f"""CREATE TEMP TABLE {positions} AS
+                SELECT *, row_number() OVER (PARTITION BY __user ORDER BY __t, {tie}) AS __pos FROM {events}""",
+            )
+            # Requests and events of a user in time order, requests first at equal times: a request's
+            # running count of events is the number strictly before it.
+            self.sql(
+                f"counting the events before each request for sequence group {group.name!r}",
+                f"""CREATE TEMP TABLE __before_{name} AS
+                SELECT __req, __user, __n FROM (
+                    SELECT __req, __user, __is_event,
+                           CAST(sum(__is_event) OVER (PARTITION BY __user ORDER BY __t, __is_event
+                                                 ROWS UNBOUNDED PRECEDING) AS BIGINT) AS __n
+                    FROM (SELECT __req, __user, __t - {float(source.min_gap_s)} AS __t, 0 AS __is_event FROM req
+                          UNION ALL SELECT NULL, __user, __t, 1 FROM {events}))
+                WHERE __is_event = 0 AND __n > 0""",
+            )
+        lists = [f"list(CAST(floor(e.__t) AS BIGINT) ORDER BY e.__pos DESC) AS {sql_name(group.timestamp_column)}"]
+        lists += [f"list(e.{sql_name(c)} ORDER BY e.__pos DESC) AS {sql_name(c)}" for c in ids + _embedding(group)]
+        return f"""SELECT b.__req, {", ".join(lists)}
+            FROM (SELECT __req, __user, unnest(range(greatest(__n - {group.max_length}, 0) + 1, __n + 1)) AS __pos
+                  FROM __before_{name}) b
+            JOIN {positions} e ON e.__user = b.__user AND e.__pos = b.__pos
+            GROUP BY b.__req"""
+
+    def write(self, split: str) -> dict:
+        """The split's per-request Parquet files; returns their paths and counts."""
+        out = self.out / split
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        names = self.features.columns
+        candidate_lists = ", ".join(
+            f"list({sql_name(c)} ORDER BY __order, __item) AS {sql_name(c)}" for c in self.candidate
+        )
+        user_cols = "".join(f", any_value({sql_name(c)}) AS {sql_name(c)}" for c in self.user_side)
+        seq_joins, seq_cols = [], []
+        for g in self.features.sequence_groups:
+            events, source, group = self.group_sources[g.name]
+            alias = f"__s_{_ident(g.name)}"
+            seq_joins.append(f"LEFT JOIN ({self.sequences_sql(events, source, group)}) {alias} USING (__req)")
+            for c in self.sequence_columns[g.name]:
+                seq_cols.append(f"coalesce({alias}.{sql_name(c)}, []) AS {sql_name(c)}")
+        select = (
+            f"SELECT CAST(r.__req AS BIGINT) AS {sql_name(names.request_id)}, "
+            f"CAST(floor(r.__t) AS BIGINT) AS {sql_name(names.timestamp)}"
+            + "".join(f", c.{sql_name(col)}" for col in self.user_side)
+            + "".join(f", {s}" for s in seq_cols)
+            + "".join(f", c.{sql_name(col)}" for col in self.candidate)
+            + f" FROM req r JOIN (SELECT __req{user_cols}, {candidate_lists} FROM imp "
+            f"WHERE __split = {sql_string(split)} GROUP BY __req) c USING (__req) "
+            + " ".join(seq_joins)
+            + f" ORDER BY {sql_name(names.timestamp)}, {sql_name(names.request_id)}"
+        )
+        writer = _SplitWriter(out, self.b.requests_per_row_group, self.b.requests_per_file, self.features)
+        for batch in self.con.sql(select).to_arrow_reader(self.b.requests_per_row_group):
+            writer.add(batch)
+        return writer.close()
+
+    # --- checks ------------------------------------------------------------------------------
+
+    def check_times(self, table: str, column: str, source: RawSource, expr: str, where: str) -> None:
+        bad = self.one(f"SELECT __file, count(*) FROM {table} WHERE {column} IS NULL GROUP BY __file LIMIT 1")
+        if bad:
+            total = self.scalar(f"SELECT count(*) FROM {table} WHERE {column} IS NULL")
+            raise ContractError(
+                f"{where}: {total} timestamp(s) missing or unparsable, first at "
+                f"{source.place(bad[0], f'({expr}) IS NULL')}"
+            )
+        bad = self.one(
+            f"SELECT __file, count(*), min({column}), max({column}) FROM {table} "
+            f"WHERE {column} < {EARLIEST} OR {column} >= {LATEST} GROUP BY __file LIMIT 1"
+        )
+        if bad:
+            hint = " (milliseconds? divide by 1000 in the expression)" if bad[3] >= LATEST else ""
+            raise ContractError(
+                f"{where}: {bad[1]} timestamp(s) outside 1990..2100 in {bad[0]}, first at "
+                f"{source.place(bad[0], f'({expr}) < {EARLIEST} OR ({expr}) >= {LATEST}')}{hint}"
+            )
+
+    def check_not_null(self, table: str, column: str, source: RawSource, expr: str, where: str, what: str) -> None:
+        bad = self.one(f"SELECT __file, count(*) FROM {table} WHERE {column} IS NULL GROUP BY __file")
+        if bad:
+            raise ContractError(
+                f"{where}: {bad[1]} impression(s) with no {what}, first at {source.place(bad[0], f'({expr}) IS NULL')}"
+            )
+
+    def check_label(self, column: str) -> None:
+        col = sql_name(column)
+        bad = self.one(
+            f"SELECT __file, count(*), any_value({col}) FROM imp WHERE {col} IS NULL OR {col} NOT IN (0, 1) "
+            f"GROUP BY __file LIMIT 1"
+        )
+        if bad:
+            expr = self.b.columns[column]
+            raise ContractError(
+                f"build.columns.{column}: {bad[1]} label(s) not 0/1 (e.g. {bad[2]!r}), first at "
+                f"{self.imp_source.place(bad[0], f'({expr}) IS NULL OR ({expr}) NOT IN (0, 1)')}"
+            )
+
+    def check_id_types(self) -> None:
+        for name, c in self.columns.items():
+            if name not in self.computed or c.role not in ("id", "single id (its table is shared with sequences)"):
+                continue
+            if not self.is_integer_column("imp", name, lists_ok=True) and not self.vocab_for(name):
+                raise ContractError(
+                    f"build.columns.{name}: gives {self.column_type('imp', name)} values; an id must be an integer "
+                    f"(map it with CASE, or declare a vocabulary for its table)"
+                )
+
+    def vocab_for(self, column: str) -> bool:
+        tables = {s.table for s in self.features.sparse if s.column == column}
+        return any(v.table in tables for v in self.b.vocabularies)
+
+    def drop_duplicates(self) -> None:
+        """The same (request, item) twice: an error, or keep the first by order then labels."""
+        dup = self.one(
+            "SELECT __req, __item, count(*), list(DISTINCT __file) FROM imp GROUP BY __req, __item "
+            "HAVING count(*) > 1 LIMIT 1"
+        )
+        if not dup:
+            self.counts["duplicated impressions (dropped)"] = 0
+            return
+        total = self.scalar(
+            "SELECT sum(n - 1) FROM (SELECT count(*) AS n FROM imp GROUP BY __req, __item HAVING count(*) > 1)"
+        )
+        if self.b.impressions.duplicates == "error":
+            raise ContractError(
+                f"build.impressions: {total} duplicated impression(s); request {dup[0]} shows item {dup[1]} "
+                f"{dup[2]} times (in {', '.join(dup[3])}); set build.impressions.duplicates: drop to keep the first"
+            )
+        labels = ", ".join(f"{sql_name(t.label_column)} DESC" for t in self.features.tasks)
+        self.con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE imp AS SELECT * EXCLUDE (__dup) FROM (
+                SELECT *, row_number() OVER (PARTITION BY __req, __item ORDER BY __order, {labels}) AS __dup FROM imp)
+            WHERE __dup = 1"""
+        )
+        self.counts["duplicated impressions (dropped)"] = int(total)
+
+    def downsample(self) -> None:
+        d = self.b.negative_downsampling
+        label = sql_name(next(t.label_column for t in self.features.tasks if t.name == d.task))
+        surface = sql_name(self.features.columns.surface)
+        rate = "CASE " + " ".join(
+            f"WHEN CAST({surface} AS VARCHAR) IN ({sql_string(s)}, {sql_string(str(self.features.surfaces.index(s)))}) "
+            f"THEN {float(r)}"
+            for s, r in d.rates.items()
+        )
+        rate += " ELSE 1.0 END"
+        splits = ", ".join(sql_string(s) for s in d.splits)
+        drop = (
+            f"__split IN ({splits}) AND {label} = 0 AND "
+            f"(hash(__req, __item, {int(d.seed)}) % 1000000) / 1000000.0 >= {rate}"
+        )
+        self.counts[f"negatives of {d.task} downsampled away"] = self.scalar(f"SELECT count(*) FROM imp WHERE {drop}")
+        self.con.execute(f"DELETE FROM imp WHERE {drop}")
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def seconds(self, expr: str, relation: str, where: str) -> str:
+        """SQL giving ``expr`` as epoch seconds (DOUBLE): numbers as they are; timestamps without a
+        zone and dates in build.timezone; text as a number, else as a timestamp."""
+        try:
+            kind = self.one(f"SELECT typeof({expr}) FROM {relation} LIMIT 1")
+        except duckdb.Error as e:
+            raise ContractError(f"{where}: {expr!r}: {str(e).strip().splitlines()[0]}") from None
+        kind = kind[0] if kind else "DOUBLE"
+        tz = sql_string(self.b.timezone)
+        if kind == "TIMESTAMP WITH TIME ZONE":
+            return f"epoch({expr})"
+        if kind.startswith("TIMESTAMP") or kind == "DATE":
+            return f"epoch(timezone({tz}, CAST(({expr}) AS TIMESTAMP)))"
+        if kind == "VARCHAR":
+            return f"coalesce(TRY_CAST(({expr}) AS DOUBLE), epoch(timezone({tz}, TRY_CAST(({expr}) AS TIMESTAMP))))"
+        return f"CAST(({expr}) AS DOUBLE)"
+
+    def date_sql(self, expr: str, source: RawSource, where: str) -> str:
+        """A side table's date column as a DATE: DATE/TIMESTAMP, 20220408 or '2022-04-08'."""
+        kind = self.one(f"SELECT typeof({expr}) FROM {source.scan()} LIMIT 1")
+        kind = kind[0] if kind else "DATE"
+        if kind == "DATE" or kind.startswith("TIMESTAMP"):
+            return f"CAST({expr} AS DATE)"
+        if kind == "VARCHAR":
+            return f"coalesce(TRY_CAST({expr} AS DATE), CAST(try_strptime({expr}, '%Y%m%d') AS DATE))"
+        return f"CAST(try_strptime(CAST({expr} AS VARCHAR), '%Y%m%d') AS DATE)"
+
+    def is_integer(self, expr: str) -> bool:
+        kind = self.one(f"SELECT typeof({expr}) FROM impressions LIMIT 1")
+        return bool(kind) and kind[0] in _INTEGERS
+
+    def column_type(self, table: str, column: str) -> str:
+        row = self.one(f"SELECT typeof({sql_name(column)}) FROM {table} LIMIT 1")
+        return row[0] if row else "BIGINT"
+
+    def is_integer_column(self, table: str, column: str, lists_ok: bool = False) -> bool:
+        kind = self.column_type(table, column)
+        return kind in _INTEGERS or (lists_ok and kind.endswith("[]") and kind[:-2] in _INTEGERS)
+
+    def has_table(self, name: str) -> bool:
+        return bool(self.scalar(f"SELECT count(*) FROM duckdb_tables() WHERE table_name = {sql_string(name)}"))
+
+    def scalar(self, sql: str):
+        row = self.one(sql)
+        return row[0] if row else None
+
+    def one(self, sql: str) -> Optional[tuple]:
+        """The first row (the whole result is fetched: DuckDB refuses new work beside an open one)."""
+        rows = self.con.execute(sql).fetchall()
+        return rows[0] if rows else None
+
+    def sql(self, what: str, statement: str) -> None:
+        """Runs one step, naming it in the error when DuckDB refuses (an unknown column in an
+        expression, a type that does not convert, the memory limit)."""
+        try:
+            self.con.execute(statement)
+        except duckdb.Error as e:
+            raise ContractError(f"build: {what}: {str(e).strip().splitlines()[0]}") from None
+
+    # --- reports -----------------------------------------------------------------------------
+
+    def summarize(self, outputs: Dict[str, dict], seconds: float) -> dict:
+        """Counts read back from the written files: what the build produced, not what it meant to."""
+        f = self.features
+        out = {"splits": {}, "repairs": self.counts, "seconds": round(seconds, 2), "threads": self.threads}
+        for split, o in outputs.items():
+            entry = {"requests": o["requests"], "rows": o["rows"], "files": len(o["files"])}
+            if o["files"]:
+                scan = "read_parquet([" + ", ".join(sql_string(p) for p in o["files"]) + "])"
+                surface = sql_name(f.columns.surface)
+                labels = ", ".join(
+                    f"avg(CAST(unnest_l.{sql_name(t.label_column)} AS DOUBLE)) AS {sql_name(t.name)}" for t in f.tasks
+                )
+                unnested = ", ".join(
+                    f"unnest({sql_name(c)}) AS {sql_name(c)}"
+                    for c in [f.columns.surface] + [t.label_column for t in f.tasks]
+                )
+                rows = self.con.execute(
+                    f"SELECT CAST(unnest_l.{surface} AS VARCHAR), count(*), {labels} "
+                    f"FROM (SELECT {unnested} FROM {scan}) unnest_l GROUP BY ALL ORDER BY 1"
+                ).fetchall()
+                entry["surfaces"] = {
+                    r[0]: {"rows": r[1], "label_rate": {t.name: round(v, 6) for t, v in zip(f.tasks, r[2:])}}
+                    for r in rows
+                }
+                entry["sequence_lengths"] = {}
+                for g in f.sequence_groups:
+                    c = sql_name(g.timestamp_column)
+                    q = self.one(
+                        f"SELECT avg(len({c})), quantile_disc(len({c}), [0.5, 0.9, 0.99]), max(len({c})), "
+                        f"count(*) FILTER (WHERE len({c}) = 0) FROM {scan}"
+                    )
+                    entry["sequence_lengths"][g.name] = {
+                        "mean": round(q[0], 2),
+                        "p50": q[1][0],
+                        "p90": q[1][1],
+                        "p99": q[1][2],
+                        "max": q[2],
+                        "empty": q[3],
+                    }
+            out["splits"][split] = entry
+        out["join_misses"] = {
+            s.name: self.scalar(f"SELECT count(*) FROM imp WHERE NOT {sql_name('__hit_' + s.name)}")
+            for s in self.b.side_tables
+        }
+        return out
+
+    def manifest(self, outputs: Dict[str, dict], summary: dict) -> dict:
+        def describe(files) -> List[dict]:
+            return [
+                {
+                    "path": p,
+                    "bytes": os.path.getsize(p),
+                    "modified": datetime.fromtimestamp(os.path.getmtime(p)).isoformat(timespec="seconds"),
+                }
+                for p in files
+            ]
+
+        inputs = {"impressions": describe(self.imp_source.files)}
+        for side in self.b.side_tables:
+            inputs[f"side_table:{side.name}"] = describe(RawSource.of(side, self.raw_dir, "").files)
+        for s in self.b.sequences:
+            if s.path:
+                inputs[f"sequence:{s.group}"] = describe(RawSource.of(s, self.raw_dir, "").files)
+        span = self.one("SELECT min(__t), max(__t) FROM imp")
+        cfg = to_dict(self.cfg)
+        return {
+            "inputs": inputs,
+            "impression_time_range": [_iso(span[0], self.b.timezone), _iso(span[1], self.b.timezone)],
+            "config": {"build": cfg["build"], "features": cfg["features"]},
+            "negative_downsampling": cfg["build"]["negative_downsampling"],
+            "outputs": outputs,
+            "memory_limit": self.memory_limit,
+            "versions": {"duckdb": duckdb.__version__, "pyarrow": pa.__version__},
+            "built": datetime.now().isoformat(timespec="seconds"),
+        }
+
+
+class _SplitWriter:
+    """Request rows (Arrow batches, in order) -> row groups of ``per_group`` requests, files of
+    ``per_file`` requests; the schema in the contract's canonical Arrow types."""
+
+    def __init__(self, out: Path, per_group: int, per_file: int, features):
+        self.out, self.per_group, self.per_file = out, per_group, per_file
+        self.label = features.tasks[0].label_column
+        self.schema: Optional[pa.Schema] = None
+        self.buffer: Optional[pa.Table] = None
+        self.writer: Optional[pq.ParquetWriter] = None
+        self.files: List[str] = []
+        self.in_file = self.requests = self.rows = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if self.schema is None:
+            self.schema = _canonical_schema(batch.schema).with_metadata({LAYOUT_KEY: PER_REQUEST})
+        table = pa.Table.from_batches([batch]).cast(self.schema)
+        self.buffer = table if self.buffer is None else pa.concat_tables([self.buffer, table])
+        while self.buffer.num_rows >= self.per_group:
+            self._write(self.buffer.slice(0, self.per_group))
+            self.buffer = self.buffer.slice(self.per_group)
+
+    def close(self) -> dict:
+        if self.buffer is not None and self.buffer.num_rows:
+            self._write(self.buffer)
+        if self.writer is not None:
+            self.writer.close()
+        return {"files": self.files, "requests": self.requests, "rows": self.rows}
+
+    def _write(self, table: pa.Table) -> None:
+        if self.writer is None:
+            path = self.out / f"part-{len(self.files):05d}.parquet"
+            self.files.append(str(path))
+            self.writer = pq.ParquetWriter(path, self.schema, compression="lz4", use_dictionary=False)
+        self.writer.write_table(table.combine_chunks(), row_group_size=table.num_rows)
+        self.requests += table.num_rows
+        self.rows += int(pc.sum(pc.list_value_length(table.column(self.label))).as_py() or 0)
+        self.in_file += table.num_rows
+        if self.in_file >= self.per_file:
+            self.writer.close()
+            self.writer, self.in_file = None, 0
+
+
+_INTEGERS = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"}
+
+
+def _embedding(g: SequenceGroupConfig) -> List[str]:
+    return [g.embedding_column] if g.embedding_column else []
+
+
+def _ident(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name)
+
+
+def _where(predicate: Optional[str]) -> str:
+    return f" WHERE ({predicate})" if predicate else ""
+
+
+def _iso(seconds: Optional[float], tz: str) -> Optional[str]:
+    if seconds is None:
+        return None
+    return datetime.fromtimestamp(seconds, ZoneInfo(tz)).isoformat(timespec="seconds")
+
+
+def _canonical_type(t: pa.DataType) -> pa.DataType:
+    """DuckDB names list children ``l``; the contract's writers use pyarrow's ``item``."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(_canonical_type(t.value_type))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(_canonical_type(t.value_type), t.list_size)
+    if pa.types.is_string_view(t) or pa.types.is_large_string(t):
+        return pa.string()
+    return t
+
+
+def _canonical_schema(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([pa.field(f.name, _canonical_type(f.type)) for f in schema])
+
+
+def check_build(cfg: ExperimentConfig) -> None:
+    """What a build needs of the config beyond its types; ConfigError names the key."""
+    b, f = cfg.build, cfg.features
+    if not b.impressions.path:
+        raise ConfigError("build.impressions.path: the config has no build section (no impression log given)")
+    if not b.splits:
+        raise ConfigError("build.splits: declare at least one split (e.g. train and eval by time)")
+    names = [s.name for s in b.splits]
+    for i, n in enumerate(names):
+        if n in names[:i] or not n or "/" in n:
+            raise ConfigError(f"build.splits[{i}].name: {n!r} is empty, repeated or not a directory name")
+    if not b.impressions.request and not b.impressions.request_key:
+        raise ConfigError(
+            "build.impressions.request: give the request id column, or request_key (e.g. [user, time, placement])"
+        )
+    groups = {g.name: g for g in f.sequence_groups}
+    sourced = [s.group for s in b.sequences]
+    for i, s in enumerate(b.sequences):
+        if s.group not in groups:
+            raise ConfigError(f"build.sequences[{i}].group: no sequence group {s.group!r} in features.sequence_groups")
+        if s.group in sourced[:i]:
+            raise ConfigError(f"build.sequences[{i}].group: {s.group!r} has two sources")
+        g = groups[s.group]
+        need = [x.column for x in g.features] + _embedding(g)
+        for c in need:
+            if c not in s.columns:
+                raise ConfigError(f"build.sequences[{i}].columns.{c}: no expression for the group's column {c!r}")
+        for c in s.columns:
+            if c not in need:
+                raise ConfigError(f"build.sequences[{i}].columns.{c}: not a column of group {s.group!r} ({need})")
+        if s.min_gap_s < 0:
+            raise ConfigError(f"build.sequences[{i}].min_gap_s: must be >= 0, got {s.min_gap_s}")
+    for g in f.sequence_groups:
+        if g.name not in sourced:
+            raise ConfigError(f"build.sequences: no source for sequence group {g.name!r}")
+    made = {f.columns.request_id, f.columns.timestamp} | {
+        c for g in f.sequence_groups for c in [g.timestamp_column] + [x.column for x in g.features] + _embedding(g)
+    }
+    for c in contract_columns(f):
+        if c.name not in made and c.name not in b.columns:
+            raise ConfigError(f"build.columns.{c.name}: no expression for contract column {c.name!r} ({c.role})")
+    for i, side in enumerate(b.side_tables):
+        if not side.name.isidentifier():
+            raise ConfigError(f"build.side_tables[{i}].name: {side.name!r} must be a plain name (letters, digits, _)")
+        if not side.key:
+            raise ConfigError(f"build.side_tables[{i}].key: map at least one side column to an impression expression")
+    try:
+        ZoneInfo(b.timezone)
+    except Exception:
+        raise ConfigError(f"build.timezone: unknown time zone {b.timezone!r} (e.g. UTC, Asia/Shanghai)") from None
+    d = b.negative_downsampling
+    if d is not None:
+        if d.task not in [t.name for t in f.tasks]:
+            raise ConfigError(f"build.negative_downsampling.task: no task {d.task!r}")
+        for s, r in d.rates.items():
+            if s not in f.surfaces:
+                raise ConfigError(f"build.negative_downsampling.rates.{s}: not one of features.surfaces")
+            if not 0.0 < r <= 1.0:
+                raise ConfigError(f"build.negative_downsampling.rates.{s}: must be in (0, 1], got {r}")
+        for s in d.splits:
+            if s not in names:
+                raise ConfigError(f"build.negative_downsampling.splits: no split {s!r}")
+    tables = {t.name for t in f.tables}
+    for i, v in enumerate(b.vocabularies):
+        if v.table not in tables:
+            raise ConfigError(f"build.vocabularies[{i}].table: no table {v.table!r} in features.tables")
+        if v.fit_split not in names:
+            raise ConfigError(f"build.vocabularies[{i}].fit_split: no split {v.fit_split!r}")
+        if v.min_count < 1:
+            raise ConfigError(f"build.vocabularies[{i}].min_count: must be >= 1, got {v.min_count}")
+    if b.requests_per_row_group < 1 or b.requests_per_file < 1:
+        raise ConfigError("build.requests_per_row_group / requests_per_file: must be >= 1")
+
+
+def format_summary(summary: dict) -> str:
+    lines = [f"built in {summary['seconds']} s on {summary['threads']} thread(s)"]
+    for split, s in summary["splits"].items():
+        lines.append(f"{split}: {s['requests']} requests, {s['rows']} rows, {s['files']} file(s)")
+        for surface, v in (s.get("surfaces") or {}).items():
+            rates = "  ".join(f"{t} {r:.4f}" for t, r in v["label_rate"].items())
+            lines.append(f"  {surface:<14} {v['rows']:>10} rows  {rates}")
+        for g, q in (s.get("sequence_lengths") or {}).items():
+            lines.append(
+                f"  sequence {g:<10} mean {q['mean']:.1f}  p50 {q['p50']}  p90 {q['p90']}  p99 {q['p99']}  "
+                f"max {q['max']}  empty {q['empty']}"
+            )
+    for what, n in summary["repairs"].items():
+        if n:
+            lines.append(f"{what}: {n}")
+    for name, n in summary["join_misses"].items():
+        lines.append(f"side table {name}: {n} impression(s) without a row (defaults used)")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pinads_rec.data.build", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="experiment YAML with a build: section")
+    ap.add_argument("--raw", required=True, help="directory the build's file paths are relative to")
+    ap.add_argument("--out", required=True, help="output directory (<split>/, manifest.json, summary.json)")
+    ap.add_argument("--memory-limit", default=None, help="DuckDB memory cap, e.g. 2GB (spills to disk beyond it)")
+    ap.add_argument("--threads", type=int, default=None, help="worker threads (default: every core)")
+    add_overrides_flag(ap, "override a config field, e.g. --set build.timezone=UTC (repeatable)")
+    args = ap.parse_args(argv)
+    try:
+        cfg = load(args.config, args.overrides)
+        summary = build(cfg, args.raw, args.out, args.memory_limit, args.threads)
+    except (ConfigError, ContractError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_summary(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

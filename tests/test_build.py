@@ -1,0 +1,284 @@
+"""The raw-log builder: point in time, newest first and capped, filters, shared sequences per request,
+joins and their defaults, splits, determinism, bad input named by file, column and row."""
+
+import json
+import textwrap
+
+import pyarrow.parquet as pq
+import pytest
+
+from pinads_rec import config
+from pinads_rec.data.build import build, main
+from pinads_rec.data.contract import ContractError
+
+T0 = 1_500_000_000  # 2017-07-14 02:40:00 UTC
+
+CONFIG = """
+features:
+  columns: {request_id: request_id, timestamp: timestamp, surface: surface}
+  surfaces: [feed, search]
+  tasks: [{name: click, label_column: click}]
+  tables:
+    - {name: user, num_embeddings: 100, embedding_dim: 4}
+    - {name: item, num_embeddings: 100, embedding_dim: 4}
+    - {name: cate, num_embeddings: 20, embedding_dim: 4}
+    - {name: btag, num_embeddings: 5, embedding_dim: 4}
+  sparse:
+    - {name: user_id, column: user_id, table: user, user_side: true}
+    - {name: item_id, column: item_id, table: item}
+    - {name: cate, column: cate, table: cate}
+  dense:
+    - {name: price, column: price}
+  sequence_groups:
+    - name: all
+      timestamp_column: all_ts
+      max_length: 3
+      features:
+        - {name: item, column: all_item, table: item}
+        - {name: btag, column: all_btag, table: btag}
+    - name: buys
+      timestamp_column: buy_ts
+      max_length: 5
+      features:
+        - {name: cate, column: buy_cate, table: cate}
+data: {calibration_holdout: 0.0}
+model: {calibration: none}
+build:
+  impressions:
+    path: [impressions.csv]
+    user: user
+    time: ts
+    request_key: [ts, user, pid]
+    item: ad
+  side_tables:
+    - name: ads
+      path: [ads.csv]
+      key: {ad: ad}
+      defaults: {cate: "0", price: "0.0"}
+  sequences:
+    - group: all
+      path: [behaviour.csv]
+      user: user
+      time: ts
+      columns: {all_item: item, all_btag: "CASE btag WHEN 'pv' THEN 1 WHEN 'cart' THEN 2 ELSE 3 END"}
+    - group: buys
+      path: [behaviour.csv]
+      user: user
+      time: ts
+      filter: "btag IN ('cart', 'buy')"
+      min_gap_s: 10
+      columns: {buy_cate: cate}
+  columns:
+    user_id: user
+    item_id: ad
+    cate: ads.cate
+    price: ads.price
+    surface: "CASE pid WHEN 'p1' THEN 'feed' ELSE 'search' END"
+    click: clk
+  splits:
+    - {name: train, end: "2017-07-14T03:00:00"}
+    - {name: eval, start: "2017-07-14T03:00:00"}
+  timezone: UTC
+  requests_per_row_group: 2
+"""
+
+IMPRESSIONS = [  # user, ts, pid, ad, clk
+    (1, T0 + 100, "p1", 10, 0),
+    (1, T0 + 100, "p1", 11, 1),
+    (1, T0 + 200, "p2", 12, 0),
+    (2, T0 + 100, "p1", 10, 0),
+    (3, T0 + 5000, "p1", 13, 1),  # eval (after 03:00)
+]
+BEHAVIOUR = [  # user, ts, btag, item, cate
+    (1, T0 + 99, "pv", 50, 5),  # t - 1: in
+    (1, T0 + 100, "cart", 51, 6),  # t: out for the first request, in for the second
+    (1, T0 + 101, "buy", 52, 7),  # t + 1: out for the first request
+    (1, T0 + 95, "buy", 53, 8),  # inside the buys group's 10 s gap for the first request
+    (1, T0 + 50, "pv", 54, 9),
+    (1, T0 + 10, "fav", 55, 9),
+    (2, T0 + 1, "pv", 56, 1),
+    (3, T0 + 4000, "cart", 57, 2),
+]
+ADS = [(10, 1, 1.5), (11, 2, 2.5), (12, 3, 3.5)]  # ad 13 has no row: defaults
+
+
+def write_raw(tmp_path, impressions=IMPRESSIONS, behaviour=BEHAVIOUR, ads=ADS, config_text=CONFIG):
+    raw = tmp_path / "raw"
+    raw.mkdir(exist_ok=True)
+    (raw / "impressions.csv").write_text(
+        "user,ts,pid,ad,clk\n" + "".join(",".join(map(str, r)) + "\n" for r in impressions)
+    )
+    (raw / "behaviour.csv").write_text(
+        "user,ts,btag,item,cate\n" + "".join(",".join(map(str, r)) + "\n" for r in behaviour)
+    )
+    (raw / "ads.csv").write_text("ad,cate,price\n" + "".join(",".join(map(str, r)) + "\n" for r in ads))
+    path = tmp_path / "config.yaml"
+    path.write_text(textwrap.dedent(config_text))
+    return raw, path
+
+
+def requests_of(out, split):
+    rows = []
+    for f in sorted((out / split).glob("*.parquet")):
+        rows += pq.read_table(f).to_pylist()
+    return {(r["user_id"], r["timestamp"]): r for r in rows}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("build")
+    raw, path = write_raw(tmp)
+    summary = build(config.load(path), str(raw), str(tmp / "out"))
+    return tmp / "out", summary
+
+
+def test_point_in_time_newest_first_and_capped(built):
+    out, _ = built
+    train = requests_of(out, "train")
+    first = train[(1, T0 + 100)]
+    # Only events strictly before the impression, newest first, at most max_length (3).
+    assert first["all_ts"] == [T0 + 99, T0 + 95, T0 + 50]
+    assert first["all_item"] == [50, 53, 54]
+    assert first["all_btag"] == [1, 3, 1]
+    second = train[(1, T0 + 200)]
+    assert second["all_ts"] == [T0 + 101, T0 + 100, T0 + 99]
+    assert second["all_item"] == [52, 51, 50]
+
+
+def test_filter_and_min_gap(built):
+    out, _ = built
+    train = requests_of(out, "train")
+    # buys: cart/buy only, and at least 10 s before: the buy at t-5 is left out, the one at t+1 too.
+    assert train[(1, T0 + 100)]["buy_cate"] == []
+    assert train[(1, T0 + 200)]["buy_cate"] == [7, 6, 8]
+    assert train[(1, T0 + 200)]["buy_ts"] == [T0 + 101, T0 + 100, T0 + 95]
+
+
+def test_candidates_of_a_request_share_its_sequences(built):
+    out, summary = built
+    first = requests_of(out, "train")[(1, T0 + 100)]
+    assert first["item_id"] == [10, 11] and first["click"] == [0, 1]
+    assert first["surface"] == ["feed", "feed"]
+    assert first["cate"] == [1, 2] and first["price"] == [1.5, 2.5]
+    assert summary["splits"]["train"] == {**summary["splits"]["train"], "requests": 3, "rows": 4}
+
+
+def test_split_by_time_and_join_defaults(built):
+    out, summary = built
+    ev = requests_of(out, "eval")
+    assert list(ev) == [(3, T0 + 5000)]
+    only = ev[(3, T0 + 5000)]
+    assert only["cate"] == [0] and only["price"] == [0.0]  # ad 13 has no row: the declared defaults
+    assert only["all_item"] == [57]
+    assert summary["join_misses"] == {"ads": 1}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["outputs"]["train"]["requests"] == 3
+    assert manifest["inputs"]["impressions"][0]["bytes"] > 0
+
+
+def test_requests_in_time_order_and_row_groups(built):
+    out, _ = built
+    f = pq.ParquetFile(next((out / "train").glob("*.parquet")))
+    assert f.metadata.num_row_groups == 2  # 3 requests, 2 per row group
+    assert f.schema_arrow.metadata[b"pinads_rec.layout"] == b"per_request"
+    t = f.read()
+    assert t.column("timestamp").to_pylist() == sorted(t.column("timestamp").to_pylist())
+
+
+def test_deterministic(tmp_path, built):
+    out, _ = built
+    raw, path = write_raw(tmp_path)
+    build(config.load(path), str(raw), str(tmp_path / "again"), threads=1)
+    for split in ("train", "eval"):
+        a = pq.read_table(next((out / split).glob("*.parquet")))
+        b = pq.read_table(next((tmp_path / "again" / split).glob("*.parquet")))
+        assert a.equals(b)
+
+
+def test_cli_prints_the_summary(tmp_path, capsys):
+    raw, path = write_raw(tmp_path)
+    assert main(["--config", str(path), "--raw", str(raw), "--out", str(tmp_path / "out"), "--memory-limit", "1GB"]) == 0
+    assert "train: 3 requests, 4 rows" in capsys.readouterr().out
+
+
+# --- bad input: a clear error naming file, column and row -----------------------------------------
+
+
+def expect_error(tmp_path, match, **raw):
+    raw_dir, path = write_raw(tmp_path, **raw)
+    with pytest.raises(ContractError, match=match):
+        build(config.load(path), str(raw_dir), str(tmp_path / "out"))
+
+
+def test_label_not_01_names_file_and_row(tmp_path):
+    bad = IMPRESSIONS[:2] + [(1, T0 + 200, "p2", 12, 2)] + IMPRESSIONS[3:]
+    expect_error(tmp_path, r"build.columns.click: 1 label\(s\) not 0/1.*impressions.csv, row 2 \(line 4\)", impressions=bad)
+
+
+def test_unparsable_timestamp(tmp_path):
+    bad = IMPRESSIONS[:3] + [(2, "yesterday", "p1", 10, 0)] + IMPRESSIONS[4:]
+    expect_error(tmp_path, r"build.impressions.time: 1 timestamp\(s\) missing or unparsable.*row 3", impressions=bad)
+
+
+def test_milliseconds_timestamp(tmp_path):
+    bad = IMPRESSIONS[:4] + [(3, (T0 + 5000) * 1000, "p1", 13, 1)]
+    expect_error(tmp_path, r"outside 1990..2100.*row 4.*milliseconds", impressions=bad)
+
+
+def test_event_without_user(tmp_path):
+    bad = BEHAVIOUR + [("", T0, "pv", 1, 1)]
+    expect_error(tmp_path, r"build.sequences\[0\].user: 1 event\(s\) without a user.*behaviour.csv, row 8", behaviour=bad)
+
+
+def test_duplicated_impressions_dropped_and_counted(tmp_path):
+    raw, path = write_raw(tmp_path, impressions=IMPRESSIONS + [IMPRESSIONS[1]])
+    summary = build(config.load(path), str(raw), str(tmp_path / "out"))
+    assert summary["repairs"]["duplicated impressions (dropped)"] == 1
+    assert summary["splits"]["train"]["rows"] == 4
+
+
+def test_duplicated_impressions_error(tmp_path):
+    raw, path = write_raw(tmp_path, impressions=IMPRESSIONS + [IMPRESSIONS[1]])
+    cfg = config.load(path, ["build.impressions.duplicates=error"])
+    with pytest.raises(ContractError, match=r"1 duplicated impression\(s\).*item 11 2 times"):
+        build(cfg, str(raw), str(tmp_path / "out"))
+
+
+def test_missing_file_and_column(tmp_path):
+    raw, path = write_raw(tmp_path)
+    (raw / "ads.csv").unlink()
+    with pytest.raises(ContractError, match=r"build.side_tables\[0\].path: no file matches 'ads.csv'"):
+        build(config.load(path), str(raw), str(tmp_path / "out"))
+    raw, path = write_raw(tmp_path)
+    with pytest.raises(ContractError, match=r"clk_typo"):
+        build(config.load(path, ["build.columns.click=clk_typo"]), str(raw), str(tmp_path / "out"))
+
+
+def test_string_ids_need_a_vocabulary(tmp_path):
+    raw, path = write_raw(tmp_path)
+    with pytest.raises(ContractError, match=r"build.columns.item_id: gives VARCHAR values"):
+        build(config.load(path, ["build.columns.item_id=concat('a', ad)"]), str(raw), str(tmp_path / "out"))
+
+
+def test_vocabulary_fitted_on_train(tmp_path):
+    raw, path = write_raw(tmp_path)
+    cfg = config.load(path, ["build.vocabularies=[{table: item}]"])
+    build(cfg, str(raw), str(tmp_path / "out"))
+    vocab = pq.read_table(tmp_path / "out" / "vocabularies" / "item.parquet").to_pylist()
+    assert vocab[0]["idx"] == 1 and all(v["count"] >= 1 for v in vocab)
+    index = {v["raw"]: v["idx"] for v in vocab}
+    ev = requests_of(tmp_path / "out", "eval")[(3, T0 + 5000)]
+    assert ev["item_id"] == [0]  # ad 13 only shows in eval: out of vocabulary
+    assert ev["all_item"] == [0]  # item 57 is only seen after the training split: out of vocabulary too
+    first = requests_of(tmp_path / "out", "train")[(1, T0 + 100)]
+    assert first["all_item"] == [index["50"], index["53"], index["54"]]
+
+
+def test_negative_downsampling_counts_and_records(tmp_path):
+    raw, path = write_raw(tmp_path)
+    cfg = config.load(path, ["build.negative_downsampling={task: click, rates: {feed: 0.000001}}"])
+    summary = build(cfg, str(raw), str(tmp_path / "out"))
+    assert summary["repairs"]["negatives of click downsampled away"] == 2  # every train feed negative
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["negative_downsampling"]["rates"] == {"feed": 0.000001}
+    assert requests_of(tmp_path / "out", "eval")  # eval untouched
