@@ -1,24 +1,31 @@
 """Planted-truth synthetic ads-engagement data, written in the project's Parquet contract.
 
-One row per ad impression (candidate); the rows of a request are contiguous and carry the user's
-engagement sequences (all pins, ads only, search queries; newest first) duplicated per row, as
-logged features are. Labels are drawn from known probabilities (``true_p_*`` columns), and each
-term of those probabilities is recoverable only by the model part meant to find it:
+Users live on a timeline: each has behaviour logs (engaged pins, engaged ads, search queries) over
+90 days, and makes requests in visits; a visit opens with a session of pins events on its intent.
+A request's sequences are its user's events strictly before it, newest first, capped, so later
+requests see what earlier ones saw. One row per ad impression (candidate); the rows of a request
+are contiguous and carry its sequences duplicated per row, as logged features are. Labels are
+drawn from known probabilities (``true_p_*`` columns), and each term of those probabilities is
+recoverable only by the model part meant to find it:
 
-- long-term interest (user topic mixture)      -> the full pins / ads sequences
-- short-term intent (per request)               -> only the newest ~8 events of the pins sequence
+- long-term interest (user topic mixture)      -> the pins / ads sequences' background events
+- short-term intent (per visit)                 -> the session: the newest ~8 pins events
 - query / context match                         -> ``query_tokens`` / ``context_topic`` vs item
 - item quality                                  -> ``item_id`` embedding, ``item_ctr_prior``
 - per-surface offsets and interest scales       -> surface-specific calibration
 - shopping ads                                   -> the ads sequence (a separate shopping mixture)
 - save on a topic                                -> past save actions on that topic in the sequence
 
-Formulas and coefficient values: docs/synthetic_data.md (keep it in sync with the constants
-below). Everything is vectorized numpy; requests are generated in fixed blocks of
-``BLOCK_REQUESTS``, each from its own PCG64 stream, so the data depend only on the seed and the
-sizes, not on the number of files or the row-group size.
+Splits are time windows: train, then calibration, then eval. ``--raw`` also writes the raw logs
+(behaviour logs keyed by user and time, impression log, items table) that configs/demo.yaml's
+``build:`` section turns back into the same contract (pinads_rec.data.build).
 
-    python -m pinads_rec.data.synth --config configs/demo.yaml --out data/demo [--seed N]
+Formulas and coefficient values: docs/synthetic_data.md (keep it in sync with the constants
+below). Everything is vectorized numpy; the timeline and the requests' blocks of
+``BLOCK_REQUESTS`` each draw from their own PCG64 stream, so the data depend only on the seed and
+the sizes, not on the number of files, the row-group size or the threads.
+
+    python -m pinads_rec.data.synth --config configs/demo.yaml --out data/demo [--raw] [--seed N]
 """
 
 from __future__ import annotations
