@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from conftest import load_tiny
+from conftest import DEMO, load_tiny
 
-from pinads_rec.config import ConfigError, SplitConfig
+from pinads_rec.config import ConfigError, SplitConfig, load
 from pinads_rec.data import build as B
 from pinads_rec.data import synth as S
 from pinads_rec.data.contract import contract_columns
@@ -98,3 +98,15 @@ def test_raw_refuses_faults_and_mismatched_caps(tmp_path):
         S.generate(load_tiny(tmp_path, OVERRIDES + ["synth.faults.stale_fraction=0.1"]), tmp_path, raw=True)
     with pytest.raises(ConfigError, match=r"max_length: 100, but the generator caps"):
         S.generate(load_tiny(tmp_path), tmp_path, raw=True)  # TINY_SYNTH: sequence_length 20
+
+
+def test_demo_build_splits_are_the_generators_windows():
+    """configs/demo.yaml's build.splits cut where the generator cuts the demo's sizes."""
+    cfg = load(DEMO)
+    bounds = S.split_boundaries(cfg.synth)
+    got = {s.name: (s.start, s.end) for s in cfg.build.splits}
+    assert got == {
+        "train": (None, _iso(bounds["train"][1])),
+        "calibration": (_iso(bounds["calibration"][0]), _iso(bounds["calibration"][1])),
+        "eval": (_iso(bounds["eval"][0]), None),
+    }
