@@ -1,4 +1,4 @@
-"""The planted-truth synthetic generator: contract, determinism, planted structure, faults."""
+"""The planted-truth synthetic generator: contract, determinism, timelines, planted structure, faults."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 TINY = [
     "synth.train_requests=300",
     "synth.eval_requests=100",
-    "synth.num_users=5000",
+    "synth.calibration_requests=80",
+    "synth.num_users=100",
     "synth.num_items=800",
     "synth.num_advertisers=50",
     "synth.sequence_length=20",
@@ -31,7 +32,8 @@ TINY = [
 MEDIUM = [
     "synth.train_requests=8000",
     "synth.eval_requests=2000",
-    "synth.num_users=40000",
+    "synth.calibration_requests=2000",
+    "synth.num_users=2000",
     "synth.num_items=5000",
     "synth.num_files=3",
     "synth.row_group_size=4096",
@@ -98,6 +100,10 @@ def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny")
     summary = S.generate(cfg, out)
     return cfg, out, summary, _read(out, "train"), _read(out, "eval")
+
+
+def _all_splits(out: Path) -> pa.Table:
+    return pa.concat_tables(_read(out, split) for split in ("train", "calibration", "eval"))
 
 
 @pytest.fixture(scope="module")
@@ -193,8 +199,9 @@ def test_value_ranges_and_item_functions(tiny):
 
 
 def test_requests_contiguous_ids_disjoint_and_time_split(tiny):
-    _, _, _, train, evl = tiny
-    for t in (train, evl):
+    _, out, summary, train, evl = tiny
+    calib = _read(out, "calibration")
+    for t in (train, calib, evl):
         rid = _np(t, "request_id")
         starts = np.flatnonzero(np.diff(rid)) + 1
         assert len(np.unique(rid)) == len(starts) + 1  # contiguous: each id forms one run
@@ -203,8 +210,84 @@ def test_requests_contiguous_ids_disjoint_and_time_split(tiny):
         for c in ("user_id", "timestamp", "surface", "context_topic", "user_activity"):
             v = t.column(c).to_numpy(zero_copy_only=False)
             assert (v[1:][np.diff(rid) == 0] == v[:-1][np.diff(rid) == 0]).all(), c
-    assert not set(_np(train, "request_id")) & set(_np(evl, "request_id"))
-    assert _np(evl, "timestamp").min() >= _np(train, "timestamp").max()
+    # Time order: train, then calibration (the latest part of the training period), then eval;
+    # request ids follow time; each split lies in its window, the windows tile the span.
+    assert _np(train, "request_id").max() < _np(calib, "request_id").min()
+    assert _np(calib, "request_id").max() < _np(evl, "request_id").min()
+    windows = [summary["splits"][name]["window"] for name in ("train", "calibration", "eval")]
+    assert windows[0][0] == S.T0 and windows[-1][1] == S.T0 + S.SPAN_S
+    assert windows[0][1] == windows[1][0] and windows[1][1] == windows[2][0]
+    for t, (a, b) in zip((train, calib, evl), windows):
+        ts = _np(t, "timestamp")
+        assert a <= ts.min() and ts.max() < b
+        assert a % 3600 == 0 and b % 3600 == 0  # whole hours: easy to write in a build config
+
+
+def test_users_have_several_requests_on_a_timeline(tiny):
+    cfg, out, summary, *_ = tiny
+    t = _all_splits(out)
+    rid, user = _np(t, "request_id"), _np(t, "user_id")
+    head = np.concatenate([[True], np.diff(rid) != 0])
+    per_user = np.bincount(user[head])
+    per_user = per_user[per_user > 0]
+    assert per_user.mean() > 3 and summary["users"] == len(per_user)
+    demo = _cfg().synth  # the demo: a handful of requests per user
+    assert 4 <= (demo.train_requests + demo.calibration_requests + demo.eval_requests) / demo.num_users <= 8
+
+
+def test_later_requests_see_earlier_events(tiny):
+    """A user's requests read one timeline: a later request's events older than an earlier request
+    are the newest events that request saw (fewer only where the cap cut them); a search request's
+    own query is in later requests' query history, never in its own."""
+    cfg, out, *_ = tiny
+    t = _all_splits(out)
+    rid = _np(t, "request_id")
+    head = np.flatnonzero(np.concatenate([[True], np.diff(rid) != 0]))
+    user, ts = _np(t, "user_id")[head], _np(t, "timestamp")[head]
+    caps = S.sequence_caps(cfg.synth)
+    seqs = {
+        group: list(zip(*(t.column(c).take(pa.array(head)).to_pylist() for c in cols[1:2] + cols[:1])))
+        for group, cols in GROUPS.items()
+    }  # (timestamps, items or tokens) per request
+    tokens = t.column("query_tokens").take(pa.array(head)).to_pylist()
+    pairs = checked_queries = 0
+    for u in np.unique(user):
+        mine = np.flatnonzero(user == u)
+        for i, j in zip(mine[:-1], mine[1:]):  # consecutive requests of the user, time order
+            if ts[i] == ts[j]:
+                continue
+            pairs += 1
+            for group, per_request in seqs.items():
+                (ts_a, id_a), (ts_b, id_b) = per_request[i], per_request[j]
+                old = [k for k, x in enumerate(ts_b) if x < ts[i]]
+                assert old == list(range(len(ts_b) - len(old), len(ts_b)))  # the older part is the tail
+                k = len(old)
+                assert ts_b[len(ts_b) - k :] == ts_a[:k] and id_b[len(ts_b) - k :] == id_a[:k], (group, i, j)
+                assert k == len(ts_a) or len(ts_b) == caps[group], (group, i, j)
+            if tokens[i] and len(seqs["queries"][j][0]) < caps["queries"]:
+                q_ts, q_tok = seqs["queries"][j]
+                assert ts[i] not in seqs["queries"][i][0]
+                assert (ts[i], tokens[i][0]) in set(zip(q_ts, q_tok)), (i, j)
+                checked_queries += 1
+    assert pairs > 100 and checked_queries > 10, (pairs, checked_queries)
+
+
+def test_event_logs_tie_free_and_sequences_are_their_windows(tiny):
+    cfg, out, *_ = tiny
+    world = S.make_world(cfg.synth)
+    tl = S.make_timeline(world, cfg.synth)
+    for group in ("pins", "ads", "queries"):
+        log = getattr(tl, group)
+        same_user = log.user[1:] == log.user[:-1]
+        assert (np.diff(log.time)[same_user] > 0).all(), group  # strictly increasing per user: no ties
+        assert (np.diff(log.user) >= 0).all()
+    t = _read(out, "train")
+    rid = _np(t, "request_id")
+    head = np.flatnonzero(np.concatenate([[True], np.diff(rid) != 0]))
+    n, idx = tl.pins.window(_np(t, "user_id")[head], _np(t, "timestamp")[head], S.sequence_caps(cfg.synth)["pins"])
+    np.testing.assert_array_equal(n, _lengths(t.column("seq_pin_ts"))[head])
+    np.testing.assert_array_equal(tl.pins.time[idx], _flat(t.column("seq_pin_ts").take(pa.array(head))))
+    np.testing.assert_array_equal(tl.pins.cols["item"][idx], _flat(t.column("seq_pin_item").take(pa.array(head))))
 
 
 def test_sequences_newest_first_aligned_and_per_request(tiny):
@@ -250,8 +333,8 @@ def test_sequence_lengths(medium):
     head = np.concatenate([[True], np.diff(rid) != 0])
     n = _lengths(train.column("seq_pin_item"))[head]
     L = cfg.synth.sequence_length
-    assert 0.3 * L < n.mean() < 0.5 * L  # ~40% of the maximum on average
-    assert 0.01 < (n == 0).mean() < 0.1  # some requests have no history
+    assert 0.3 * L < n.mean() < 0.55 * L  # ~40% of the maximum on average
+    assert (n >= S.SESSION_EVENTS).mean() > 0.95  # every visit opens with a session
     act = _np(train, "user_activity")[head]
     assert np.corrcoef(np.log(act), n)[0, 1] > 0.3  # activity tracks history length
 
@@ -317,16 +400,16 @@ def test_good_click_subset_of_click(medium):
 
 
 def test_short_term_intent_only_in_newest_events():
-    cfg = _cfg(*TINY, "synth.train_requests=2000", "synth.sequence_length=100")
+    cfg = _cfg(*TINY, "synth.train_requests=2000", "synth.num_users=1000", "synth.sequence_length=100")
     world = S.make_world(cfg.synth)
-    b = S.sample_block(world, S.plan_split(cfg.synth, "train"), 0)
+    b = S.sample_block(world, S.make_timeline(world, cfg.synth), cfg.synth, 0)
     off = np.concatenate([[0], np.cumsum(b.pins.lengths)])
     topics = b.pins.cols["seq_pin_topic"]
     newest, older, n = 0, 0, 0
-    for r in np.flatnonzero(b.pins.lengths >= 2 * S.RECENT_EVENTS):
+    for r in np.flatnonzero(b.pins.lengths >= 2 * S.SESSION_EVENTS):
         ev = topics[off[r] : off[r + 1]]
-        newest += np.bincount(ev[: S.RECENT_EVENTS]).argmax() == b.intent[r]
-        older += np.bincount(ev[S.RECENT_EVENTS :]).argmax() == b.intent[r]
+        newest += np.bincount(ev[: S.SESSION_EVENTS]).argmax() == b.intent[r]
+        older += np.bincount(ev[S.SESSION_EVENTS :]).argmax() == b.intent[r]
         n += 1
     assert n > 200
     assert newest / n > 0.85 and older / n < 0.35, (newest / n, older / n)

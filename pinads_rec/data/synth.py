@@ -1,24 +1,31 @@
 """Planted-truth synthetic ads-engagement data, written in the project's Parquet contract.
 
-One row per ad impression (candidate); the rows of a request are contiguous and carry the user's
-engagement sequences (all pins, ads only, search queries; newest first) duplicated per row, as
-logged features are. Labels are drawn from known probabilities (``true_p_*`` columns), and each
-term of those probabilities is recoverable only by the model part meant to find it:
+Users live on a timeline: each has behaviour logs (engaged pins, engaged ads, search queries) over
+90 days, and makes requests in visits; a visit opens with a session of pins events on its intent.
+A request's sequences are its user's events strictly before it, newest first, capped, so later
+requests see what earlier ones saw. One row per ad impression (candidate); the rows of a request
+are contiguous and carry its sequences duplicated per row, as logged features are. Labels are
+drawn from known probabilities (``true_p_*`` columns), and each term of those probabilities is
+recoverable only by the model part meant to find it:
 
-- long-term interest (user topic mixture)      -> the full pins / ads sequences
-- short-term intent (per request)               -> only the newest ~8 events of the pins sequence
+- long-term interest (user topic mixture)      -> the pins / ads sequences' background events
+- short-term intent (per visit)                 -> the session: the newest ~8 pins events
 - query / context match                         -> ``query_tokens`` / ``context_topic`` vs item
 - item quality                                  -> ``item_id`` embedding, ``item_ctr_prior``
 - per-surface offsets and interest scales       -> surface-specific calibration
 - shopping ads                                   -> the ads sequence (a separate shopping mixture)
 - save on a topic                                -> past save actions on that topic in the sequence
 
-Formulas and coefficient values: docs/synthetic_data.md (keep it in sync with the constants
-below). Everything is vectorized numpy; requests are generated in fixed blocks of
-``BLOCK_REQUESTS``, each from its own PCG64 stream, so the data depend only on the seed and the
-sizes, not on the number of files or the row-group size.
+Splits are time windows: train, then calibration, then eval. ``--raw`` also writes the raw logs
+(behaviour logs keyed by user and time, impression log, items table) that configs/demo.yaml's
+``build:`` section turns back into the same contract (pinads_rec.data.build).
 
-    python -m pinads_rec.data.synth --config configs/demo.yaml --out data/demo [--seed N]
+Formulas and coefficient values: docs/synthetic_data.md (keep it in sync with the constants
+below). Everything is vectorized numpy; the timeline and the requests' blocks of
+``BLOCK_REQUESTS`` each draw from their own PCG64 stream, so the data depend only on the seed and
+the sizes, not on the number of files, the row-group size or the threads.
+
+    python -m pinads_rec.data.synth --config configs/demo.yaml --out data/demo [--raw] [--seed N]
 """
 
 from __future__ import annotations
@@ -51,12 +58,15 @@ SURFACES = ("home_feed", "related_pins", "search")
 HOME, RELATED, SEARCH = 0, 1, 2
 SURFACE_PROBS = np.array([0.5, 0.3, 0.2])
 
-T0 = 1_700_000_000  # first request time (seconds)
-SPAN_S = 30 * 86400  # train + eval requests cover 30 days; eval is the latest part
+T0 = 1_700_006_400  # first request time (seconds): 2023-11-15 00:00 UTC
+SPAN_S = 30 * 86400  # the requests cover 30 days: train, then calibration, then eval
+LOG_START = T0 - 60 * 86400  # the behaviour logs begin 60 days before the first request ...
+LOG_END = T0 + SPAN_S  # ... and end with the last
 BLOCK_REQUESTS = 2048  # requests per RNG block (fixed: changing it changes the data)
 ITEM_EMB_DIM = 32  # item_embedding width ("GraphSage"-like noisy topic vector)
 ITEM_EMB_NOISE = 0.6  # per-coordinate noise sd is ITEM_EMB_NOISE / sqrt(dim) before normalizing
 QUERY_VOCAB = 1024  # token ids in [1, QUERY_VOCAB); 0 is padding
+QUERY_TOKENS_PER_TOPIC = 8  # a topic owns this many query tokens (fewer when T is large)
 
 # Topics: popularity ~ (rank + 3)^-0.8. A user's mixture puts Dirichlet(1, ..., 1) weights on
 # 1 + min(Poisson(MIXTURE_EXTRA_TOPICS), MIXTURE_SLOTS - 1) topics drawn by popularity.
@@ -74,27 +84,29 @@ ITEM_POPULARITY_POWER = 1.5  # within a topic, item index = floor(count * U^powe
 # Users.
 ACTIVITY_SD = 0.7  # activity a_u ~ LogNormal(0, ACTIVITY_SD); user_activity = 5 a_u e^{N(0, 0.15)}
 SAVE_PROPENSITY = (2.0, 10.0)  # Beta: fraction of a user's engaged events that are saves
-# Sequences (lengths ~ Poisson(frac * L * a_u / E[a_u]), clipped to the group's maximum).
-PINS_LENGTH_FRAC = 0.42
-PINS_EMPTY_PROB = 0.03  # cold requests with no history at all
-ADS_LENGTH_FRAC = 0.15
-QUERIES_LENGTH_FRAC = 0.10
-RECENT_EVENTS = 8  # the short-term intent shows in this many newest pins events
-RECENT_INTENT_PROB = 0.75  # a recent event's topic is the intent topic with this probability
-OLD_UNIFORM_PROB = 0.1  # older events: topic ~ user mixture, or uniform with this probability
+# Visits: a user (uniform) opens a visit at a uniform time of a split's window; it holds
+# 1 + Poisson(VISIT_EXTRA_REQUESTS) requests, REQUEST_GAP_S apart on average, all within VISIT_MAX_S.
+VISIT_EXTRA_REQUESTS = 1.5
+REQUEST_GAP_S = 120.0
+VISIT_MAX_S = 3600
+# Behaviour logs. Background events: Poisson(rate * L * a_u / E[a_u]) per 30 days, uniform in
+# time over the whole log; a visit opens with a session of SESSION_EVENTS pins events.
+PINS_PER_30_DAYS = 0.15
+ADS_PER_30_DAYS = 0.07
+QUERIES_PER_30_DAYS = 0.045
+SESSION_EVENTS = 8  # the short-term intent shows in the session before a visit
+SESSION_INTENT_PROB = 0.75  # a session event's topic is the visit's intent with this probability
+SESSION_GAP_S = 90.0  # mean gap between session events
+OLD_UNIFORM_PROB = 0.1  # background pins events: topic ~ user mixture, or uniform with this probability
 ADS_UNIFORM_PROB = 0.1  # ads events: topic ~ shopping mixture, or uniform
 QUERIES_UNIFORM_PROB = 0.2  # query events: topic ~ user mixture, or uniform
-RECENT_GAP_S = 90.0  # mean gap between the newest events (a session)
-OLD_GAP_S = 6 * 3600.0
-AD_GAP_S = 86400.0
-QUERY_GAP_S = 12 * 3600.0
 # Action types of sequence events, [0, 8).
 ACTIONS = ("click", "save", "closeup", "long_click", "comment", "share", "video_view", "add_to_cart")
 SAVE_ACTION = 1
 PIN_ACTION_PROBS = np.array([0.45, 0.0, 0.25, 0.12, 0.03, 0.05, 0.10, 0.0])  # non-save actions
 AD_ACTION_PROBS = np.array([0.55, 0.0, 0.10, 0.20, 0.0, 0.0, 0.0, 0.15])
 # Per request.
-INTENT_FROM_MIXTURE = 0.3  # intent ~ user mixture w.p. this, else uniform over topics
+INTENT_FROM_MIXTURE = 0.3  # a visit's intent ~ user mixture w.p. this, else uniform over topics
 ANCHOR_FROM_MIXTURE = 0.6  # search query topic / related-pins context topic ~ mixture, else uniform
 # Candidate topic sources per surface: (mixture, shopping mixture, intent, uniform, anchor).
 CANDIDATE_SOURCES = np.array(
@@ -140,7 +152,7 @@ def _stream(seed: int, *key: int) -> np.random.Generator:
 
 def query_tokens_per_topic(num_topics: int) -> int:
     """K: topic k (1-based) owns tokens 1 + (k-1)*K + r, r in [0, K), all < QUERY_VOCAB."""
-    return (QUERY_VOCAB - 1) // num_topics
+    return min(QUERY_TOKENS_PER_TOPIC, (QUERY_VOCAB - 1) // num_topics)
 
 
 # --------------------------------------------------------------------------------------------
@@ -260,50 +272,300 @@ def make_world(s: SynthConfig) -> World:
 
 
 # --------------------------------------------------------------------------------------------
-# A split's plan (candidate counts, files, row groups) and its request blocks.
+# The timeline: visits and requests in time, every user's behaviour events, every candidate.
+# --------------------------------------------------------------------------------------------
+
+SPLITS = ("train", "eval", "calibration")  # output directories
+TIME_ORDER = ("train", "calibration", "eval")  # the splits' order on the timeline
+
+
+def split_sizes(s: SynthConfig) -> Dict[str, int]:
+    return {"train": s.train_requests, "calibration": s.calibration_requests, "eval": s.eval_requests}
+
+
+def split_boundaries(s: SynthConfig) -> Dict[str, Tuple[int, int]]:
+    """Each split's time window [start, end) in epoch seconds: the span cut in proportion to the
+    splits' sizes (train first, then calibration, then eval), boundaries on whole hours."""
+    sizes = split_sizes(s)
+    total = sum(sizes.values())
+    out, start, done = {}, T0, 0
+    for name in TIME_ORDER:
+        done += sizes[name]
+        end = T0 + 3600 * round(SPAN_S / 3600 * done / total)
+        end = max(end, start + 2 * VISIT_MAX_S) if sizes[name] else start
+        out[name] = (start, end if done < total else max(end, T0 + SPAN_S))
+        start = out[name][1]
+    return out
+
+
+@dataclass
+class Events:
+    """One behaviour log: events sorted by (user, time), times strictly increasing per user."""
+
+    user: np.ndarray  # [E]
+    time: np.ndarray  # [E] epoch seconds
+    cols: Dict[str, np.ndarray]  # attribute -> [E]
+    key: np.ndarray  # [E] user * 2**34 + (time - LOG_START): sorted, for searchsorted
+
+    def window(self, user: np.ndarray, time: np.ndarray, cap: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Per (user, time): lengths and flat indices of that user's events strictly before
+        ``time``, newest first, at most ``cap``."""
+        base = user.astype(np.int64) << 34
+        end = np.searchsorted(self.key, base + (time - LOG_START), side="left")
+        first = np.searchsorted(self.key, base, side="left")
+        n = np.minimum(end - first, cap)
+        return n, np.repeat(end - 1, n) - _segment_positions(n)
+
+
+@dataclass
+class Timeline:
+    """All requests of all splits in time order (request_id = index), their candidates and the
+    behaviour logs. Visits are latent; a request's ``intent`` is its visit's."""
+
+    boundaries: Dict[str, Tuple[int, int]]
+    split_range: Dict[str, Tuple[int, int]]  # split -> [first, last) request ids
+    time: np.ndarray  # [N]
+    user: np.ndarray
+    surface: np.ndarray
+    intent: np.ndarray
+    query_topic: np.ndarray  # 0 unless search
+    context_topic: np.ndarray  # 0 unless related_pins
+    user_activity: np.ndarray  # float32
+    query_tokens: "Group"
+    cand_offsets: np.ndarray  # [N + 1]
+    cand_item: np.ndarray  # [rows]
+    pins: Events
+    ads: Events
+    queries: Events
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.time)
+
+
+def _tie_free(user: np.ndarray, time: np.ndarray, cols: Dict[str, np.ndarray]) -> Events:
+    """Sort by (user, time) (stable) and move an event tying with the one before it to one second
+    after it: event times strictly increase per user."""
+    order = np.argsort((user.astype(np.int64) << 34) + (time - LOG_START), kind="stable")
+    user, time = user[order], time[order].astype(np.int64)
+    i = np.arange(len(time), dtype=np.int64)
+    # t'_i = max(t_i, t'_{i-1} + 1) within a user: a running max of t_i - i, reset per user by
+    # the user offset (users sorted ascending, so a user's values exceed all earlier users').
+    off = user.astype(np.int64) << 40
+    time = np.maximum.accumulate(time - LOG_START - i + off) - off + i + LOG_START
+    key = (user.astype(np.int64) << 34) + (time - LOG_START)
+    return Events(user.astype(np.int64), time, {k: v[order] for k, v in cols.items()}, key)
+
+
+def _background(
+    rng: np.random.Generator, world: World, users: np.ndarray, per_30_days: float
+) -> Tuple[np.ndarray, np.ndarray]:
+    """Each user's background events: Poisson(per_30_days * rel. activity * log days / 30) events
+    at uniform times over the whole log."""
+    rel = world.activity[users] / math.exp(ACTIVITY_SD**2 / 2)  # E[a_u] = 1
+    n = rng.poisson(per_30_days * rel * (LOG_END - LOG_START) / (30 * 86400))
+    return np.repeat(users, n), rng.integers(LOG_START, LOG_END, int(n.sum()))
+
+
+def _mixture_topics(rng, world: World, mix, users: np.ndarray, uniform_prob: float) -> np.ndarray:
+    """One topic per entry of ``users``: ~ the user's mixture, or uniform w.p. uniform_prob."""
+    uniq, inv = np.unique(users, return_inverse=True)
+    dense = _dense_mixtures(mix[0][uniq], mix[1][uniq], world.num_topics)
+    t = _sample_topics(rng, dense, inv)
+    return np.where(rng.random(len(users)) < uniform_prob, rng.integers(1, world.num_topics + 1, len(users)), t)
+
+
+def make_timeline(world: World, s: SynthConfig) -> Timeline:
+    """Visits and requests of every split, the users' behaviour logs and every request's
+    candidates: everything but labels (sample_block). Deterministic for the seed and sizes."""
+    T, K = world.num_topics, query_tokens_per_topic(world.num_topics)
+    bounds = split_boundaries(s)
+    sizes = split_sizes(s)
+
+    # ---- visits and their requests, split by split -------------------------------------
+    v_user, v_time, r_visit, r_time = [], [], [], []
+    n_visits = 0
+    for index, name in enumerate(TIME_ORDER):
+        n = sizes[name]
+        if not n:
+            continue
+        rng = _stream(s.seed, 1, 0, index)
+        per_visit = 1 + rng.poisson(VISIT_EXTRA_REQUESTS, n)
+        m = int(np.searchsorted(np.cumsum(per_visit), n)) + 1  # visits needed for n requests
+        per_visit = per_visit[:m]
+        per_visit[-1] -= int(per_visit.sum()) - n
+        a, b = bounds[name]
+        start = rng.integers(a, b - VISIT_MAX_S, m)
+        v_user.append(rng.integers(0, s.num_users, m))
+        v_time.append(start)
+        gaps = 1 + np.floor(rng.exponential(REQUEST_GAP_S, n)).astype(np.int64)
+        gaps[np.cumsum(per_visit) - per_visit] = 0  # a visit's first request opens it
+        within = np.cumsum(gaps) - np.repeat(np.cumsum(gaps)[np.cumsum(per_visit) - per_visit], per_visit)
+        r_visit.append(n_visits + np.repeat(np.arange(m), per_visit))
+        r_time.append(np.repeat(start, per_visit) + np.minimum(within, VISIT_MAX_S - 1))
+        n_visits += m
+    v_user, v_time = np.concatenate(v_user), np.concatenate(v_time)
+    r_visit, r_time = np.concatenate(r_visit), np.concatenate(r_time)
+    order = np.argsort(r_time, kind="stable")  # request ids in time order
+    r_visit, r_time = r_visit[order], r_time[order]
+    N = len(r_time)
+    split_range, first = {}, 0
+    for name in TIME_ORDER:
+        split_range[name] = (first, first + sizes[name])
+        first += sizes[name]
+
+    # ---- per visit: intent; per request: surface, anchor, query, activity ---------------
+    rng = _stream(s.seed, 1, 1)
+    user = v_user[r_visit]
+    v_intent = np.where(
+        rng.random(n_visits) < INTENT_FROM_MIXTURE,
+        _mixture_topics(rng, world, world.theta, v_user, 0.0),
+        rng.integers(1, T + 1, n_visits),
+    )
+    intent = v_intent[r_visit]
+    surface = rng.choice(len(SURFACES), size=N, p=SURFACE_PROBS)
+    anchor = _mixture_topics(rng, world, world.theta, user, 1.0 - ANCHOR_FROM_MIXTURE)
+    query_topic = np.where(surface == SEARCH, anchor, 0)
+    context_topic = np.where(surface == RELATED, anchor, 0)
+    n_qt = np.where(surface == SEARCH, rng.integers(1, 4, N), 0)
+    qt_req = np.repeat(np.arange(N), n_qt)
+    qt = 1 + (query_topic[qt_req] - 1) * K + rng.integers(0, K, len(qt_req))
+    query_tokens = Group(n_qt, {"query_tokens": qt.astype(np.int64)})
+    user_activity = (5.0 * world.activity[user] * np.exp(rng.normal(0.0, 0.15, N))).astype(np.float32)
+    n_cand = 1 + rng.poisson(max(s.candidates_per_request - 1.0, 0.0), N).astype(np.int64)
+
+    # ---- behaviour logs -------------------------------------------------------------------
+    L = s.sequence_length
+    present = np.unique(v_user)
+    rng = _stream(s.seed, 2, 0)
+    bg_user, bg_time = _background(rng, world, present, PINS_PER_30_DAYS * L)
+    bg_topic = _mixture_topics(rng, world, world.theta, bg_user, OLD_UNIFORM_PROB)
+    # A visit opens with a session of SESSION_EVENTS pins events, mostly on its intent.
+    ss_visit = np.repeat(np.arange(n_visits), SESSION_EVENTS)
+    ss_user = v_user[ss_visit]
+    gaps = 1 + np.floor(rng.exponential(SESSION_GAP_S, (n_visits, SESSION_EVENTS))).astype(np.int64)
+    ss_time = (v_time[:, None] - np.cumsum(gaps, axis=1)).ravel()
+    ss_topic = np.where(
+        rng.random(len(ss_visit)) < SESSION_INTENT_PROB,
+        v_intent[ss_visit],
+        _mixture_topics(rng, world, world.theta, ss_user, 0.0),
+    )
+    p_user = np.concatenate([bg_user, ss_user])
+    p_topic = np.concatenate([bg_topic, ss_topic])
+    p_item = _items_of_topics(rng, world, p_topic)
+    pins = _tie_free(
+        p_user,
+        np.concatenate([bg_time, ss_time]),
+        {
+            "item": p_item,
+            "action": _actions(rng, world.save_propensity[p_user], PIN_ACTION_PROBS),
+            "topic": p_topic.astype(np.int64),
+        },
+    )
+
+    rng = _stream(s.seed, 2, 1)
+    a_user, a_time = _background(rng, world, present, ADS_PER_30_DAYS * L)
+    a_topic = _mixture_topics(rng, world, world.phi, a_user, ADS_UNIFORM_PROB)
+    ads = _tie_free(
+        a_user,
+        a_time,
+        {
+            "item": _items_of_topics(rng, world, a_topic),
+            "action": _actions(rng, world.save_propensity[a_user], AD_ACTION_PROBS),
+            "topic": a_topic.astype(np.int64),
+        },
+    )
+
+    # Search queries: background ones, and each search request's own query (its first token) at
+    # the request's time: later requests see it, the request itself does not.
+    rng = _stream(s.seed, 2, 2)
+    q_user, q_time = _background(rng, world, present, QUERIES_PER_30_DAYS * L)
+    q_topic = _mixture_topics(rng, world, world.theta, q_user, QUERIES_UNIFORM_PROB)
+    q_token = 1 + (q_topic - 1) * K + rng.integers(0, K, len(q_user))
+    searched = np.flatnonzero(n_qt > 0)
+    queries = _tie_free(
+        np.concatenate([q_user, user[searched]]),
+        np.concatenate([q_time, r_time[searched]]),
+        {
+            "token": np.concatenate([q_token, qt[np.cumsum(n_qt)[searched] - n_qt[searched]]]).astype(np.int64),
+            "topic": np.concatenate([q_topic, query_topic[searched]]).astype(np.int64),
+        },
+    )
+
+    # ---- candidates, block by block ----------------------------------------------------------
+    items = []
+    for block in range(-(-N // BLOCK_REQUESTS)):
+        lo, hi = block * BLOCK_REQUESTS, min((block + 1) * BLOCK_REQUESTS, N)
+        items.append(
+            _candidates(
+                _stream(s.seed, 1, 2, block),
+                world,
+                user[lo:hi],
+                surface[lo:hi],
+                intent[lo:hi],
+                anchor[lo:hi],
+                n_cand[lo:hi],
+            )
+        )
+    cand_item = np.concatenate([it for it, _ in items])
+    n_cand = np.concatenate([n for _, n in items])
+    return Timeline(
+        bounds,
+        split_range,
+        r_time,
+        user,
+        surface,
+        intent,
+        query_topic,
+        context_topic,
+        user_activity,
+        query_tokens,
+        np.concatenate([[0], np.cumsum(n_cand)]),
+        cand_item,
+        pins,
+        ads,
+        queries,
+    )
+
+
+def _candidates(rng, world: World, user, surface, intent, anchor, n_cand) -> Tuple[np.ndarray, np.ndarray]:
+    """Candidate items of these requests (topic by surface-specific sources); an item drawn twice
+    for one request is shown once. Returns (items, candidates per request)."""
+    R, T = len(user), world.num_topics
+    r = np.repeat(np.arange(R), n_cand)
+    N = len(r)
+    theta = _dense_mixtures(world.theta[0][user], world.theta[1][user], T)
+    phi = _dense_mixtures(world.phi[0][user], world.phi[1][user], T)
+    src = (rng.random(N)[:, None] >= np.cumsum(CANDIDATE_SOURCES[surface[r]], axis=1)).sum(axis=1)
+    options = np.stack(
+        [_sample_topics(rng, theta, r), _sample_topics(rng, phi, r), intent[r], rng.integers(1, T + 1, N), anchor[r]]
+    )
+    item = _items_of_topics(rng, world, options[np.minimum(src, 4), np.arange(N)])
+    key = r * world.item_topic.size + item
+    order = np.argsort(key, kind="stable")
+    repeat = np.zeros(N, bool)
+    repeat[order[1:]] = key[order[1:]] == key[order[:-1]]
+    return item[~repeat], np.bincount(r[~repeat], minlength=R)
+
+
+# --------------------------------------------------------------------------------------------
+# A split's plan (files, row groups) and its request blocks.
 # --------------------------------------------------------------------------------------------
 
 
 @dataclass
 class SplitPlan:
     name: str  # "train" / "eval" / "calibration"
-    index: int  # 0 / 1 / 2: selects the RNG streams
     synth: SynthConfig
+    first_request: int  # request id of the split's first request
     num_requests: int
-    first_request: int  # global index of request 0 (request_id)
-    # Request i's time is (time_start + i + u) / time_scale of the span (u uniform in [0, 1)):
-    # train and eval tile the span one request per 1 / (train + eval) of it.
-    time_start: float
-    time_scale: float
-    num_candidates: np.ndarray  # [num_requests]
-    row_offsets: np.ndarray  # [num_requests + 1]
-
-    @property
-    def num_blocks(self) -> int:
-        return -(-self.num_requests // BLOCK_REQUESTS)
+    row_offsets: np.ndarray  # [num_requests + 1], from 0
 
 
-# The calibration split (synth.calibration_requests) is extra requests drawn over the latest 5% of
-# the training span: data from the time the model was last trained on, never trained on itself.
-CALIBRATION_WINDOW = 0.05
-
-SPLITS = ("train", "eval", "calibration")
-
-
-def plan_split(s: SynthConfig, split: str) -> SplitPlan:
-    index = SPLITS.index(split)
-    n = (s.train_requests, s.eval_requests, s.calibration_requests)[index]
-    rng = _stream(s.seed, 1 + index, 0)
-    n_cand = 1 + rng.poisson(max(s.candidates_per_request - 1.0, 0.0), n).astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(n_cand)])
-    total = s.train_requests + s.eval_requests
-    if split == "calibration":
-        density = n / (CALIBRATION_WINDOW * s.train_requests)  # requests per train request's time
-        first, start, scale = total, (1.0 - CALIBRATION_WINDOW) * s.train_requests * density, total * density
-    else:
-        first = 0 if split == "train" else s.train_requests
-        start, scale = first, total
-    return SplitPlan(split, index, s, n, first, start, scale, n_cand, offsets)
+def plan_split(s: SynthConfig, timeline: Timeline, split: str) -> SplitPlan:
+    a, b = timeline.split_range[split]
+    off = timeline.cand_offsets[a : b + 1]
+    return SplitPlan(split, s, a, b - a, off - off[0])
 
 
 @dataclass
@@ -316,7 +578,7 @@ class Group:
 
 @dataclass
 class Block:
-    lo: int  # first request (index within the split)
+    lo: int  # first request id
     hi: int
     # per request (latent ones are never written)
     request_id: np.ndarray
@@ -324,7 +586,7 @@ class Block:
     surface: np.ndarray  # index into SURFACES
     timestamp: np.ndarray
     time_fraction: np.ndarray  # position of the request time in the whole span, [0, 1)
-    intent: np.ndarray  # latent short-term intent topic
+    intent: np.ndarray  # latent short-term intent topic (its visit's)
     query_topic: np.ndarray  # latent (0 unless search)
     context_topic: np.ndarray  # 0 unless related_pins
     user_activity: np.ndarray
@@ -369,136 +631,66 @@ def _items_of_topics(rng: np.random.Generator, world: World, topics: np.ndarray)
     return world.items_by_topic[start + np.minimum(pick, count - 1)]
 
 
-def _event_times(
-    rng: np.random.Generator, req_ts: np.ndarray, lengths: np.ndarray, pos: np.ndarray, mean_gap: np.ndarray
-) -> np.ndarray:
-    """Strictly decreasing event times, all before the request time (gaps >= 1 s)."""
-    gaps = 1 + np.floor(rng.exponential(1.0, len(pos)) * mean_gap).astype(np.int64)
-    csum = np.cumsum(gaps)
-    seg_end = np.cumsum(lengths)
-    base = np.repeat(np.concatenate([[0], csum])[seg_end - lengths], lengths)
-    return np.repeat(req_ts, lengths) - (csum - base)
-
-
 def _actions(rng: np.random.Generator, save_prob: np.ndarray, probs: np.ndarray) -> np.ndarray:
     other = rng.choice(len(probs), size=len(save_prob), p=probs / probs.sum())
     return np.where(rng.random(len(save_prob)) < save_prob, SAVE_ACTION, other).astype(np.int64)
 
 
-def _lengths(rng: np.random.Generator, rel_activity: np.ndarray, frac: float, max_len: int, full: int) -> np.ndarray:
-    return np.minimum(rng.poisson(frac * full * rel_activity), max_len).astype(np.int64)
+def sequence_caps(s: SynthConfig) -> Dict[str, int]:
+    """Most events a request's sequence holds, per group: L for pins, L / 2 for ads and queries."""
+    L = s.sequence_length
+    return {"pins": L, "ads": L // 2, "queries": L // 2}
 
 
-def sample_block(world: World, plan: SplitPlan, block: int) -> Block:
-    """Requests [block * BLOCK_REQUESTS, ...) of the split, with their rows, from the block's stream."""
-    s = plan.synth
-    rng = _stream(s.seed, 1 + plan.index, 1, block)
+GROUP_COLUMNS = {  # group -> (contract timestamp column, {contract column: log attribute})
+    "pins": ("seq_pin_ts", {"seq_pin_item": "item", "seq_pin_action": "action", "seq_pin_topic": "topic"}),
+    "ads": ("seq_ad_ts", {"seq_ad_item": "item", "seq_ad_action": "action", "seq_ad_topic": "topic"}),
+    "queries": ("seq_query_ts", {"seq_query_token": "token", "seq_query_topic": "topic"}),
+}
+
+
+def _history(world: World, log: Events, group: str, user, time, cap: int) -> Tuple[Group, np.ndarray]:
+    """The requests' sequences of one group (their users' events before them) and the flat event
+    indices into the log."""
+    n, idx = log.window(user, time, cap)
+    ts_col, attrs = GROUP_COLUMNS[group]
+    cols = {ts_col: log.time[idx]}
+    cols.update({c: log.cols[a][idx] for c, a in attrs.items()})
+    if group == "pins":
+        cols["seq_pin_emb"] = world.item_event_emb[cols["seq_pin_item"]]
+    return Group(n, cols), idx
+
+
+def sample_block(world: World, tl: Timeline, s: SynthConfig, block: int) -> Block:
+    """Requests [block * BLOCK_REQUESTS, ...) of the timeline with their sequences, rows and
+    labels; labels from the block's stream."""
+    rng = _stream(s.seed, 3, block)
     lo = block * BLOCK_REQUESTS
-    hi = min(lo + BLOCK_REQUESTS, plan.num_requests)
-    R, T, L = hi - lo, world.num_topics, s.sequence_length
-    K = query_tokens_per_topic(T)
+    hi = min(lo + BLOCK_REQUESTS, tl.num_requests)
+    R, T = hi - lo, world.num_topics
     reqs = np.arange(R)
+    user, ts, surface = tl.user[lo:hi], tl.time[lo:hi], tl.surface[lo:hi]
+    intent, query_topic, context_topic = tl.intent[lo:hi], tl.query_topic[lo:hi], tl.context_topic[lo:hi]
+    frac = (ts - T0) / SPAN_S
+    caps = sequence_caps(s)
+    pins, pin_idx = _history(world, tl.pins, "pins", user, ts, caps["pins"])
+    ads, _ = _history(world, tl.ads, "ads", user, ts, caps["ads"])
+    queries, _ = _history(world, tl.queries, "queries", user, ts, caps["queries"])
+    qt = tl.query_tokens
+    qt_off = np.concatenate([[0], np.cumsum(qt.lengths)])
+    query_tokens = Group(qt.lengths[lo:hi], {"query_tokens": qt.cols["query_tokens"][qt_off[lo] : qt_off[hi]]})
 
-    # ---- per request --------------------------------------------------------------------
-    g = plan.time_start + lo + np.arange(R)
-    frac = (g + rng.random(R)) / plan.time_scale
-    ts = T0 + np.floor(frac * SPAN_S).astype(np.int64)
-    user = rng.integers(0, s.num_users, R)
-    surface = rng.choice(len(SURFACES), size=R, p=SURFACE_PROBS)
-    theta = _dense_mixtures(world.theta[0][user], world.theta[1][user], T)
-    phi = _dense_mixtures(world.phi[0][user], world.phi[1][user], T)
-    rel_act = world.activity[user] / math.exp(ACTIVITY_SD**2 / 2)  # E[a_u] = 1
-    user_activity = (5.0 * world.activity[user] * np.exp(rng.normal(0.0, 0.15, R))).astype(np.float32)
-
-    def from_mixture_or_uniform(p_mixture: float) -> np.ndarray:
-        return np.where(rng.random(R) < p_mixture, _sample_topics(rng, theta, reqs), rng.integers(1, T + 1, R))
-
-    intent = from_mixture_or_uniform(INTENT_FROM_MIXTURE)
-    anchor = from_mixture_or_uniform(ANCHOR_FROM_MIXTURE)
-    query_topic = np.where(surface == SEARCH, anchor, 0)
-    context_topic = np.where(surface == RELATED, anchor, 0)
-    n_qt = np.where(surface == SEARCH, rng.integers(1, 4, R), 0)
-    qt_req = np.repeat(reqs, n_qt)
-    qt = 1 + (query_topic[qt_req] - 1) * K + rng.integers(0, K, len(qt_req))
-    query_tokens = Group(n_qt, {"query_tokens": qt.astype(np.int64)})
-
-    # ---- pins sequence: newest RECENT_EVENTS mostly the intent, older ones the mixture ------
-    n_pins = _lengths(rng, rel_act, PINS_LENGTH_FRAC, L, L)
-    n_pins[rng.random(R) < PINS_EMPTY_PROB] = 0
-    ev = np.repeat(reqs, n_pins)
-    pos = _segment_positions(n_pins)
-    recent = pos < RECENT_EVENTS
-    u = rng.random(len(ev))
-    topic = np.where(recent & (u < RECENT_INTENT_PROB), intent[ev], _sample_topics(rng, theta, ev))
-    topic = np.where(~recent & (u < OLD_UNIFORM_PROB), rng.integers(1, T + 1, len(ev)), topic)
-    item = _items_of_topics(rng, world, topic)
-    action = _actions(rng, world.save_propensity[user][ev], PIN_ACTION_PROBS)
-    gap = np.where(recent, RECENT_GAP_S, OLD_GAP_S)
-    pins = Group(
-        n_pins,
-        {
-            "seq_pin_item": item,
-            "seq_pin_ts": _event_times(rng, ts, n_pins, pos, gap),
-            "seq_pin_action": action,
-            "seq_pin_topic": topic.astype(np.int64),
-            "seq_pin_emb": world.item_event_emb[item],
-        },
-    )
-
-    # ---- ads sequence: the shopping mixture ----------------------------------------------
-    n_ads = _lengths(rng, rel_act, ADS_LENGTH_FRAC, L // 2, L)
-    ev_a = np.repeat(reqs, n_ads)
-    topic_a = np.where(
-        rng.random(len(ev_a)) < ADS_UNIFORM_PROB, rng.integers(1, T + 1, len(ev_a)), _sample_topics(rng, phi, ev_a)
-    )
-    item_a = _items_of_topics(rng, world, topic_a)
-    ads = Group(
-        n_ads,
-        {
-            "seq_ad_item": item_a,
-            "seq_ad_ts": _event_times(rng, ts, n_ads, _segment_positions(n_ads), AD_GAP_S),
-            "seq_ad_action": _actions(rng, world.save_propensity[user][ev_a], AD_ACTION_PROBS),
-            "seq_ad_topic": topic_a.astype(np.int64),
-        },
-    )
-
-    # ---- search queries --------------------------------------------------------------------
-    n_q = _lengths(rng, rel_act, QUERIES_LENGTH_FRAC, L // 2, L)
-    ev_q = np.repeat(reqs, n_q)
-    topic_q = np.where(
-        rng.random(len(ev_q)) < QUERIES_UNIFORM_PROB,
-        rng.integers(1, T + 1, len(ev_q)),
-        _sample_topics(rng, theta, ev_q),
-    )
-    queries = Group(
-        n_q,
-        {
-            "seq_query_token": 1 + (topic_q - 1) * K + rng.integers(0, K, len(ev_q)),
-            "seq_query_ts": _event_times(rng, ts, n_q, _segment_positions(n_q), QUERY_GAP_S),
-            "seq_query_topic": topic_q.astype(np.int64),
-        },
-    )
-
-    # ---- candidates ------------------------------------------------------------------------
-    n_cand = plan.num_candidates[lo:hi]
+    # ---- candidates and the planted probabilities -------------------------------------------
+    c0, c1 = tl.cand_offsets[lo], tl.cand_offsets[hi]
+    n_cand = np.diff(tl.cand_offsets[lo : hi + 1])
+    cand = tl.cand_item[c0:c1]
     r = np.repeat(reqs, n_cand)
     N = len(r)
     surf = surface[r]
-    src_cum = np.cumsum(CANDIDATE_SOURCES[surf], axis=1)
-    src = (rng.random(N)[:, None] >= src_cum).sum(axis=1)
-    options = np.stack(
-        [
-            _sample_topics(rng, theta, r),
-            _sample_topics(rng, phi, r),
-            intent[r],
-            rng.integers(1, T + 1, N),
-            np.maximum(query_topic, context_topic)[r],
-        ]
-    )
-    cand_topic = options[np.minimum(src, 4), np.arange(N)]
-    cand = _items_of_topics(rng, world, cand_topic)
     k = world.item_topic[cand]
     shopping = world.item_ad_type[cand]
+    theta = _dense_mixtures(world.theta[0][user], world.theta[1][user], T)
+    phi = _dense_mixtures(world.phi[0][user], world.phi[1][user], T)
     w = np.where(shopping == 1, phi[r, k - 1], theta[r, k - 1]).astype(np.float64)
     is_intent = (k == intent[r]).astype(np.float64)
     interest = INTEREST_SCALE[surf] * (LONG_TERM_COEF * w + INTENT_COEF * is_intent)
@@ -519,9 +711,12 @@ def sample_block(world: World, plan: SplitPlan, block: int) -> Block:
         + GOOD_INTENT_COEF * is_intent
         + GOOD_SHOPPING_OFFSET * shopping
     )
-    saves_on_topic = np.bincount(ev * (T + 1) + topic, weights=(action == SAVE_ACTION), minlength=R * (T + 1)).reshape(
-        R, T + 1
-    )[r, k]
+    # Saves on the candidate's topic among the pins events the request sees.
+    ev = np.repeat(reqs, pins.lengths)
+    saves = pins.cols["seq_pin_action"] == SAVE_ACTION
+    saves_on_topic = np.bincount(
+        ev * (T + 1) + pins.cols["seq_pin_topic"], weights=saves, minlength=R * (T + 1)
+    ).reshape(R, T + 1)[r, k]
     logit_save = (
         SAVE_OFFSET[surf]
         + SAVE_INTEREST_COEF * interest
@@ -539,7 +734,7 @@ def sample_block(world: World, plan: SplitPlan, block: int) -> Block:
         "advertiser_id": world.item_advertiser[cand],
         "ad_type": shopping,
         "item_topic": k,
-        "user_activity": user_activity[r],
+        "user_activity": tl.user_activity[lo:hi][r],
         "item_ctr_prior": world.item_prior[cand],
         "item_embedding": world.item_emb[cand],
         "click": click.astype(np.int64),
@@ -558,11 +753,11 @@ def sample_block(world: World, plan: SplitPlan, block: int) -> Block:
         "saves_on_topic": saves_on_topic,
         "logit_click": logit_click,
     }
-    _apply_faults(rows, frac[r], s, _stream(s.seed, 1 + plan.index, 2, block))
+    _apply_faults(rows, frac[r], s, _stream(s.seed, 4, block))
     return Block(
         lo,
         hi,
-        plan.first_request + lo + reqs,
+        lo + reqs,
         user,
         surface,
         ts,
@@ -570,7 +765,7 @@ def sample_block(world: World, plan: SplitPlan, block: int) -> Block:
         intent,
         query_topic,
         context_topic,
-        user_activity,
+        tl.user_activity[lo:hi],
         n_cand,
         query_tokens,
         pins,
@@ -604,6 +799,11 @@ def _apply_faults(
         c = f.shift_column
         rows[c] = rows[c].copy()
         rows[c][hit] = (rows[c][hit] * f.shift_scale + f.shift_offset).astype(np.float32)
+
+
+def faults_enabled(s: SynthConfig) -> bool:
+    f = s.faults
+    return f.stale_fraction > 0 or f.zero_fill_column is not None or f.shift_column is not None
 
 
 # --------------------------------------------------------------------------------------------
@@ -718,10 +918,10 @@ def oracle_metrics(surface: np.ndarray, labels: Dict[str, np.ndarray], probs: Di
 
 
 def split_files(plan: SplitPlan) -> List[List[Tuple[int, int]]]:
-    """Per file, its row groups as request ranges [a, b): whole requests, <= row_group_size rows
+    """Per file, its row groups as request-id ranges [a, b): whole requests, <= row_group_size rows
     each (a single request larger than that is a row group of its own)."""
     s = plan.synth
-    if plan.index == 0:
+    if plan.name == "train":
         n_files = s.num_files
     else:  # eval, calibration: in proportion to its size, at least 2
         n_files = min(max(2, math.ceil(s.num_files * plan.num_requests / s.train_requests)), max(s.num_files, 2))
@@ -735,7 +935,7 @@ def split_files(plan: SplitPlan) -> List[List[Tuple[int, int]]]:
         while a < end:
             b = int(np.searchsorted(off, off[a] + s.row_group_size, side="right")) - 1
             b = min(max(b, a + 1), end)
-            groups.append((a, b))
+            groups.append((plan.first_request + a, plan.first_request + b))
             a = b
         files.append(groups)
     return files
@@ -748,7 +948,7 @@ def _slice_group(g: Group, a: int, b: int) -> Group:
 
 
 def slice_block(blk: Block, a: int, b: int) -> Block:
-    """Requests [a, b) of the split (within the block's range), with their rows and events."""
+    """Requests [a, b) (ids within the block's range), with their rows and events."""
     x, y = a - blk.lo, b - blk.lo
     r0 = int(blk.num_candidates[:x].sum())
     r1 = r0 + int(blk.num_candidates[x:y].sum())
@@ -783,33 +983,52 @@ def slice_block(blk: Block, a: int, b: int) -> Block:
 PARQUET_OPTIONS = dict(compression="lz4", use_dictionary=False, write_statistics=False)
 
 
-def _write_file(world: World, plan: SplitPlan, groups: List[Tuple[int, int]], path: Path) -> dict:
-    """Write one file's row groups; generates the blocks it overlaps (deterministic per block)."""
-    sch = schema(plan.synth.event_embedding_dim)
+def contract_table(b: Block, sch: pa.Schema) -> pa.Table:
+    """The contract rows of a block in the storage layout the generator writes (per row)."""
+    return block_table(b, sch)
+
+
+def contract_schema(s: SynthConfig) -> pa.Schema:
+    return schema(s.event_embedding_dim)
+
+
+def _write_file(world: World, tl: Timeline, plan: SplitPlan, groups, path: Path, raw_path: Optional[Path]) -> dict:
+    """Write one file's row groups (and, with raw_path, the same impressions as raw log rows);
+    generates the blocks it overlaps (deterministic per block)."""
+    s = plan.synth
+    sch = contract_schema(s)
     first, last = groups[0][0], groups[-1][1]
     surf, labels, probs = [], {t: [] for t in TASKS}, {t: [] for t in TASKS}
     blk: Optional[Block] = None
-    with pq.ParquetWriter(path, sch, **PARQUET_OPTIONS) as writer:
-        for a, b in groups:
-            pieces = []
-            while a < b:
-                if blk is None or blk.hi <= a:
-                    full = sample_block(world, plan, a // BLOCK_REQUESTS)
-                    blk = slice_block(full, max(full.lo, first), min(full.hi, last))
-                    surf.append(np.repeat(blk.surface, blk.num_candidates))
-                    for t in TASKS:
-                        labels[t].append(blk.rows[t].astype(np.int8))
-                        probs[t].append(blk.rows[f"true_p_{t}"])
-                y = min(b, blk.hi)
-                pieces.append(block_table(slice_block(blk, a, y), sch))
-                a = y
-            rg = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
-            writer.write_table(rg, row_group_size=max(rg.num_rows, 1))
+    raw_writer = pq.ParquetWriter(raw_path, IMPRESSION_SCHEMA, **PARQUET_OPTIONS) if raw_path else None
+    try:
+        with pq.ParquetWriter(path, sch, **PARQUET_OPTIONS) as writer:
+            for a, b in groups:
+                pieces = []
+                while a < b:
+                    if blk is None or blk.hi <= a:
+                        full = sample_block(world, tl, s, a // BLOCK_REQUESTS)
+                        blk = slice_block(full, max(full.lo, first), min(full.hi, last))
+                        surf.append(np.repeat(blk.surface, blk.num_candidates))
+                        for t in TASKS:
+                            labels[t].append(blk.rows[t].astype(np.int8))
+                            probs[t].append(blk.rows[f"true_p_{t}"])
+                    y = min(b, blk.hi)
+                    part = slice_block(blk, a, y)
+                    pieces.append(contract_table(part, sch))
+                    if raw_writer is not None:
+                        raw_writer.write_table(impression_table(part))
+                    a = y
+                rg = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
+                writer.write_table(rg, row_group_size=max(rg.num_rows, 1))
+    finally:
+        if raw_writer is not None:
+            raw_writer.close()
     return {
         "path": str(path),
         "bytes": path.stat().st_size,
         "row_groups": len(groups),
-        "rows": int(plan.row_offsets[last] - plan.row_offsets[first]),
+        "rows": int(tl.cand_offsets[last] - tl.cand_offsets[first]),
         "requests": last - first,
         "_surface": np.concatenate(surf),
         "_labels": {t: np.concatenate(v) for t, v in labels.items()},
@@ -817,7 +1036,20 @@ def _write_file(world: World, plan: SplitPlan, groups: List[Tuple[int, int]], pa
     }
 
 
-def _split_summary(plan: SplitPlan, files: List[dict]) -> dict:
+def _iso(t: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+
+
+def _history_stats(tl: Timeline, s: SynthConfig, a: int, b: int) -> dict:
+    """Mean sequence length per group and requests per user, for the split's requests [a, b)."""
+    out = {}
+    for group, cap in sequence_caps(s).items():
+        n, _ = getattr(tl, group).window(tl.user[a:b], tl.time[a:b], cap)
+        out[f"mean_{group}_length"] = round(float(n.mean()), 2) if len(n) else 0.0
+    return out
+
+
+def _split_summary(tl: Timeline, plan: SplitPlan, files: List[dict]) -> dict:
     metrics = oracle_metrics(
         np.concatenate([f.pop("_surface") for f in files]),
         {t: np.concatenate([f["_labels"][t] for f in files]) for t in TASKS},
@@ -826,47 +1058,64 @@ def _split_summary(plan: SplitPlan, files: List[dict]) -> dict:
     for f in files:
         del f["_labels"], f["_probs"]
     n = plan.num_requests
+    start, end = tl.boundaries[plan.name]
+    a, b = plan.first_request, plan.first_request + n
     return {
         "requests": n,
         "rows": int(plan.row_offsets[-1]),
         "files": files,
         "bytes": sum(f["bytes"] for f in files),
         "surfaces": metrics,
-        "request_ids": [plan.first_request, plan.first_request + n - 1],
-        "time_range": [
-            int(T0 + plan.time_start * SPAN_S // plan.time_scale),
-            int(T0 + (plan.time_start + n) * SPAN_S // plan.time_scale),
-        ],
+        "request_ids": [a, b - 1],
+        "time_range": [int(tl.time[a]), int(tl.time[b - 1])],
+        "window": [start, end],
+        "window_utc": [_iso(start), _iso(end)],
+        "users": int(len(np.unique(tl.user[a:b]))),
+        **_history_stats(tl, plan.synth, a, b),
     }
 
 
-def generate(cfg: ExperimentConfig, out_dir: str | Path, num_threads: int = 0) -> dict:
+def generate(cfg: ExperimentConfig, out_dir: str | Path, num_threads: int = 0, raw: bool = False) -> dict:
     """Write ``out_dir/{train,eval}/part-*.parquet`` (and ``calibration/`` when
-    synth.calibration_requests > 0) and ``out_dir/summary.json``; return the summary.
+    synth.calibration_requests > 0) and ``out_dir/summary.json``; return the summary. With ``raw``,
+    also the raw logs the same data build from (``out_dir/raw/``, see write_raw).
 
     ``num_threads``: files written in parallel (0: one per CPU core). The bytes do not depend on it.
     """
     s = cfg.synth
     out = Path(out_dir)
+    if raw:
+        check_raw(cfg)
     t_start = time.perf_counter()
     world = make_world(s)
+    tl = make_timeline(world, s)
     t_world = time.perf_counter() - t_start
     jobs = []
-    plans = {name: plan_split(s, name) for name in SPLITS if name != "calibration" or s.calibration_requests}
+    plans = {name: plan_split(s, tl, name) for name in SPLITS if name != "calibration" or s.calibration_requests}
     for name in SPLITS:  # no stale files of an earlier, larger or calibration-split run
         for old in (out / name).glob("part-*.parquet"):
             old.unlink()
+    raw_dir = out / "raw"
+    if raw:
+        for old in (raw_dir / "impressions").glob("*.parquet"):
+            old.unlink()
+        (raw_dir / "impressions").mkdir(parents=True, exist_ok=True)
     for name, plan in plans.items():
         d = out / name
         d.mkdir(parents=True, exist_ok=True)
-        jobs += [(plan, groups, d / f"part-{f:05d}.parquet") for f, groups in enumerate(split_files(plan))]
+        for f, groups in enumerate(split_files(plan)):
+            raw_path = raw_dir / "impressions" / f"{name}-{f:05d}.parquet" if raw else None
+            jobs.append((plan, groups, d / f"part-{f:05d}.parquet", raw_path))
     # Files are independent (each regenerates the blocks it overlaps) and Parquet encoding releases
     # the GIL: one thread per core roughly doubles throughput on 2 cores.
     workers = max(1, min(num_threads or len(os.sched_getaffinity(0)), len(jobs)))
     with ThreadPoolExecutor(workers) as pool:
-        done = list(pool.map(lambda job: _write_file(world, *job), jobs))
+        pending = pool.submit(write_raw, world, tl, s, raw_dir) if raw else None
+        done = list(pool.map(lambda job: _write_file(world, tl, *job), jobs))
+        raw_info = pending.result() if pending is not None else None
     splits = {
-        name: _split_summary(plan, [f for job, f in zip(jobs, done) if job[0] is plan]) for name, plan in plans.items()
+        name: _split_summary(tl, plan, [f for job, f in zip(jobs, done) if job[0] is plan])
+        for name, plan in plans.items()
     }
     seconds = time.perf_counter() - t_start
     rows = sum(v["rows"] for v in splits.values())
@@ -875,6 +1124,7 @@ def generate(cfg: ExperimentConfig, out_dir: str | Path, num_threads: int = 0) -
         "out_dir": str(out),
         "rows": rows,
         "requests": sum(v["requests"] for v in splits.values()),
+        "users": int(len(np.unique(tl.user))),
         "bytes": sum(v["bytes"] for v in splits.values()),
         "seconds": round(seconds, 3),
         "world_seconds": round(t_world, 3),
@@ -883,8 +1133,117 @@ def generate(cfg: ExperimentConfig, out_dir: str | Path, num_threads: int = 0) -
         "synth": dataclasses.asdict(s),
         "splits": splits,
     }
+    if raw_info is not None:
+        summary["raw"] = raw_info
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+# --------------------------------------------------------------------------------------------
+# Raw logs: what a logging system would have recorded (out/raw/).
+# --------------------------------------------------------------------------------------------
+
+IMPRESSION_SCHEMA = pa.schema(
+    [
+        ("request_id", _I64),
+        ("user_id", _I64),
+        ("timestamp", _I64),
+        ("surface", pa.string()),
+        ("item_id", _I64),
+        ("position", _I64),
+        ("context_topic", _I64),
+        ("query_tokens", _LI64),
+        ("user_activity", pa.float32()),
+        ("click", _I64),
+        ("good_click", _I64),
+        ("save", _I64),
+        ("true_p_click", pa.float64()),
+        ("true_p_good_click", pa.float64()),
+        ("true_p_save", pa.float64()),
+    ]
+)
+
+
+def impression_table(b: Block) -> pa.Table:
+    """The impression log's rows of a block: one per candidate, its position in the request."""
+    n = b.num_candidates
+    rep = lambda a: np.repeat(a, n)  # noqa: E731
+    qt = b.query_tokens
+    offsets, idx = _per_row_lists(qt, n)
+    cols = {
+        "request_id": pa.array(rep(b.request_id)),
+        "user_id": pa.array(rep(b.user)),
+        "timestamp": pa.array(rep(b.timestamp)),
+        "surface": pa.array(np.array(SURFACES, dtype=object)[rep(b.surface)], pa.string()),
+        "item_id": pa.array(b.rows["item_id"]),
+        "position": pa.array(_segment_positions(n)),
+        "context_topic": pa.array(rep(b.context_topic)),
+        "query_tokens": pa.ListArray.from_arrays(offsets, pc.take(pa.array(qt.cols["query_tokens"]), idx)),
+        "user_activity": pa.array(b.rows["user_activity"]),
+    }
+    for t in TASKS:
+        cols[t] = pa.array(b.rows[t])
+        cols[f"true_p_{t}"] = pa.array(b.rows[f"true_p_{t}"])
+    return pa.Table.from_arrays([cols[f.name] for f in IMPRESSION_SCHEMA], schema=IMPRESSION_SCHEMA)
+
+
+RAW_LOGS = {"pins": "pin_events", "ads": "ad_events", "queries": "search_events"}
+
+
+def _log_table(world: World, log: Events, group: str) -> pa.Table:
+    """A behaviour log keyed by user and time only, in time order (as logs are written)."""
+    order = np.argsort(log.time, kind="stable")
+    cols = {"user_id": pa.array(log.user[order]), "timestamp": pa.array(log.time[order])}
+    cols.update({name: pa.array(v[order]) for name, v in log.cols.items()})
+    if group == "pins":
+        cols["embedding"] = _arrow(world.item_event_emb[log.cols["item"][order]])
+    return pa.table(cols)
+
+
+def items_table(world: World) -> pa.Table:
+    return pa.table(
+        {
+            "item_id": pa.array(np.arange(len(world.item_topic), dtype=np.int64)),
+            "advertiser_id": pa.array(world.item_advertiser),
+            "ad_type": pa.array(world.item_ad_type),
+            "topic": pa.array(world.item_topic),
+            "ctr_prior": pa.array(world.item_prior),
+            "embedding": _arrow(world.item_emb),
+        }
+    )
+
+
+def write_raw(world: World, tl: Timeline, s: SynthConfig, raw_dir: Path) -> dict:
+    """The behaviour logs (one per sequence group) and the items side table; the impression log is
+    written beside the contract files (raw/impressions/<split>-<file>.parquet)."""
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    info = {}
+    for group, name in RAW_LOGS.items():
+        path = raw_dir / f"{name}.parquet"
+        table = _log_table(world, getattr(tl, group), group)
+        pq.write_table(table, path, row_group_size=1 << 20, **PARQUET_OPTIONS)
+        info[name] = {"rows": table.num_rows, "bytes": path.stat().st_size}
+    path = raw_dir / "items.parquet"
+    pq.write_table(items_table(world), path, **PARQUET_OPTIONS)
+    info["items"] = {"rows": len(world.item_topic), "bytes": path.stat().st_size}
+    return info
+
+
+def check_raw(cfg: ExperimentConfig) -> None:
+    """What --raw needs: fault-free data (faults have no raw form), and sequence groups capped as
+    the generator caps them (else a build from the raw logs would not reproduce the contract)."""
+    s = cfg.synth
+    if faults_enabled(s):
+        raise ConfigError("synth.faults: feature faults have no raw-log form; turn them off with --raw")
+    caps = sequence_caps(s)
+    for g in cfg.features.sequence_groups:
+        for group, (ts_col, _) in GROUP_COLUMNS.items():
+            if g.timestamp_column == ts_col and g.max_length != caps[group]:
+                raise ConfigError(
+                    f"features.sequence_groups[{g.name}].max_length: {g.max_length}, but the generator caps that "
+                    f"group at {caps[group]} (from synth.sequence_length={s.sequence_length}): a build of the raw "
+                    "logs would not equal the contract output"
+                )
 
 
 def is_cached(s: SynthConfig, out_dir: str | Path, at_least: Sequence[str] = ()) -> bool:
@@ -944,6 +1303,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--seed", type=int)
     ap.add_argument("--train-requests", type=int)
     ap.add_argument("--eval-requests", type=int)
+    ap.add_argument(
+        "--raw", action="store_true", help="also write the raw logs under OUT/raw/ (docs/synthetic_data.md)"
+    )
     args = ap.parse_args(argv)
     overrides = list(args.set)
     for flag, key in (("seed", "seed"), ("train_requests", "train_requests"), ("eval_requests", "eval_requests")):
@@ -951,7 +1313,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             overrides.append(f"synth.{key}={getattr(args, flag)}")
     try:
         cfg = load(args.config, overrides)
-        summary = generate(cfg, args.out)
+        summary = generate(cfg, args.out, raw=args.raw)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
