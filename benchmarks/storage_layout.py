@@ -3,11 +3,12 @@
     python benchmarks/storage_layout.py [--config configs/demo.yaml] [--train-requests 300000]
                                         [--repeats 3] [--max-batches 0] [--out DIR] [--set key=value ...]
 
-1. Generates the config's synthetic training split (``pinads_rec.data.synth.generate``: the per-row
-   layout, one row per candidate, request-level columns repeated) with ``--train-requests``
-   requests, and rewrites each of its files in the per-request layout (``data.layout.to_per_request``:
-   one row per request, candidate columns as lists), row group by row group (the same requests in
-   each row group) with synth's Parquet settings (``synth.PARQUET_OPTIONS``).
+1. Generates the config's synthetic training split (``pinads_rec.data.synth.generate``) with
+   ``--train-requests`` requests, rewrites it per row (``data.layout.to_per_row``: one row per
+   candidate, request-level columns repeated), and that per request again the way the builder
+   writes (``data.layout.to_per_request``: one row per request, candidate columns as lists), row
+   group by row group (the same requests in each row group), with synth's Parquet settings
+   (``synth.PARQUET_OPTIONS``).
 2. Bytes on disk of both, and the compressed bytes of the sequence columns vs the rest.
 3. Loader throughput: candidate rows/s through ``ParquetBatches`` (shuffled, real ``Batch``es,
    one process, no DataLoader workers), the two layouts alternating, ``--repeats`` times each;
@@ -36,7 +37,7 @@ import torch
 from pinads_rec import config
 from pinads_rec.data import synth
 from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
-from pinads_rec.data.layout import rewrite_per_request
+from pinads_rec.data.layout import rewrite_per_request, rewrite_per_row
 from pinads_rec.data.reader import list_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,10 +46,12 @@ MB = 2**20
 
 
 def generate(cfg: config.ExperimentConfig, out: Path) -> float:
-    """The per-row split under out/per_row (synth's own files, train split only kept); seconds."""
+    """The per-row split under out/per_row (synth's train split, rewritten per row); seconds."""
     t = time.perf_counter()
     synth.generate(cfg, out / "synth")
-    (out / "synth" / "train").rename(out / "per_row")
+    (out / "per_row").mkdir(parents=True)
+    for path in list_files(str(out / "synth" / "train")):
+        rewrite_per_row(path, str(out / "per_row" / Path(path).name), cfg.features, **synth.PARQUET_OPTIONS)
     shutil.rmtree(out / "synth")
     return time.perf_counter() - t
 

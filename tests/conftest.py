@@ -47,3 +47,25 @@ def tiny_data(tmp_path_factory):
     cfg = load_tiny(out)
     generate(cfg, out)
     return cfg, out
+
+
+def rows_of(table, features=None):
+    """A contract table as one row per candidate, whatever its layout (the generator and the
+    builder write per request: data/layout.py)."""
+    from pinads_rec.data.layout import is_per_request, to_per_row
+
+    features = features or config.load(DEMO).features
+    return to_per_row(table, features) if is_per_request(table.schema, features) else table
+
+
+def read_rows(path, features=None, columns=None):
+    """A contract Parquet file or directory (files in name order) as one row per candidate."""
+    import glob
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = sorted(glob.glob(os.path.join(str(path), "**", "*.parquet"), recursive=True)) or [str(path)]
+    tables = [rows_of(pq.read_table(f), features) for f in files]
+    tables = [t.select(columns) for t in tables] if columns else tables
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]

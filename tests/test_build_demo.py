@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -16,6 +15,7 @@ from pinads_rec.config import ConfigError, SplitConfig, load
 from pinads_rec.data import build as B
 from pinads_rec.data import synth as S
 from pinads_rec.data.contract import contract_columns
+from pinads_rec.data.layout import to_per_row
 
 # Tiny sizes, but users with several requests (timelines) and the demo's sequence caps.
 OVERRIDES = ["synth.num_users=150", "synth.sequence_length=100"]
@@ -27,17 +27,6 @@ def _iso(t: int) -> str:
 
 def _read(directory) -> pa.Table:
     return pa.concat_tables(pq.read_table(p) for p in sorted(directory.glob("part-*.parquet")))
-
-
-def _per_row(table: pa.Table, request_level: set, label: str) -> pa.Table:
-    """A per-request table exploded to one row per candidate (request-level values repeated)."""
-    n = pc.list_value_length(table.column(label)).to_numpy(zero_copy_only=False)
-    take = pa.array(np.repeat(np.arange(table.num_rows), n))
-    cols = {}
-    for name in table.column_names:
-        col = table.column(name).combine_chunks()
-        cols[name] = pc.take(col, take) if name in request_level else pc.list_flatten(col)
-    return pa.table(cols)
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +49,9 @@ def built(tmp_path_factory):
 def test_built_equals_generated_row_by_row(built, split):
     cfg, root, summary, build_summary = built
     f = cfg.features
-    request_level = {f.columns.request_id, f.columns.timestamp}
-    request_level |= {s.column for s in f.sparse if s.user_side}
-    for g in f.sequence_groups:
-        request_level |= {g.timestamp_column, g.embedding_column} | {x.column for x in g.features}
-    generated = _read(root / "synth" / split)
-    made = _per_row(_read(root / "built" / split), request_level, f.tasks[0].label_column)
+    # Both per request, each storing what it chose once per request (its schema metadata says what).
+    generated = to_per_row(_read(root / "synth" / split), f)
+    made = to_per_row(_read(root / "built" / split), f)
     assert made.num_rows == generated.num_rows == summary["splits"][split]["rows"]
     assert build_summary["splits"][split]["requests"] == summary["splits"][split]["requests"]
     # Both sorted by request id; a request's candidates stay in their order (position).

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import DEMO, load_tiny, tiny_overrides
+from conftest import DEMO, load_tiny, rows_of, tiny_overrides
 
 from pinads_rec import config
 from pinads_rec.data.contract import ContractError
@@ -57,7 +57,7 @@ def base(tiny_data):
     """(config, data dir, one tiny train file as a table) -- the file every case spoils."""
     cfg, data_dir = tiny_data
     src = sorted((Path(data_dir) / "train").glob("*.parquet"))[0]
-    table = pq.read_table(src)
+    table = rows_of(pq.read_table(src), cfg.features)
     assert table.num_rows > 2 * RG, "the tiny file must span several row groups"
     return cfg, Path(data_dir), table
 

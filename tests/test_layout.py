@@ -27,6 +27,7 @@ from pinads_rec.data.layout import (
     is_per_request,
     request_level_columns,
     rewrite_per_request,
+    rewrite_per_row,
     to_per_request,
     to_per_row,
 )
@@ -51,14 +52,14 @@ SEQUENCE_COLUMNS = [
 
 @pytest.fixture(scope="module")
 def both(tiny_data, tmp_path_factory):
-    """(config, {"per_row": data dir, "per_request": the same data rewritten per request})."""
+    """(config, {"per_request": the generator's data, "per_row": the same data rewritten per row})."""
     cfg, data = tiny_data
-    out = tmp_path_factory.mktemp("per_request")
+    out = tmp_path_factory.mktemp("per_row")
     for split in ("train", "eval", "calibration"):
         (out / split).mkdir()
         for path in list_files(f"{data}/{split}"):
-            rewrite_per_request(path, str(out / split / Path(path).name), cfg.features)
-    return cfg, {"per_row": Path(data), "per_request": out}
+            rewrite_per_row(path, str(out / split / Path(path).name), cfg.features)
+    return cfg, {"per_row": out, "per_request": Path(data)}
 
 
 def _settings(cfg, **data):
@@ -92,9 +93,9 @@ def test_demo_request_level_columns(tiny_data):
     ]
 
 
-def test_per_row_to_per_request_and_back(tiny_data):
-    cfg, data = tiny_data
-    table = pq.read_table(list_files(f"{data}/train")[0])
+def test_per_row_to_per_request_and_back(both):
+    cfg, dirs = both
+    table = pq.read_table(list_files(str(dirs["per_row"] / "train"))[0])
     per_request = to_per_request(table, cfg.features)
     requests = len(np.unique(table["request_id"].to_numpy()))
     assert per_request.num_rows == requests and per_request.column_names == table.column_names
@@ -389,3 +390,20 @@ def test_per_request_repairs_count_as_per_row(both, per_request_table, tmp_path)
         ds = ParquetBatches(str(d), fix, shuffle=False)
         spoiled[k] = ([int(b.valid.sum()) for b in ds], dict(ds.reader.checker.repairs))
     assert spoiled["per_row"][1] == spoiled["per_request"][1] == {"item_ctr_prior: non-finite replaced by 0": 1}
+
+
+def test_a_reader_goes_by_what_the_writer_stored_once_per_request(both, tmp_path):
+    """Per-request files record which columns they hold once per request; a config marking other
+    features user-side reads them as it reads the per-row files. The generator stores context_topic
+    once per request, the demo config reads it per candidate; files written the demo config's way
+    (context_topic per candidate) are read by a config that marks it user-side."""
+    cfg, dirs = both
+    candidate_level = tmp_path / "train"
+    candidate_level.mkdir()
+    for path in list_files(str(dirs["per_row"] / "train")):
+        rewrite_per_request(path, str(candidate_level / Path(path).name), cfg.features)
+    sparse = [dataclasses.replace(s, user_side=True) if s.name == "context_topic" else s for s in cfg.features.sparse]
+    other = dataclasses.replace(cfg, features=dataclasses.replace(cfg.features, sparse=sparse))
+    for directory in (candidate_level, dirs["per_request"] / "train"):
+        got = _batches(directory, LoaderSettings.of(other), shuffle=False)
+        _assert_same_batches(got, _batches(dirs["per_row"] / "train", LoaderSettings.of(other), shuffle=False))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, load_tiny, tiny_overrides
+from conftest import REPO, load_tiny, rows_of, tiny_overrides
 
 from pinads_rec.experiments.harness import RanksFailed, run_ranks
 from pinads_rec.training.run_log import read_run_log
@@ -329,7 +329,7 @@ def test_bad_row_group_on_one_rank_stops_every_rank_with_a_clear_error(tiny_data
     data = tmp_path / "data"
     shutil.copytree(tiny_data[1], data)
     bad_file = sorted((data / "train").glob("*.parquet"))[-1]
-    table = pq.read_table(bad_file)
+    table = rows_of(pq.read_table(bad_file))  # rewritten one row per candidate, spoiled
     table = table.set_column(
         table.schema.get_field_index("advertiser_id"), "advertiser_id", pc.multiply(table["advertiser_id"], -1)
     )

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import REPO, load_tiny
+from conftest import REPO, load_tiny, read_rows, rows_of
 
 from pinads_rec.experiments.harness import run_ranks
 
@@ -110,7 +110,8 @@ def _score_all(predictor, directory, broadcast=True):
 def _request_rows(data_dir, count):
     """Raw rows (as in the file, before the contract's repairs) of the first ``count`` requests of
     the first eval file, one Arrow table each, the first one cut to a single candidate."""
-    table = pq.read_table(sorted((p for p in os.scandir(os.path.join(data_dir, "eval"))), key=lambda p: p.name)[0].path)
+    first = sorted((p for p in os.scandir(os.path.join(data_dir, "eval"))), key=lambda p: p.name)[0].path
+    table = rows_of(pq.read_table(first))  # one row per candidate, as a live request comes
     req = table.column("request_id").to_numpy()
     starts = np.flatnonzero(np.concatenate([[True], req[1:] != req[:-1]]))
     ends = np.append(starts[1:], len(req))
@@ -180,7 +181,7 @@ def cli_predictions(trained, tmp_path_factory):
 def test_cli_score_writes_every_input_row_once(trained, fp32, cli_predictions):
     data_dir = trained[2]
     written = cli_predictions
-    total = sum(pq.ParquetFile(p.path).metadata.num_rows for p in os.scandir(os.path.join(data_dir, "eval")))
+    total = read_rows(os.path.join(data_dir, "eval")).num_rows
     assert written.num_rows == total, "every row once, padding rows not written"
     assert written.column_names == ["request_id", "item_id", "surface", "p_click", "p_good_click", "p_save"]
     assert set(written.column("surface").to_pylist()) <= set(fp32.cfg.features.surfaces)

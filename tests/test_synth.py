@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from conftest import read_rows
 
 from pinads_rec.config import ConfigError, load
 from pinads_rec.data import synth as S
@@ -65,7 +66,8 @@ def _cfg(*overrides):
 
 
 def _read(out: Path, split: str) -> pa.Table:
-    return pa.concat_tables(pq.read_table(p) for p in sorted((out / split).glob("part-*.parquet")))
+    """One row per candidate (the generator writes per request)."""
+    return read_rows(out / split)
 
 
 def _lengths(col) -> np.ndarray:

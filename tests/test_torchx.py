@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import read_rows
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH_TIMEOUT_S = 300
@@ -454,9 +455,8 @@ def test_each_node_ran_one_rank(two_nodes):
 def _split_truth(split_dir: Path, tasks: list[str]) -> dict:
     """(surface, task) -> (rows, positives) of a split as written, "all" included."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
-    table = pq.read_table(split_dir, columns=["surface"] + tasks)
+    table = read_rows(split_dir, columns=["surface"] + tasks)
     truth = {}
     for surface in pc.unique(table["surface"]).to_pylist() + ["all"]:
         rows = table if surface == "all" else table.filter(pc.equal(table["surface"], surface))

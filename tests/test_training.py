@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, load_tiny
+from conftest import REPO, load_tiny, read_rows
 from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
 from pinads_rec.experiments.harness import run_ranks
@@ -184,7 +184,7 @@ def _checks(rank, world, result_dir, data_dir, run_root):
     one_group = f"{run_root}/one_group_eval"
     if rank == 0:
         os.makedirs(one_group)
-        table = pq.read_table(f"{data_dir}/eval")
+        table = read_rows(f"{data_dir}/eval")  # one row per candidate (the generator writes per request)
         pq.write_table(table, f"{one_group}/eval.parquet", row_group_size=table.num_rows)
         out["one_group_eval_rows"] = table.num_rows
     dist.barrier()

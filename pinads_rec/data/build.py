@@ -121,10 +121,13 @@ class Build:
             self.impressions()
             self.requests()
             for source in self.b.sequences:
-                self.sequence(source)
+                self.events(source)
             for vocab in self.b.vocabularies:
                 self.vocabulary(vocab)
             self.check_id_ranges()
+            for events, source, group in self.group_sources.values():
+                self.sequences(events, source, group)
+            self.candidates()
             outputs = {split: self.write(split) for split in self.splits}
         except duckdb.Error as e:
             raise ContractError(f"build: {str(e).strip().splitlines()[0]}") from None
@@ -150,14 +153,15 @@ class Build:
         joined = "SELECT impressions.*" + "".join(", " + s for s in structs) + " FROM impressions " + " ".join(joins)
         split_tests = [self.split_test(i) for i in range(len(self.b.splits))]
         split_case = "CASE " + " ".join(f"WHEN {t} THEN {sql_string(s)}" for t, s in zip(split_tests, self.splits))
-        request = self.request_id_sql()
+        keys = self.request_keys()
+        key_columns = ", ".join(f"({k}) AS __key{i}" for i, k in enumerate(keys))
         order = imp.order or imp.item
         outputs = ", ".join(f"({self.b.columns[c]}) AS {sql_name(c)}" for c in self.computed)
         hits = "".join(f", {sql_name(s.name)}.__hit AS {sql_name('__hit_' + s.name)}" for s in self.b.side_tables)
         self.sql(
             "building the impressions",
             f"""CREATE TEMP TABLE imp AS
-            SELECT {request} AS __req, {self.imp_time} AS __t, ({imp.user}) AS __user, ({imp.item}) AS __item,
+            SELECT {key_columns}, {self.imp_time} AS __t, ({imp.user}) AS __user, ({imp.item}) AS __item,
                    ({order}) AS __order, {split_case} END AS __split,
                    {" + ".join(f"CAST(coalesce({t}, false) AS INTEGER)" for t in split_tests)} AS __n_splits,
                    __file, {outputs}{hits}
@@ -176,20 +180,39 @@ class Build:
         self.counts["impressions outside every split (dropped)"] = self.scalar(
             "SELECT count(*) FROM imp WHERE __split IS NULL"
         )
-        self.con.execute("DELETE FROM imp WHERE __split IS NULL")
+        self.sql("dropping the impressions outside every split", "DELETE FROM imp WHERE __split IS NULL")
         if not self.scalar("SELECT count(*) FROM imp"):
             raise ContractError(f"build.splits: no impression of {self.imp_source.files[0]}... falls in any split")
+        self.number_requests(keys)
         self.check_id_types()
         self.drop_duplicates()
         if self.b.negative_downsampling:
             self.downsample()
 
-    def request_id_sql(self) -> str:
+    def request_keys(self) -> List[str]:
         imp = self.b.impressions
-        if imp.request:
-            return f"dense_rank() OVER (ORDER BY ({imp.request}))" if not self.is_integer(imp.request) else imp.request
-        key = ", ".join(f"({k})" for k in imp.request_key)
-        return f"dense_rank() OVER (ORDER BY {key})"
+        return [imp.request] if imp.request else list(imp.request_key)
+
+    def number_requests(self, keys: List[str]) -> None:
+        """``__req``: the log's integer request id as it is; otherwise each distinct key numbered
+        1, 2, ... in key order (only the keys are sorted, not the impressions)."""
+        if len(keys) == 1 and self.is_integer(keys[0]):
+            self.sql("taking the request ids", "ALTER TABLE imp RENAME COLUMN __key0 TO __req")
+            return
+        names = [f"__key{i}" for i in range(len(keys))]
+        listed = ", ".join(names)
+        self.sql(
+            "numbering the requests",
+            f"""CREATE TEMP TABLE __request_ids AS
+            SELECT {listed}, CAST(row_number() OVER (ORDER BY {listed}) AS BIGINT) AS __req
+            FROM (SELECT DISTINCT {listed} FROM imp)""",
+        )
+        same = " AND ".join(f"imp.{n} IS NOT DISTINCT FROM r.{n}" for n in names)
+        self.sql(
+            "numbering the requests",
+            f"CREATE OR REPLACE TEMP TABLE imp AS SELECT imp.* EXCLUDE ({listed}), r.__req "
+            f"FROM imp JOIN __request_ids r ON {same}",
+        )
 
     def side_join(self, i: int, side) -> Tuple[str, str]:
         """The LEFT JOIN of one side table and the struct its columns are read through
@@ -275,7 +298,10 @@ class Build:
         moved = self.scalar("SELECT count(*) FROM req WHERE __splits > 1")
         if moved:
             self.counts["requests across a split boundary (put in the split of their earliest impression)"] = moved
-            self.con.execute("UPDATE imp SET __split = req.__split FROM req WHERE imp.__req = req.__req")
+            self.sql(
+                "moving requests to one split",
+                "UPDATE imp SET __split = req.__split FROM req WHERE imp.__req = req.__req",
+            )
         for col in self.user_side:
             bad = self.one(
                 f"SELECT __req, count(DISTINCT {sql_name(col)}) FROM imp GROUP BY __req "
@@ -287,9 +313,8 @@ class Build:
                     f"among its impressions (it must be one per request)"
                 )
 
-    def sequence(self, source: SequenceSourceConfig) -> None:
-        """The group's lists per request: the newest max_length events strictly before
-        (request time - min_gap_s), newest first."""
+    def events(self, source: SequenceSourceConfig) -> None:
+        """The group's events (filtered, checked) as a table: user, time (seconds), the group's columns."""
         i = self.b.sequences.index(source)
         where = f"build.sequences[{i}]"
         group = next(g for g in self.features.sequence_groups if g.name == source.group)
@@ -387,71 +412,93 @@ class Build:
             f"FROM {table} LEFT JOIN {vocab} AS __v ON __v.raw = CAST({table}.{col} AS VARCHAR)"
         )
 
-    def sequences_sql(self, events: str, source: SequenceSourceConfig, group: SequenceGroupConfig) -> str:
-        """SELECT __req, <the group's list columns> for every request with at least one event."""
+    def sequences(self, events: str, source: SequenceSourceConfig, group: SequenceGroupConfig) -> None:
+        """``__seq_<group>``: per request, the newest max_length events strictly before (request
+        time - min_gap_s), newest first, as the group's list columns."""
         name = _ident(group.name)
-        ids = [f.column for f in group.features]
-        positions = f"__pos_{name}"
-        if not self.has_table(positions):
-            tie = ", ".join(sql_name(c) for c in ids)
-            self.sql(
-                f"ordering the events of sequence group {group.name!r}",
-                f"""CREATE TEMP TABLE {positions} AS
-                SELECT *, row_number() OVER (PARTITION BY __user ORDER BY __t, {tie}) AS __pos FROM {events}""",
-            )
-            # Requests and events of a user in time order, requests first at equal times: a request's
-            # running count of events is the number strictly before it.
-            self.sql(
-                f"counting the events before each request for sequence group {group.name!r}",
-                f"""CREATE TEMP TABLE __before_{name} AS
-                SELECT __req, __user, __n FROM (
-                    SELECT __req, __user, __is_event,
-                           CAST(sum(__is_event) OVER (PARTITION BY __user ORDER BY __t, __is_event
-                                                 ROWS UNBOUNDED PRECEDING) AS BIGINT) AS __n
-                    FROM (SELECT __req, __user, __t - {float(source.min_gap_s)} AS __t, 0 AS __is_event FROM req
-                          UNION ALL SELECT NULL, __user, __t, 1 FROM {events}))
-                WHERE __is_event = 0 AND __n > 0""",
-            )
-        lists = [f"list(CAST(floor(e.__t) AS BIGINT) ORDER BY e.__pos DESC) AS {sql_name(group.timestamp_column)}"]
-        lists += [f"list(e.{sql_name(c)} ORDER BY e.__pos DESC) AS {sql_name(c)}" for c in ids + _embedding(group)]
-        return f"""SELECT b.__req, {", ".join(lists)}
-            FROM (SELECT __req, __user, unnest(range(greatest(__n - {group.max_length}, 0) + 1, __n + 1)) AS __pos
-                  FROM __before_{name}) b
-            JOIN {positions} e ON e.__user = b.__user AND e.__pos = b.__pos
-            GROUP BY b.__req"""
+        cols = [f.column for f in group.features] + _embedding(group)
+        # Requests and events of a user in time order, requests first at equal times: a request's
+        # running count of events is the number strictly before it.
+        self.sql(
+            f"counting the events before each request for sequence group {group.name!r}",
+            f"""CREATE TEMP TABLE __before_{name} AS
+            SELECT __req, __user, __n FROM (
+                SELECT __req, __user, __is_event,
+                       CAST(sum(__is_event) OVER (PARTITION BY __user ORDER BY __t, __is_event
+                                                  ROWS UNBOUNDED PRECEDING) AS BIGINT) AS __n
+                FROM (SELECT __req, __user, __t - {float(source.min_gap_s)} AS __t, 0 AS __is_event FROM req
+                      UNION ALL SELECT NULL, __user, __t, 1 FROM {events}))
+            WHERE __is_event = 0 AND __n > 0""",
+        )
+        # Each user's events sorted once -- by time, then the group's columns (ties) -- and each
+        # request's sequence a slice of them: no per-request sort.
+        packed = ", ".join(["__t := __t"] + [f"{sql_name(c)} := {sql_name(c)}" for c in cols])
+        self.sql(
+            f"ordering the events of sequence group {group.name!r}",
+            f"""CREATE TEMP TABLE __timeline_{name} AS
+            SELECT __user, list_sort(list(struct_pack({packed}))) AS __events FROM {events} GROUP BY __user""",
+        )
+        lists = [f"[CAST(floor(x.__t) AS BIGINT) FOR x IN __s] AS {sql_name(group.timestamp_column)}"]
+        lists += [f"[x.{sql_name(c)} FOR x IN __s] AS {sql_name(c)}" for c in cols]
+        self.sql(
+            f"cutting the sequences of group {group.name!r}",
+            f"""CREATE TEMP TABLE __seq_{name} AS
+            SELECT __req, {", ".join(lists)} FROM (
+                SELECT b.__req, list_reverse(list_slice(u.__events, greatest(b.__n - {group.max_length}, 0) + 1, b.__n))
+                       AS __s
+                FROM __before_{name} b JOIN __timeline_{name} u USING (__user))""",
+        )
+
+    def candidates(self) -> None:
+        """``__candidates``: per request, the user-side columns once and the candidate columns as
+        lists, candidates in (order, item) order."""
+        packed = ", ".join(
+            ["__order := __order", "__item := __item"] + [f"{sql_name(c)} := {sql_name(c)}" for c in self.candidate]
+        )
+        user_cols = "".join(f", any_value({sql_name(c)}) AS {sql_name(c)}" for c in self.user_side)
+        self.sql(
+            "grouping the candidates of each request",
+            f"""CREATE TEMP TABLE __candidates AS
+            SELECT __req{user_cols}, list_sort(list(struct_pack({packed}))) AS __c FROM imp GROUP BY __req""",
+        )
 
     def write(self, split: str) -> dict:
-        """The split's per-request Parquet files; returns their paths and counts."""
+        """The split's per-request Parquet files, requests in time order; returns their paths and
+        counts. Only the keys are sorted; each file's requests are then read by their rank."""
         out = self.out / split
         if out.exists():
             shutil.rmtree(out)
         out.mkdir(parents=True)
         names = self.features.columns
-        candidate_lists = ", ".join(
-            f"list({sql_name(c)} ORDER BY __order, __item) AS {sql_name(c)}" for c in self.candidate
+        self.sql(
+            f"ordering the requests of split {split!r}",
+            f"""CREATE OR REPLACE TEMP TABLE __ranks AS
+            SELECT __req, row_number() OVER (ORDER BY floor(__t), __req) AS __rank
+            FROM req WHERE __split = {sql_string(split)}""",
         )
-        user_cols = "".join(f", any_value({sql_name(c)}) AS {sql_name(c)}" for c in self.user_side)
         seq_joins, seq_cols = [], []
         for g in self.features.sequence_groups:
-            events, source, group = self.group_sources[g.name]
             alias = f"__s_{_ident(g.name)}"
-            seq_joins.append(f"LEFT JOIN ({self.sequences_sql(events, source, group)}) {alias} USING (__req)")
-            for c in self.sequence_columns[g.name]:
-                seq_cols.append(f"coalesce({alias}.{sql_name(c)}, []) AS {sql_name(c)}")
+            seq_joins.append(f"LEFT JOIN __seq_{_ident(g.name)} {alias} USING (__req)")
+            seq_cols += [f"coalesce({alias}.{sql_name(c)}, []) AS {sql_name(c)}" for c in self.sequence_columns[g.name]]
         select = (
             f"SELECT CAST(r.__req AS BIGINT) AS {sql_name(names.request_id)}, "
             f"CAST(floor(r.__t) AS BIGINT) AS {sql_name(names.timestamp)}"
             + "".join(f", c.{sql_name(col)}" for col in self.user_side)
             + "".join(f", {s}" for s in seq_cols)
-            + "".join(f", c.{sql_name(col)}" for col in self.candidate)
-            + f" FROM req r JOIN (SELECT __req{user_cols}, {candidate_lists} FROM imp "
-            f"WHERE __split = {sql_string(split)} GROUP BY __req) c USING (__req) "
+            + "".join(f", [x.{sql_name(col)} FOR x IN c.__c] AS {sql_name(col)}" for col in self.candidate)
+            + " FROM __ranks k JOIN req r USING (__req) JOIN __candidates c USING (__req) "
             + " ".join(seq_joins)
-            + f" ORDER BY {sql_name(names.timestamp)}, {sql_name(names.request_id)}"
         )
         writer = _SplitWriter(out, self.b.requests_per_row_group, self.b.requests_per_file, self.features)
-        for batch in self.con.sql(select).to_arrow_reader(self.b.requests_per_row_group):
-            writer.add(batch)
+        total, per_file = self.scalar("SELECT count(*) FROM __ranks"), self.b.requests_per_file
+        for first in range(0, total, per_file):
+            chunk = f"{select} WHERE k.__rank > {first} AND k.__rank <= {first + per_file} ORDER BY k.__rank"
+            try:
+                for batch in self.con.sql(chunk).to_arrow_reader(self.b.requests_per_row_group):
+                    writer.add(batch)
+            except duckdb.Error as e:
+                raise ContractError(f"build: writing split {split!r}: {str(e).strip().splitlines()[0]}") from None
         return writer.close()
 
     # --- checks ------------------------------------------------------------------------------
@@ -639,9 +686,6 @@ class Build:
         kind = self.column_type(table, column)
         return kind in _INTEGERS or (lists_ok and kind.endswith("[]") and kind[:-2] in _INTEGERS)
 
-    def has_table(self, name: str) -> bool:
-        return bool(self.scalar(f"SELECT count(*) FROM duckdb_tables() WHERE table_name = {sql_string(name)}"))
-
     def scalar(self, sql: str):
         row = self.one(sql)
         return row[0] if row else None
@@ -744,6 +788,7 @@ class _SplitWriter:
 
     def __init__(self, out: Path, per_group: int, per_file: int, features):
         self.out, self.per_group, self.per_file = out, per_group, per_file
+        self.features = features
         self.label = features.tasks[0].label_column
         self.schema: Optional[pa.Schema] = None
         self.buffer: Optional[pa.Table] = None
@@ -753,7 +798,10 @@ class _SplitWriter:
 
     def add(self, batch: pa.RecordBatch) -> None:
         if self.schema is None:
-            self.schema = _canonical_schema(batch.schema).with_metadata({layout.LAYOUT_KEY: layout.PER_REQUEST})
+            stored_once = layout.request_level_columns(self.features)
+            self.schema = _canonical_schema(batch.schema).with_metadata(
+                layout.per_request_metadata(batch.schema.names, stored_once)
+            )
         table = pa.Table.from_batches([batch]).cast(self.schema)
         self.buffer = table if self.buffer is None else pa.concat_tables([self.buffer, table])
         while self.buffer.num_rows >= self.per_group:

@@ -277,15 +277,24 @@ _EXPECTED = {
 }
 
 
-def check_schema(path: str, schema: pa.Schema, columns: List[Column], per_request: bool = False) -> None:
+def check_schema(
+    path: str,
+    schema: pa.Schema,
+    columns: List[Column],
+    per_request: bool = False,
+    request_level: Optional[Collection[str]] = None,
+) -> None:
     """Fail at open, naming the file and column, when a column is missing or of the wrong type. In a
-    ``per_request`` file a candidate-level column is a list of its per-row type, one per candidate."""
+    ``per_request`` file a column not stored per request (``request_level``: the file's, see
+    ``layout.stored_request_level``; default the config's) is a list of its per-row type, one per
+    candidate."""
     for c in columns:
         idx = schema.get_field_index(c.name)
         if idx < 0:
             raise ContractError(f"{path}: missing column {c.name!r} (the config uses it as {c.roles})")
         t = schema.field(idx).type
-        per_candidate = per_request and not c.request_level
+        stored_once = c.request_level if request_level is None else c.name in request_level
+        per_candidate = per_request and not stored_once
         if per_candidate:
             if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
                 raise ContractError(
@@ -347,7 +356,7 @@ class RowGroupChecker:
         fixed: Dict[str, pa.Array] = {}
         beside: Dict[str, str] = {}
         for c in self.columns:
-            locate = _row if c.request_level else candidate
+            locate = _row if c.name in block.requests.column_names else candidate
             out = self._check(c, block.column(c.name), f"{where}, column {c.name!r}", locate)
             fixed.update(out)
             beside.update((n, c.name) for n in out)

@@ -389,7 +389,7 @@ class GroupScanner:
             data,
             scan,
         )
-        request_cols = set(layout.request_level_columns(features))
+        request_cols = layout.stored_request_level(files[0].schema, features)  # as the writer stored them
         names = list(usable)
         item = features.columns.item_id
         self.item = item if item in view_types else None
@@ -741,7 +741,7 @@ def _view_schema(f: FileInfo, features: FeaturesConfig) -> Tuple[pa.Schema, List
     per-request layout; and the candidate columns of a per-request file that are not lists."""
     if f.layout == PER_ROW:
         return f.schema, []
-    request_cols = set(layout.request_level_columns(features))
+    request_cols = layout.stored_request_level(f.schema, features)
     fields, not_lists = [], []
     for fld in f.schema:
         if fld.name in request_cols:

@@ -8,8 +8,12 @@ Two layouts hold the same data (docs/storage_layout.md):
 - **per request**: one row per request; request-level columns as in the per-row layout, stored
   once; every other column ("candidate-level") a ``list<T>`` of one value per candidate, T its
   per-row type. All candidate columns of a row have the same length (its candidates, at least one).
-  A file is per request iff its first task's label column is a list (``is_per_request``); writers
-  also set the schema metadata ``LAYOUT_KEY: PER_REQUEST`` (informational).
+  A file is per request iff its first task's label column is a list (``is_per_request``). Writers
+  set the schema metadata ``LAYOUT_KEY: PER_REQUEST`` and ``REQUEST_COLUMNS_KEY``: the JSON list
+  of the columns they stored once per request. A reader goes by that list, not by its own config:
+  another config may mark other features user-side (a candidate-level column stored per request is
+  repeated on its candidates; a request-level one stored per candidate is read from the first
+  candidate, as in the per-row layout). A file without the list is read with the config's.
 
 A column read both per request and per candidate (e.g. a user-side feature's column also a
 candidate feature's) is request-level: the same value for every candidate of the request.
@@ -20,8 +24,9 @@ columns once per request, the candidate-level ones once per candidate.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Collection, Dict, List, Optional, Sequence, Tuple
+from typing import Collection, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +36,7 @@ from pinads_rec.config import FeaturesConfig
 
 LAYOUT_KEY = b"pinads_rec.layout"
 PER_REQUEST = b"per_request"
+REQUEST_COLUMNS_KEY = b"pinads_rec.request_columns"
 
 
 def request_level_columns(features: FeaturesConfig) -> List[str]:
@@ -59,13 +65,29 @@ def is_per_request(schema: pa.Schema, features: FeaturesConfig) -> bool:
     return False
 
 
-def per_request_schema(schema: pa.Schema, features: FeaturesConfig) -> pa.Schema:
-    """The per-request schema of a per-row one: candidate-level columns become ``list<T>``; the
-    layout's metadata key is set. Open a ``ParquetWriter`` with it to write per-request files."""
-    request_level = set(request_level_columns(features))
-    fields = [f if f.name in request_level else pa.field(f.name, pa.list_(f.type)) for f in schema]
+def stored_request_level(schema: pa.Schema, features: FeaturesConfig) -> Set[str]:
+    """The columns a per-request file holds once per request: as its writer recorded them, else the
+    config's ``request_level_columns``."""
+    recorded = (schema.metadata or {}).get(REQUEST_COLUMNS_KEY)
+    return set(json.loads(recorded)) if recorded else set(request_level_columns(features))
+
+
+def per_request_metadata(names: Sequence[str], request_level: Collection[str]) -> Dict[bytes, bytes]:
+    """The schema metadata a per-request writer sets for a file of columns ``names``."""
+    stored = [n for n in names if n in set(request_level)]
+    return {LAYOUT_KEY: PER_REQUEST, REQUEST_COLUMNS_KEY: json.dumps(stored).encode()}
+
+
+def per_request_schema(
+    schema: pa.Schema, features: Optional[FeaturesConfig], request_level: Optional[Collection[str]] = None
+) -> pa.Schema:
+    """The per-request schema of a per-row one: every column but the ``request_level`` ones (default:
+    the config's) becomes ``list<T>``; the layout's metadata is set. Open a ``ParquetWriter`` with it
+    to write per-request files."""
+    level = set(request_level_columns(features) if request_level is None else request_level)
+    fields = [f if f.name in level else pa.field(f.name, pa.list_(f.type)) for f in schema]
     metadata = dict(schema.metadata or {})
-    metadata[LAYOUT_KEY] = PER_REQUEST
+    metadata.update(per_request_metadata(schema.names, level))
     return pa.schema(fields, metadata=metadata)
 
 
@@ -76,9 +98,11 @@ def request_starts(request_ids: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.concatenate([[True], request_ids[1:] != request_ids[:-1]]))
 
 
-def to_per_request(table: pa.Table, features: FeaturesConfig) -> pa.Table:
+def to_per_request(
+    table: pa.Table, features: FeaturesConfig, request_level: Optional[Collection[str]] = None
+) -> pa.Table:
     """A per-row table (a request's rows contiguous) as a per-request one, columns in the same order.
-    Request-level values are taken from each request's first row."""
+    The ``request_level`` columns (default: the config's) are taken from each request's first row."""
     req = table.column(features.columns.request_id).to_numpy()
     starts = request_starts(req)
     if len(starts) != len(np.unique(req)):
@@ -86,13 +110,13 @@ def to_per_request(table: pa.Table, features: FeaturesConfig) -> pa.Table:
             f"column {features.columns.request_id!r}: the rows of a request are not contiguous; sort by request"
         )
     offsets = pa.array(np.append(starts, len(req)).astype(np.int32))
-    request_level = set(request_level_columns(features))
+    level = set(request_level_columns(features) if request_level is None else request_level)
     first = pa.array(starts)
     columns = []
     for name in table.column_names:
         col = table.column(name).combine_chunks()
-        columns.append(col.take(first) if name in request_level else pa.ListArray.from_arrays(offsets, col))
-    return pa.Table.from_arrays(columns, schema=per_request_schema(table.schema, features))
+        columns.append(col.take(first) if name in level else pa.ListArray.from_arrays(offsets, col))
+    return pa.Table.from_arrays(columns, schema=per_request_schema(table.schema, features, level))
 
 
 def candidate_counts(table: pa.Table, features: FeaturesConfig) -> np.ndarray:
@@ -105,7 +129,7 @@ def to_per_row(table: pa.Table, features: FeaturesConfig) -> pa.Table:
     """A per-request table as a per-row one: one row per candidate, request-level values repeated."""
     counts = candidate_counts(table, features)
     request_of_row = pa.array(np.repeat(np.arange(len(counts)), counts))
-    request_level = set(request_level_columns(features))
+    request_level = stored_request_level(table.schema, features)
     columns, fields = [], []
     for f in table.schema:
         col = table.column(f.name).combine_chunks()
@@ -115,7 +139,7 @@ def to_per_row(table: pa.Table, features: FeaturesConfig) -> pa.Table:
         else:
             columns.append(col.flatten())
             fields.append(pa.field(f.name, f.type.value_type))
-    metadata = {k: v for k, v in (table.schema.metadata or {}).items() if k != LAYOUT_KEY}
+    metadata = {k: v for k, v in (table.schema.metadata or {}).items() if k not in (LAYOUT_KEY, REQUEST_COLUMNS_KEY)}
     return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=metadata or None))
 
 
@@ -245,13 +269,27 @@ def rewrite_per_request(src: str, dst: str, features: FeaturesConfig, **parquet_
     """Rewrites a per-row Parquet file per request, row group by row group (each keeps its
     requests; they must not span row groups); ``parquet_options`` go to ``pq.ParquetWriter``.
     Returns the requests written."""
+    return _rewrite(src, dst, lambda t: to_per_request(t, features), **parquet_options)
+
+
+def rewrite_per_row(src: str, dst: str, features: FeaturesConfig, **parquet_options) -> int:
+    """Rewrites a per-request Parquet file per row, row group by row group. Returns the rows written."""
+    return _rewrite(src, dst, lambda t: to_per_row(t, features), **parquet_options)
+
+
+def _rewrite(src: str, dst: str, convert, **parquet_options) -> int:
     import pyarrow.parquet as pq
 
     f = pq.ParquetFile(src)
-    requests = 0
-    with pq.ParquetWriter(dst, per_request_schema(f.schema_arrow, features), **parquet_options) as writer:
+    written, writer = 0, None
+    try:
         for i in range(f.metadata.num_row_groups):
-            table = to_per_request(f.read_row_group(i), features)
+            table = convert(f.read_row_group(i))
+            if writer is None:
+                writer = pq.ParquetWriter(dst, table.schema, **parquet_options)
             writer.write_table(table, row_group_size=max(table.num_rows, 1))
-            requests += table.num_rows
-    return requests
+            written += table.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+    return written

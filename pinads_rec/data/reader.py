@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from pinads_rec.config import DataConfig, FeaturesConfig
 from pinads_rec.data.contract import ContractError, RowGroupChecker, check_schema, contract_columns
-from pinads_rec.data.layout import Requests, is_per_request, request_level_columns, request_starts
+from pinads_rec.data.layout import Requests, is_per_request, request_level_columns, request_starts, stored_request_level
 
 # Prefix of the copies ``RowGroupReader(keep_as_read=...)`` adds: a column before the contract's repairs.
 AS_READ_PREFIX = "__as_read_"
@@ -75,7 +75,8 @@ def list_row_groups(files: Sequence[str], features: FeaturesConfig) -> List[RowG
     for path in files:
         f = open_parquet(path)
         per_request = is_per_request(f.schema_arrow, features)
-        check_schema(path, f.schema_arrow, columns, per_request)
+        stored = stored_request_level(f.schema_arrow, features) if per_request else None
+        check_schema(path, f.schema_arrow, columns, per_request, stored)
         md = f.metadata
         if per_request:
             leaf = _leaf_column(md, features.tasks[0].label_column)
@@ -186,7 +187,10 @@ class RowGroupReader:
         return Requests.from_per_row(table, starts, self.request_level)
 
     def _requests(self, table: pa.Table, where: str) -> Requests:
-        block = self.checker.split_requests(table, where, self.request_level)
+        # Split as the file's writer stored it (its config may mark other features user-side).
+        stored = stored_request_level(table.schema, self.features)
+        stored |= {AS_READ_PREFIX + c for c in self.keep_as_read if c in stored}
+        block = self.checker.split_requests(table, where, stored)
         block = self.checker.check_requests(block, where)
         keep = self.row_filter
         if keep is None:

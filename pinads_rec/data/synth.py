@@ -49,6 +49,7 @@ import pyarrow.parquet as pq
 
 from pinads_rec import metrics
 from pinads_rec.config import ConfigError, ExperimentConfig, SynthConfig, load
+from pinads_rec.data import layout
 
 # --------------------------------------------------------------------------------------------
 # Planted truth: every coefficient is documented in docs/synthetic_data.md.
@@ -867,25 +868,48 @@ def _arrow(v: np.ndarray) -> pa.Array:
     return pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1]) if v.ndim == 2 else pa.array(v)
 
 
-def block_table(b: Block, sch: pa.Schema) -> pa.Table:
-    n_cand = b.num_candidates
-    rep = lambda a: np.repeat(a, n_cand)  # noqa: E731
+# Stored once per request: every column the generator draws per request (the data/layout.py metadata
+# records them, so a config marking other features user-side reads the files as well).
+REQUEST_LEVEL = (
+    "request_id",
+    "user_id",
+    "surface",
+    "timestamp",
+    "context_topic",
+    "query_tokens",
+    "seq_pin_item",
+    "seq_pin_ts",
+    "seq_pin_action",
+    "seq_pin_topic",
+    "seq_pin_emb",
+    "seq_ad_item",
+    "seq_ad_ts",
+    "seq_ad_action",
+    "seq_ad_topic",
+    "seq_query_token",
+    "seq_query_ts",
+    "seq_query_topic",
+)
+
+
+def request_table(b: Block, sch: pa.Schema) -> pa.Table:
+    """A block's requests in the per-request layout (data/layout.py): the request-level columns once,
+    every candidate column a list of one value per candidate."""
+    candidates = pa.array(np.concatenate([[0], np.cumsum(b.num_candidates)]).astype(np.int32))
     cols: Dict[str, pa.Array] = {
-        "request_id": pa.array(rep(b.request_id)),
-        "user_id": pa.array(rep(b.user)),
+        "request_id": pa.array(b.request_id),
+        "user_id": pa.array(b.user),
         "surface": pa.DictionaryArray.from_arrays(
-            pa.array(rep(b.surface).astype(np.int32)), pa.array(SURFACES)
+            pa.array(b.surface.astype(np.int32)), pa.array(SURFACES)
         ).dictionary_decode(),
-        "timestamp": pa.array(rep(b.timestamp)),
-        "context_topic": pa.array(rep(b.context_topic)),
+        "timestamp": pa.array(b.timestamp),
+        "context_topic": pa.array(b.context_topic),
     }
-    cols.update({name: _arrow(v) for name, v in b.rows.items()})
+    cols.update({name: pa.ListArray.from_arrays(candidates, _arrow(v)) for name, v in b.rows.items()})
     for group in (b.query_tokens, b.pins, b.ads, b.queries):
-        offsets, idx = _per_row_lists(group, n_cand)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(group.lengths)]).astype(np.int32))
         for name, v in group.cols.items():
-            # Arrow's take allocates from its pool, which keeps its pages: numpy's fancy indexing
-            # here would page-fault fresh memory for every block and halve throughput.
-            cols[name] = pa.ListArray.from_arrays(offsets, pc.take(_arrow(v), idx))
+            cols[name] = pa.ListArray.from_arrays(offsets, _arrow(v))
     return pa.Table.from_arrays([cols[f.name] for f in sch], schema=sch)
 
 
@@ -984,12 +1008,12 @@ PARQUET_OPTIONS = dict(compression="lz4", use_dictionary=False, write_statistics
 
 
 def contract_table(b: Block, sch: pa.Schema) -> pa.Table:
-    """The contract rows of a block in the storage layout the generator writes (per row)."""
-    return block_table(b, sch)
+    """The contract rows of a block in the storage layout the generator writes (per request)."""
+    return request_table(b, sch)
 
 
 def contract_schema(s: SynthConfig) -> pa.Schema:
-    return schema(s.event_embedding_dim)
+    return layout.per_request_schema(schema(s.event_embedding_dim), None, REQUEST_LEVEL)
 
 
 def _write_file(world: World, tl: Timeline, plan: SplitPlan, groups, path: Path, raw_path: Optional[Path]) -> dict:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 import yaml
@@ -196,7 +197,10 @@ def held_out_values(cfg: config.ExperimentConfig, root: Path, feature: str) -> n
     """The feature's values in the eval split (one dense column)."""
     column = next(d.column for d in cfg.features.dense if d.name == feature)
     files = sorted((root / "eval").glob("*.parquet"))
-    return np.concatenate([pq.read_table(f, columns=[column]).column(0).to_numpy() for f in files])
+    values = [pq.read_table(f, columns=[column]).column(0).combine_chunks() for f in files]
+    # Per-request files hold a list of the candidates' values per request.
+    values = [v.flatten() if pa.types.is_list(v.type) else v for v in values]
+    return np.concatenate([v.to_numpy(zero_copy_only=False) for v in values])
 
 
 def main(argv: Optional[List[str]] = None) -> int:

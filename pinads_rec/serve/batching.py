@@ -15,7 +15,7 @@ None of them applies ``data.max_unique_users_per_batch`` (see ``unbounded_users`
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Optional, Tuple
+from typing import Collection, Iterator, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +25,7 @@ from pinads_rec import config
 from pinads_rec.data.batch import Batch, BatchBuilder
 from pinads_rec.data.contract import ContractError, RowGroupChecker, check_schema, contract_columns
 from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
-from pinads_rec.data.layout import is_per_request
+from pinads_rec.data.layout import is_per_request, stored_request_level
 from pinads_rec.data.reader import AS_READ_PREFIX, RowGroupReader, list_files, list_row_groups
 from pinads_rec.data.shuffle import ShufflePool, read_requests
 from pinads_rec.features import FeatureLayout
@@ -62,24 +62,30 @@ class RequestBatcher:
             ids = len(pc.unique(request.column(f.columns.request_id)))
             if ids != 1:
                 raise ContractError(f"{where}: score_request takes the rows of one request, got {ids} request ids")
-        table = _with_label_columns(request, self.cfg, per_request)
-        check_schema(where, table.schema, self.columns, per_request)
+        # A per-request row is split as its writer stored it (data/layout.py).
+        stored = stored_request_level(request.schema, f) if per_request else None
+        table = _with_label_columns(request, self.cfg, stored)
+        check_schema(where, table.schema, self.columns, per_request, stored)
         table = table.select([c.name for c in self.columns])
         if per_request:
-            block = self.checker.check_requests(self.checker.split_requests(table, where), where)
+            block = self.checker.check_requests(self.checker.split_requests(table, where, stored), where)
             return self.builder.build_requests(block)
         return self.builder.build(self.checker(table, where))
 
 
-def _with_label_columns(table: pa.Table, cfg: config.ExperimentConfig, per_request: bool = False) -> pa.Table:
+def _with_label_columns(
+    table: pa.Table, cfg: config.ExperimentConfig, stored: Optional[Collection[str]] = None
+) -> pa.Table:
     """A served request has no labels: the contract's label (and oracle) columns are filled with 0
-    (per candidate: in a per-request row, a list as long as its surface column's)."""
+    (per candidate; in a per-request row -- ``stored``: the columns it holds once per request -- a
+    list as long as its candidates)."""
     for task in cfg.features.tasks:
         for name in (task.label_column, task.true_probability_column):
             if name and table.schema.get_field_index(name) < 0:
-                if per_request:
-                    surface = table.column(cfg.features.columns.surface)
-                    lengths = pc.list_value_length(surface).to_numpy(zero_copy_only=False)
+                if stored is not None:
+                    # As many as the row's candidates: the length of any column stored per candidate.
+                    candidate = next(n for n in table.column_names if n not in stored)
+                    lengths = pc.list_value_length(table.column(candidate)).to_numpy(zero_copy_only=False)
                     offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
                     zeros = pa.array(np.zeros(int(lengths.sum()), np.float32))
                     table = table.append_column(name, pa.ListArray.from_arrays(offsets, zeros))
