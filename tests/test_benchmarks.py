@@ -237,3 +237,26 @@ def test_storage_layout_measures_both_layouts_side_by_side(tmp_path):
     for layout in ("per_row", "per_request"):
         assert len(result["throughput"][layout]) == 2
         assert all(r["rows_per_s"] > 0 and r["batches"] == 3 for r in result["throughput"][layout])
+
+
+def test_build_measures_the_builder_pandas_and_polars_and_their_outputs_agree(tmp_path):
+    out = _run("build.py", f"--smoke --out {tmp_path}", timeout=600)
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "engine" not in line]
+    engines = [r.split("|")[1].strip() for r in rows]
+    assert engines == [
+        "DuckDB builder",
+        "pandas",
+        "DuckDB builder",
+        "Polars streaming (core step)",
+        "DuckDB builder (core step)",
+    ]
+    for r in rows:
+        assert r.rstrip().endswith("| yes |"), r
+        numbers = _numbers(r.split("|", 2)[2])  # events, impressions, (cap), wall s, rows/s x2, RSS, temp, output
+        assert numbers[0] > 0 and numbers[1] > 0 and all(v >= 0 for v in numbers)
+    # both comparisons check the outputs, not only the times
+    assert "pandas output == builder output" in out
+    assert "Polars sequences == builder sequences" in out
+    assert "x the 256MB cap" in out and "pandas / builder at 30,000 events: wall" in out
+    result = json.loads((tmp_path / "build_benchmark.json").read_text())
+    assert result["log"]["in_memory_total"] > 0 and all(r["peak_rss_mb"] > 0 for r in result["rows"])
