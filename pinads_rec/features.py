@@ -20,11 +20,12 @@ constrains these tables, and serving rebuilds the KJTs from them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List
-
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig, PoolingType
+from typing import TYPE_CHECKING, Dict, List
 
 from pinads_rec.config import CANDIDATE_PREFIX, FeaturesConfig, SparseFeatureConfig
+
+if TYPE_CHECKING:  # torchrec is imported where its configs are made: data tools never load it
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,8 @@ class FeatureLayout:
 
     def embedding_bag_configs(self, user_side: bool = False) -> List[EmbeddingBagConfig]:
         """Tables of the pooled features looked up per row (``ebc``), or once per request (``user_ebc``)."""
+        from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+
         keys = self.user_keys if user_side else self.row_keys
         out = []
         for t in self.features.tables:
@@ -111,6 +114,8 @@ class FeatureLayout:
 
     def embedding_configs(self) -> List[EmbeddingConfig]:
         """Tables of the EmbeddingCollection (``ec``): each with its sequence keys, then its candidate keys."""
+        from torchrec.modules.embedding_configs import EmbeddingConfig
+
         out = []
         for t in self.features.tables:
             keys = [
