@@ -430,23 +430,30 @@ class Build:
                       UNION ALL SELECT NULL, __user, __t, 1 FROM {events}))
             WHERE __is_event = 0 AND __n > 0""",
         )
-        # Each user's events sorted once -- by time, then the group's columns (ties) -- and each
-        # request's sequence a slice of them: no per-request sort.
+        # Per user, one row: its events sorted once (by time, then the group's columns: ties) and
+        # its requests with their counts. Each request's sequence is then a slice of its user's list,
+        # cut in place -- no per-request sort, and no join copying a user's list onto each request.
         packed = ", ".join(["__t := __t"] + [f"{sql_name(c)} := {sql_name(c)}" for c in cols])
         self.sql(
             f"ordering the events of sequence group {group.name!r}",
             f"""CREATE TEMP TABLE __timeline_{name} AS
-            SELECT __user, list_sort(list(struct_pack({packed}))) AS __events FROM {events} GROUP BY __user""",
+            SELECT __user,
+                   list_sort(list(struct_pack({packed})) FILTER (WHERE __req IS NULL)) AS __events,
+                   list(struct_pack(__req := __req, __n := __n)) FILTER (WHERE __req IS NOT NULL) AS __requests
+            FROM (SELECT __user, __t, {", ".join(sql_name(c) for c in cols)} FROM {events}
+                  UNION ALL BY NAME SELECT __user, __req, __n FROM __before_{name})
+            GROUP BY __user""",
         )
-        lists = [f"[CAST(floor(x.__t) AS BIGINT) FOR x IN __s] AS {sql_name(group.timestamp_column)}"]
-        lists += [f"[x.{sql_name(c)} FOR x IN __s] AS {sql_name(c)}" for c in cols]
+        lists = [f"[CAST(floor(x.__t) AS BIGINT) FOR x IN __r.__s] AS {sql_name(group.timestamp_column)}"]
+        lists += [f"[x.{sql_name(c)} FOR x IN __r.__s] AS {sql_name(c)}" for c in cols]
+        cut = f"list_reverse(list_slice(__events, greatest(r.__n - {group.max_length}, 0) + 1, r.__n))"
         self.sql(
             f"cutting the sequences of group {group.name!r}",
             f"""CREATE TEMP TABLE __seq_{name} AS
-            SELECT __req, {", ".join(lists)} FROM (
-                SELECT b.__req, list_reverse(list_slice(u.__events, greatest(b.__n - {group.max_length}, 0) + 1, b.__n))
-                       AS __s
-                FROM __before_{name} b JOIN __timeline_{name} u USING (__user))""",
+            SELECT __r.__req AS __req, {", ".join(lists)} FROM (
+                SELECT unnest(list_transform(__requests, lambda r: struct_pack(__req := r.__req, __s := {cut})))
+                       AS __r
+                FROM __timeline_{name} WHERE len(__requests) > 0)""",
         )
 
     def candidates(self) -> None:
