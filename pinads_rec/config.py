@@ -196,8 +196,9 @@ class SynthConfig:
     seed: int = 0
     train_requests: int = 20000
     eval_requests: int = 4000
-    # Extra requests over the latest 5% of the training span, written to calibration/ (fit the
-    # calibration layers on them with data.calibration_dir). 0: no calibration split.
+    # Requests of the training period's latest part (after every train request, before every eval
+    # one), written to calibration/ (fit the calibration layers on them with data.calibration_dir).
+    # 0: no calibration split.
     calibration_requests: int = 0
     candidates_per_request: float = 12.0
     num_users: int = 200000
