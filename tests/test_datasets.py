@@ -6,12 +6,7 @@ and an independent pandas computation for a sample of requests; then each trains
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
-import signal
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Dict, List
@@ -19,6 +14,7 @@ from typing import Dict, List
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from conftest import torchx_train
 from dataset_fixtures import BEIJING, TAOBAO_PIDS, beijing, write_kuairand, write_taobao
 
 from pinads_rec import config
@@ -295,53 +291,11 @@ def test_kuairand_splits_random_exposures_and_features(kuairand):
 # --- Training through TorchX ----------------------------------------------------------------
 
 
-def _torchx_executable() -> str:
-    exe = Path(sys.executable).parent / "torchx"
-    if exe.exists():
-        return str(exe)
-    found = shutil.which("torchx")
-    if not found:
-        pytest.fail("the torchx CLI is not installed (the project's torchx dependency)")
-    return found
-
-
 def train_through_torchx(tmp: Path, config_path: Path, overrides: List[str]) -> Path:
     """``torchx run -s local_cwd components/train.py:train -j 1x2`` (pinads_rec/train.py on 2 gloo
     ranks) with ``overrides``; returns the run directory."""
     run_dir = tmp / "run"
-    env = dict(os.environ)
-    env.pop("TORCHXCONFIG", None)
-    # local_cwd runs `bash -c "torchrun ..."`: torchrun must be the one of this interpreter.
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    cmd = [
-        _torchx_executable(),
-        "run",
-        "-s",
-        "local_cwd",
-        "-cfg",
-        f"log_dir={tmp / 'logs'}",
-        "components/train.py:train",
-        "-j",
-        "1x2",
-        "--rdzv_port",
-        "0",
-        "--gpu",
-        "0",
-        "--config",
-        str(config_path.relative_to(REPO)),
-        "--set",
-        ",".join(overrides + [f"train.run_dir={run_dir}"]),
-    ]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        out, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchx, torchrun and the ranks share the session
-        out, _ = proc.communicate()
-        pytest.fail(f"torchx launch exceeded {LAUNCH_TIMEOUT_S} s:\n{out[-6000:]}")
-    assert proc.returncode == 0, f"torchx exited {proc.returncode}:\n{out[-6000:]}"
+    torchx_train(tmp, "1x2", config_path.relative_to(REPO), overrides + [f"train.run_dir={run_dir}"], LAUNCH_TIMEOUT_S)
     return run_dir
 
 

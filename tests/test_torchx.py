@@ -14,15 +14,12 @@ import importlib.util
 import os
 import re
 import shlex
-import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import read_rows
+from conftest import read_rows, torchx_train
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH_TIMEOUT_S = 300
@@ -360,16 +357,6 @@ TINY_DATA = [
 ]
 
 
-def _torchx_executable() -> str:
-    exe = Path(sys.executable).parent / "torchx"
-    if exe.exists():
-        return str(exe)
-    found = shutil.which("torchx")
-    if not found:
-        pytest.skip("torchx CLI not installed")
-    return found
-
-
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
     """``torchx run -s local_cwd components/train.py:train -j 2x1 --rdzv_port 0`` on tiny data:
@@ -390,39 +377,7 @@ def two_nodes(tmp_path_factory):
     ]
     generate(config.load(REPO / "configs" / "demo.yaml", overrides), data)
 
-    env = dict(os.environ)
-    env.pop("TORCHXCONFIG", None)
-    # local_cwd runs `bash -c "torchrun ..."`: torchrun must be the one of this interpreter.
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    cmd = [
-        _torchx_executable(),
-        "run",
-        "-s",
-        "local_cwd",
-        "-cfg",
-        f"log_dir={tmp / 'logs'}",
-        "components/train.py:train",
-        "-j",
-        "2x1",
-        "--rdzv_port",
-        "0",  # a free port picked when the job is built, shared by both nodes
-        "--gpu",
-        "0",
-        "--config",
-        "configs/demo.yaml",
-        "--set",
-        ",".join(overrides),
-    ]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        out, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchx, the torchrun agents and the ranks share the session
-        out, _ = proc.communicate()
-        pytest.fail(f"torchx launch exceeded {LAUNCH_TIMEOUT_S} s:\n{out[-6000:]}")
-    assert proc.returncode == 0, f"torchx exited {proc.returncode}:\n{out[-6000:]}"
+    out = torchx_train(tmp, "2x1", "configs/demo.yaml", overrides, LAUNCH_TIMEOUT_S)
     return out, run_dir, data
 
 
