@@ -133,18 +133,19 @@ def test_peak_rss_stays_under_the_log_and_near_the_cap(tmp_path):
     start = time.time()
     baseline = build_in_child(tmp_path / "tiny", tmp_path / "tiny_out", CAP_MB)
 
-    # ~0.8 GB in memory (3M events x (3 int64 + 64 float32)), 2.1x the 384 MB cap. (The build sorts
+    # ~1.07 GB in memory (4M events x (3 int64 + 64 float32)), 2.8x the 384 MB cap. (The build sorts
     # each user's events into one list: a vector of 2,048 users' lists, ~90 MB here, must fit the cap.)
-    size, ev, imp = write_log(tmp_path / "raw", events=3_000_000, users=20_000, requests=20_000)
+    size, ev, imp = write_log(tmp_path / "raw", events=4_000_000, users=27_000, requests=27_000)
     size_mb = size / 2**20
-    assert size_mb > 2 * CAP_MB
+    assert size_mb > 2.5 * CAP_MB
     peak = build_in_child(tmp_path / "raw", tmp_path / "out", CAP_MB)
     took = time.time() - start
-    # The bound: the fixed cost plus 1.5x the cap. DuckDB's memory_limit caps its buffer manager
+    # The bound: the fixed cost plus 2x the cap. DuckDB's memory_limit caps its buffer manager
     # (tables, sort runs, hash tables: what grows with the log); outside it are the Arrow batches
-    # handed to Python for writing, per-thread scratch and allocator slack. Without the cap the
-    # same build holds the ~1 GB events table in memory and passes the bound by far.
-    bound = baseline + 1.5 * CAP_MB
+    # handed to Python for writing, per-thread scratch and allocator slack (measured: 1.3x-1.5x the
+    # cap above the fixed cost, from run to run). Without the cap the same build holds the events
+    # table in memory and passes the bound by far.
+    bound = baseline + 2 * CAP_MB
     print(
         f"baseline {baseline:.0f} MiB, peak {peak:.0f} MiB, bound {bound:.0f} MiB, log {size_mb:.0f} MiB, {took:.0f} s"
     )
@@ -159,7 +160,7 @@ def test_peak_rss_stays_under_the_log_and_near_the_cap(tmp_path):
     }
     assert out.num_rows == len(set(zip(imp.column("user").to_pylist(), imp.column("ts").to_pylist())))
     emb = ev.column("emb").combine_chunks().values.to_numpy().reshape(-1, DIM)
-    for j in (0, 7, 1234, 19_999):
+    for j in (0, 7, 1234, 26_999):
         user, t = imp.column("user")[j].as_py(), imp.column("ts")[j].as_py()
         row = out.slice(by_key[(user, t)], 1).to_pylist()[0]
         rows = newest_before(ev, user, t)
