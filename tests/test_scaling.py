@@ -5,6 +5,7 @@ steps, planner projection for 8 and 16 GPUs) through the CLI, run once for the c
 import contextlib
 import csv
 import io
+import json
 import os
 import time
 
@@ -181,10 +182,16 @@ def test_sweep_measures_every_phase(sweep_rows):
 
 
 @pytest.mark.slow
-def test_sweep_comms_lie_inside_their_phases(sweep_rows):
-    for r in sweep_rows:
-        assert float(r["comms_fwd_ms"]) <= float(r["forward_ms"])
-        assert float(r["comms_bwd_ms"]) <= float(r["backward_ms"])
+def test_sweep_comms_lie_inside_their_phases(tiny_sweep, sweep_rows):
+    # Comms are measured on the profiled steps that follow the timed ones (the profiler slows a step
+    # and a shared machine varies between the two), so they lie inside those steps' own phase times
+    # (each rank's comms_phase_ms), not necessarily inside the timed steps' averages.
+    ranks = list((tiny_sweep[0] / "runs").glob("*/rank-*.json"))
+    assert ranks
+    for path in ranks:
+        r = json.loads(path.read_text())
+        assert r["comms_fwd_ms"] <= r["comms_phase_ms"]["forward"] + 1e-3, path
+        assert r["comms_bwd_ms"] <= r["comms_phase_ms"]["backward"] + 1e-3, path
     two = sweep_rows[1]
     assert float(two["comms_ms"]) > 0 and float(two["ddp_allreduce_ms"]) > 0
 
