@@ -2,6 +2,7 @@
 joins and their defaults, splits, determinism, bad input named by file, column and row."""
 
 import json
+import re
 import textwrap
 
 import pyarrow as pa
@@ -208,34 +209,35 @@ def test_cli_prints_the_summary(tmp_path, capsys):
 # --- bad input: a clear error naming file, column and row -----------------------------------------
 
 
-def expect_error(tmp_path, match, **raw):
+def build_error(tmp_path, **raw) -> str:
+    """The one-line message the build stops with on these raw files."""
     raw_dir, path = write_raw(tmp_path, **raw)
-    with pytest.raises(ContractError, match=match):
+    with pytest.raises(ContractError) as info:
         build(config.load(path), str(raw_dir), str(tmp_path / "out"))
+    return str(info.value)
 
 
 def test_label_not_01_names_file_and_row(tmp_path):
     bad = IMPRESSIONS[:2] + [(1, T0 + 200, "p2", 12, 2)] + IMPRESSIONS[3:]
-    expect_error(
-        tmp_path, r"build.columns.click: 1 label\(s\) not 0/1.*impressions.csv, row 2 \(line 4\)", impressions=bad
-    )
+    message = build_error(tmp_path, impressions=bad)
+    assert re.search(r"build.columns.click: 1 label\(s\) not 0/1.*impressions.csv, row 2 \(line 4\)", message)
 
 
 def test_unparsable_timestamp(tmp_path):
     bad = IMPRESSIONS[:3] + [(2, "yesterday", "p1", 10, 0)] + IMPRESSIONS[4:]
-    expect_error(tmp_path, r"build.impressions.time: 1 timestamp\(s\) missing or unparsable.*row 3", impressions=bad)
+    message = build_error(tmp_path, impressions=bad)
+    assert re.search(r"build.impressions.time: 1 timestamp\(s\) missing or unparsable.*row 3", message)
 
 
 def test_milliseconds_timestamp(tmp_path):
     bad = IMPRESSIONS[:4] + [(3, (T0 + 5000) * 1000, "p1", 13, 1)]
-    expect_error(tmp_path, r"outside 1990..2100.*row 4.*milliseconds", impressions=bad)
+    assert re.search(r"outside 1990..2100.*row 4.*milliseconds", build_error(tmp_path, impressions=bad))
 
 
 def test_event_without_user(tmp_path):
     bad = BEHAVIOUR + [("", T0, "pv", 1, 1)]
-    expect_error(
-        tmp_path, r"build.sequences\[0\].user: 1 event\(s\) without a user.*behaviour.csv, row 8", behaviour=bad
-    )
+    message = build_error(tmp_path, behaviour=bad)
+    assert re.search(r"build.sequences\[0\].user: 1 event\(s\) without a user.*behaviour.csv, row 8", message)
 
 
 def test_duplicated_impressions_dropped_and_counted(tmp_path):

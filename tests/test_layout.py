@@ -342,7 +342,8 @@ def test_per_request_checks_name_row_and_candidate(both, per_request_table, tmp_
 
     def case(name, bad, pattern):
         d, path = _write(tmp_path / name, bad)
-        _rejected(cfg, d, path + pattern)
+        message = _rejected(cfg, d, path + pattern)
+        assert message.startswith(str(d / "x.parquet")) and "\n" not in message  # one line, the file first
 
     def set_at(values, j, v):
         values = list(values)
