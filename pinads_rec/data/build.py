@@ -50,7 +50,7 @@ from pinads_rec.config import (
     to_dict,
 )
 from pinads_rec.data import layout
-from pinads_rec.data.contract import ContractError, contract_columns
+from pinads_rec.data.contract import ID, SHARED_ID, ContractError, contract_columns
 from pinads_rec.data.raw_sources import RawSource, sql_name, sql_string
 
 # Timestamps outside [1990, 2100) are a mistake (milliseconds read as seconds, a zero): an error.
@@ -566,7 +566,7 @@ class Build:
 
     def check_id_types(self) -> None:
         for name, c in self.columns.items():
-            if name not in self.computed or c.role not in ("id", "single id (its table is shared with sequences)"):
+            if name not in self.computed or c.role not in (ID, SHARED_ID):
                 continue
             if not self.is_integer_column("imp", name, lists_ok=True) and not self.vocab_for(name):
                 raise ContractError(

@@ -870,25 +870,10 @@ def _arrow(v: np.ndarray) -> pa.Array:
 
 # Stored once per request: every column the generator draws per request (the data/layout.py metadata
 # records them, so a config marking other features user-side reads the files as well).
-REQUEST_LEVEL = (
-    "request_id",
-    "user_id",
-    "surface",
-    "timestamp",
-    "context_topic",
-    "query_tokens",
-    "seq_pin_item",
-    "seq_pin_ts",
-    "seq_pin_action",
-    "seq_pin_topic",
-    "seq_pin_emb",
-    "seq_ad_item",
-    "seq_ad_ts",
-    "seq_ad_action",
-    "seq_ad_topic",
-    "seq_query_token",
-    "seq_query_ts",
-    "seq_query_topic",
+REQUEST_LEVEL = ("request_id", "user_id", "surface", "timestamp", "context_topic", "query_tokens") + tuple(
+    name
+    for name in schema(1).names
+    if name.startswith("seq_")  # every sequence group column
 )
 
 
