@@ -62,8 +62,8 @@ class Vocabularies:
     def _map(values: pa.Array, vocab: pa.Table) -> pa.Array:
         if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
             inner = Vocabularies._map(values.flatten(), vocab)
-            offsets = pc.list_value_length(values).to_numpy(zero_copy_only=False)
-            return pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(offsets)]).astype(np.int32)), inner)
+            lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False)
+            return pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)), inner)
         position = pc.index_in(pc.cast(values, pa.string()), value_set=vocab.column("raw"))
         index = vocab.column("idx").combine_chunks().take(position)
         return pc.fill_null(index, OUT_OF_VOCABULARY).cast(pa.int64())
