@@ -190,6 +190,29 @@ class FaultsConfig:
 
 
 @dataclass
+class LongHistoryConfig:
+    """Long pins histories and a planted dormant interest (docs/synthetic_data.md, "Long histories
+    and a dormant interest"). Off: the data are exactly those of the generator without it."""
+
+    enabled: bool = False
+    # Each user's total pins events over the 90-day log: LogNormal with this median and 90th
+    # percentile, rounded and clipped to [1, max_length]; max_length is also the pins cap a request
+    # carries (sequence_caps()["pins"]).
+    median: float = 200.0
+    p90: float = 1500.0
+    max_length: int = 4000
+    # Users with at least min_history pins events have a dormant topic outside their mixture: a burst
+    # of burst_share of their events on it in the log's first burst_days days, candidates of it with
+    # probability candidate_share and dormant_coef on the click logit, on the surfaces listed.
+    min_history: int = 300
+    burst_share: float = 0.1
+    burst_days: float = 15.0
+    candidate_share: float = 0.1
+    dormant_coef: float = 3.0
+    surfaces: List[str] = field(default_factory=lambda: ["home_feed", "related_pins"])
+
+
+@dataclass
 class SynthConfig:
     """Sizes and seed of the planted-truth synthetic data (see docs/synthetic_data.md)."""
 
@@ -212,6 +235,7 @@ class SynthConfig:
     num_files: int = 4
     row_group_size: int = 8192
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    long_history: LongHistoryConfig = field(default_factory=LongHistoryConfig)
 
 
 # --------------------------------------------------------------------------------------------

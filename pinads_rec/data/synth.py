@@ -15,6 +15,8 @@ recoverable only by the model part meant to find it:
 - per-surface offsets and interest scales       -> surface-specific calibration
 - shopping ads                                   -> the ads sequence (a separate shopping mixture)
 - save on a topic                                -> past save actions on that topic in the sequence
+- dormant interest (synth.long_history, off by   -> a burst of pins events older than the newest
+  default; long-tailed pins histories to 4,000)     100 (the log's first 15 days)
 
 Splits are time windows: train, then calibration, then eval. ``--raw`` also writes the raw logs
 (behaviour logs keyed by user and time, impression log, items table) that configs/demo.yaml's
@@ -48,7 +50,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pinads_rec import metrics
-from pinads_rec.config import ConfigError, ExperimentConfig, SynthConfig, load
+from pinads_rec.config import ConfigError, ExperimentConfig, LongHistoryConfig, SynthConfig, load
 from pinads_rec.data import layout
 
 # --------------------------------------------------------------------------------------------
@@ -139,6 +141,10 @@ SAVE_QUALITY_COEF = 0.4
 SAVE_SHOPPING_OFFSET = -0.5
 SAVE_CLICK_BOOST = 2.0
 
+# Long histories (synth.long_history; its knobs are config, these are fixed).
+Z_P90 = 1.2815515655446004  # the standard normal's 90th percentile: sigma = ln(p90 / median) / Z_P90
+BURST_WINDOWS = (100, 1000, 4000)  # newest-event windows the summary checks for burst events
+
 TASKS = ("click", "good_click", "save")
 DENSE_COLUMNS = ("user_activity", "item_ctr_prior", "item_embedding")
 
@@ -225,6 +231,30 @@ def check_synth_config(s: SynthConfig) -> None:
         raise ConfigError(f"synth.faults.zero_fill_window: expected [start, end], got {f.zero_fill_window}")
     if not 0.0 <= f.stale_fraction < 1.0:
         raise ConfigError(f"synth.faults.stale_fraction: must be in [0, 1), got {f.stale_fraction}")
+    lh = s.long_history
+    if lh.enabled:
+        key = "synth.long_history"
+        if not 1.0 <= lh.median < lh.p90:
+            raise ConfigError(f"{key}.p90: must exceed {key}.median (>= 1), got median {lh.median}, p90 {lh.p90}")
+        if lh.max_length < max(s.sequence_length, 1):
+            raise ConfigError(
+                f"{key}.max_length: must be >= synth.sequence_length ({s.sequence_length}), got {lh.max_length}"
+            )
+        if lh.min_history < 1:
+            raise ConfigError(f"{key}.min_history: must be >= 1, got {lh.min_history}")
+        for name in ("burst_share", "candidate_share"):
+            if not 0.0 <= getattr(lh, name) < 1.0:
+                raise ConfigError(f"{key}.{name}: must be in [0, 1), got {getattr(lh, name)}")
+        if not 0.0 < lh.burst_days <= (T0 - LOG_START) / 86400:
+            raise ConfigError(f"{key}.burst_days: must be in (0, 60] (before the first request), got {lh.burst_days}")
+        bad = [x for x in lh.surfaces if x not in SURFACES]
+        if bad:
+            raise ConfigError(f"{key}.surfaces: {bad[0]!r} is not a surface {list(SURFACES)}")
+        if s.num_topics <= MIXTURE_SLOTS:
+            raise ConfigError(
+                f"synth.num_topics: must be > {MIXTURE_SLOTS} with {key}.enabled (a dormant topic lies outside "
+                f"the user's mixture), got {s.num_topics}"
+            )
 
 
 def make_world(s: SynthConfig) -> World:
@@ -338,6 +368,10 @@ class Timeline:
     pins: Events
     ads: Events
     queries: Events
+    # synth.long_history only: per user its dormant topic (0: none), per pins event whether it is
+    # one of the dormant burst's.
+    dormant: Optional[np.ndarray] = None
+    pins_burst: Optional[np.ndarray] = None
 
     @property
     def num_requests(self) -> int:
@@ -366,6 +400,49 @@ def _background(
     rel = world.activity[users] / math.exp(ACTIVITY_SD**2 / 2)  # E[a_u] = 1
     n = rng.poisson(per_30_days * rel * (LOG_END - LOG_START) / (30 * 86400))
     return np.repeat(users, n), rng.integers(LOG_START, LOG_END, int(n.sum()))
+
+
+def pins_totals(world: World, users: np.ndarray, lh: LongHistoryConfig) -> np.ndarray:
+    """Each user's total pins events over the whole log with long histories: LogNormal with median
+    ``lh.median`` and 90th percentile ``lh.p90``, rounded, clipped to [1, lh.max_length]. The
+    normal quantile is the user's activity's (a_u ~ LogNormal(0, ACTIVITY_SD)), so more active
+    users have longer histories, as without long histories."""
+    sigma = math.log(lh.p90 / lh.median) / Z_P90
+    z = np.log(world.activity[users]) / ACTIVITY_SD
+    return np.clip(np.rint(lh.median * np.exp(sigma * z)), 1, lh.max_length).astype(np.int64)
+
+
+def _dormant_topics(rng: np.random.Generator, world: World, users: np.ndarray) -> np.ndarray:
+    """One topic in [1, T] per user, uniform over the topics outside the user's mixture θ_u."""
+    topic, weight = world.theta
+    t = np.where(weight[users] > 0, topic[users].astype(np.int64), world.num_topics)  # unused: T
+    t.sort(axis=1)
+    t[:, 1:][t[:, 1:] == t[:, :-1]] = world.num_topics  # repeats merge
+    t.sort(axis=1)
+    outside = world.num_topics - (t < world.num_topics).sum(axis=1)
+    d = np.floor(rng.random(len(users)) * outside).astype(np.int64)
+    for j in range(t.shape[1]):  # the d-th topic not in the (ascending) mixture topics
+        d += d >= t[:, j]
+    return d + 1
+
+
+def _long_background(rng: np.random.Generator, world: World, s: SynthConfig, present: np.ndarray, v_user):
+    """Background and burst pins events with long histories: a user's pins_totals() less its
+    sessions' events, of them a burst on its dormant topic in the log's first burst_days days
+    (users with at least min_history events), the rest uniform over the log. Returns
+    (bg_user, bg_time, burst_user, burst_time, dormant [num_users], 0 where none)."""
+    lh = s.long_history
+    total = pins_totals(world, present, lh)
+    sessions = SESSION_EVENTS * np.bincount(v_user, minlength=s.num_users)[present]
+    has = total >= lh.min_history
+    dormant = np.zeros(s.num_users, np.int64)
+    dormant[present[has]] = _dormant_topics(rng, world, present[has])
+    room = np.maximum(total - sessions, 0)
+    burst = np.minimum(np.where(has, np.rint(lh.burst_share * total), 0).astype(np.int64), room)
+    n_bg = room - burst
+    bg_time = rng.integers(LOG_START, LOG_END, int(n_bg.sum()))
+    burst_time = rng.integers(LOG_START, LOG_START + int(lh.burst_days * 86400), int(burst.sum()))
+    return np.repeat(present, n_bg), bg_time, np.repeat(present, burst), burst_time, dormant
 
 
 def _mixture_topics(rng, world: World, mix, users: np.ndarray, uniform_prob: float) -> np.ndarray:
@@ -439,7 +516,11 @@ def make_timeline(world: World, s: SynthConfig) -> Timeline:
     L = s.sequence_length
     present = np.unique(v_user)
     rng = _stream(s.seed, 2, 0)
-    bg_user, bg_time = _background(rng, world, present, PINS_PER_30_DAYS * L)
+    lh = s.long_history
+    if lh.enabled:
+        bg_user, bg_time, burst_user, burst_time, dormant = _long_background(rng, world, s, present, v_user)
+    else:
+        bg_user, bg_time = _background(rng, world, present, PINS_PER_30_DAYS * L)
     bg_topic = _mixture_topics(rng, world, world.theta, bg_user, OLD_UNIFORM_PROB)
     # A visit opens with a session of SESSION_EVENTS pins events, mostly on its intent.
     ss_visit = np.repeat(np.arange(n_visits), SESSION_EVENTS)
@@ -453,16 +534,21 @@ def make_timeline(world: World, s: SynthConfig) -> Timeline:
     )
     p_user = np.concatenate([bg_user, ss_user])
     p_topic = np.concatenate([bg_topic, ss_topic])
+    p_time = np.concatenate([bg_time, ss_time])
+    if lh.enabled:
+        p_user = np.concatenate([p_user, burst_user])
+        p_topic = np.concatenate([p_topic, dormant[burst_user]])
+        p_time = np.concatenate([p_time, burst_time])
     p_item = _items_of_topics(rng, world, p_topic)
-    pins = _tie_free(
-        p_user,
-        np.concatenate([bg_time, ss_time]),
-        {
-            "item": p_item,
-            "action": _actions(rng, world.save_propensity[p_user], PIN_ACTION_PROBS),
-            "topic": p_topic.astype(np.int64),
-        },
-    )
+    p_cols = {
+        "item": p_item,
+        "action": _actions(rng, world.save_propensity[p_user], PIN_ACTION_PROBS),
+        "topic": p_topic.astype(np.int64),
+    }
+    if lh.enabled:
+        p_cols["burst"] = np.arange(len(p_user)) >= len(p_user) - len(burst_user)
+    pins = _tie_free(p_user, p_time, p_cols)
+    pins_burst = pins.cols.pop("burst") if lh.enabled else None
 
     rng = _stream(s.seed, 2, 1)
     a_user, a_time = _background(rng, world, present, ADS_PER_30_DAYS * L)
@@ -506,6 +592,7 @@ def make_timeline(world: World, s: SynthConfig) -> Timeline:
                 intent[lo:hi],
                 anchor[lo:hi],
                 n_cand[lo:hi],
+                (dormant, lh) if lh.enabled else None,
             )
         )
     cand_item = np.concatenate([it for it, _ in items])
@@ -526,12 +613,23 @@ def make_timeline(world: World, s: SynthConfig) -> Timeline:
         pins,
         ads,
         queries,
+        dormant if lh.enabled else None,
+        pins_burst,
     )
 
 
-def _candidates(rng, world: World, user, surface, intent, anchor, n_cand) -> Tuple[np.ndarray, np.ndarray]:
+def touched_surfaces(lh: LongHistoryConfig) -> np.ndarray:
+    """[len(SURFACES)] bool: the surfaces the dormant interest shows on."""
+    return np.array([name in lh.surfaces for name in SURFACES])
+
+
+def _candidates(
+    rng, world: World, user, surface, intent, anchor, n_cand, dormant=None
+) -> Tuple[np.ndarray, np.ndarray]:
     """Candidate items of these requests (topic by surface-specific sources); an item drawn twice
-    for one request is shown once. Returns (items, candidates per request)."""
+    for one request is shown once. Returns (items, candidates per request). ``dormant``: (topic per
+    user, LongHistoryConfig) with long histories: a candidate of a user with a dormant topic is of
+    that topic with probability candidate_share on the touched surfaces."""
     R, T = len(user), world.num_topics
     r = np.repeat(np.arange(R), n_cand)
     N = len(r)
@@ -541,7 +639,13 @@ def _candidates(rng, world: World, user, surface, intent, anchor, n_cand) -> Tup
     options = np.stack(
         [_sample_topics(rng, theta, r), _sample_topics(rng, phi, r), intent[r], rng.integers(1, T + 1, N), anchor[r]]
     )
-    item = _items_of_topics(rng, world, options[np.minimum(src, 4), np.arange(N)])
+    topic = options[np.minimum(src, 4), np.arange(N)]
+    if dormant is not None:
+        d_topic, lh = dormant
+        d = d_topic[user[r]]
+        pick = touched_surfaces(lh)[surface[r]] & (d > 0) & (rng.random(N) < lh.candidate_share)
+        topic = np.where(pick, d, topic)
+    item = _items_of_topics(rng, world, topic)
     key = r * world.item_topic.size + item
     order = np.argsort(key, kind="stable")
     repeat = np.zeros(N, bool)
@@ -638,9 +742,11 @@ def _actions(rng: np.random.Generator, save_prob: np.ndarray, probs: np.ndarray)
 
 
 def sequence_caps(s: SynthConfig) -> Dict[str, int]:
-    """Most events a request's sequence holds, per group: L for pins, L / 2 for ads and queries."""
+    """Most events a request's sequence holds, per group: L for pins (long_history.max_length with
+    long histories), L / 2 for ads and queries."""
     L = s.sequence_length
-    return {"pins": L, "ads": L // 2, "queries": L // 2}
+    pins = s.long_history.max_length if s.long_history.enabled else L
+    return {"pins": pins, "ads": L // 2, "queries": L // 2}
 
 
 GROUP_COLUMNS = {  # group -> (contract timestamp column, {contract column: log attribute})
@@ -705,6 +811,11 @@ def sample_block(world: World, tl: Timeline, s: SynthConfig, block: int) -> Bloc
         + CONTEXT_COEF * context_match
         + world.item_quality[cand]
     )
+    lh = s.long_history
+    dormant_match = np.zeros(N)
+    if lh.enabled:
+        dormant_match = (touched_surfaces(lh)[surf] & (k == tl.dormant[user][r])).astype(np.float64)
+        logit_click = logit_click + lh.dormant_coef * dormant_match
     p_click = _sigmoid(logit_click)
     p_good_given_click = _sigmoid(
         GOOD_OFFSET[surf]
@@ -715,6 +826,8 @@ def sample_block(world: World, tl: Timeline, s: SynthConfig, block: int) -> Bloc
     # Saves on the candidate's topic among the pins events the request sees.
     ev = np.repeat(reqs, pins.lengths)
     saves = pins.cols["seq_pin_action"] == SAVE_ACTION
+    if lh.enabled:  # the save term stays short-range: the newest L events, as without long histories
+        saves = saves & (_segment_positions(pins.lengths) < s.sequence_length)
     saves_on_topic = np.bincount(
         ev * (T + 1) + pins.cols["seq_pin_topic"], weights=saves, minlength=R * (T + 1)
     ).reshape(R, T + 1)[r, k]
@@ -752,6 +865,7 @@ def sample_block(world: World, tl: Timeline, s: SynthConfig, block: int) -> Bloc
         "context_match": context_match,
         "quality": world.item_quality[cand],
         "saves_on_topic": saves_on_topic,
+        "dormant_match": dormant_match,  # 1[k = d_u] on a touched surface (0 without long histories)
         "logit_click": logit_click,
     }
     _apply_faults(rows, frac[r], s, _stream(s.seed, 4, block))
@@ -1008,6 +1122,7 @@ def _write_file(world: World, tl: Timeline, plan: SplitPlan, groups, path: Path,
     sch = contract_schema(s)
     first, last = groups[0][0], groups[-1][1]
     surf, labels, probs = [], {t: [] for t in TASKS}, {t: [] for t in TASKS}
+    blind: List[np.ndarray] = []  # long histories: the click logit without the dormant term
     blk: Optional[Block] = None
     raw_writer = pq.ParquetWriter(raw_path, IMPRESSION_SCHEMA, **PARQUET_OPTIONS) if raw_path else None
     try:
@@ -1022,6 +1137,9 @@ def _write_file(world: World, tl: Timeline, plan: SplitPlan, groups, path: Path,
                         for t in TASKS:
                             labels[t].append(blk.rows[t].astype(np.int8))
                             probs[t].append(blk.rows[f"true_p_{t}"])
+                        if s.long_history.enabled:
+                            lat = blk.latent
+                            blind.append(lat["logit_click"] - s.long_history.dormant_coef * lat["dormant_match"])
                     y = min(b, blk.hi)
                     part = slice_block(blk, a, y)
                     pieces.append(contract_table(part, sch))
@@ -1042,6 +1160,7 @@ def _write_file(world: World, tl: Timeline, plan: SplitPlan, groups, path: Path,
         "_surface": np.concatenate(surf),
         "_labels": {t: np.concatenate(v) for t, v in labels.items()},
         "_probs": {t: np.concatenate(v) for t, v in probs.items()},
+        "_blind": np.concatenate(blind) if blind else None,
     }
 
 
@@ -1050,26 +1169,69 @@ def _iso(t: int) -> str:
 
 
 def _history_stats(tl: Timeline, s: SynthConfig, a: int, b: int) -> dict:
-    """Mean sequence length per group and requests per user, for the split's requests [a, b)."""
+    """Mean sequence length per group, and the pins sequences' length quantiles, for the split's
+    requests [a, b)."""
     out = {}
     for group, cap in sequence_caps(s).items():
         n, _ = getattr(tl, group).window(tl.user[a:b], tl.time[a:b], cap)
         out[f"mean_{group}_length"] = round(float(n.mean()), 2) if len(n) else 0.0
+        if group == "pins" and len(n):
+            out["pins_length"] = {
+                "median": float(np.median(n)),
+                "p90": float(np.quantile(n, 0.9)),
+                "max": int(n.max()),
+                "mean": round(float(n.mean()), 2),
+            }
+    return out
+
+
+def burst_in_newest(tl: Timeline, user: np.ndarray, time: np.ndarray, window: int) -> np.ndarray:
+    """Per request (long histories): whether its user's newest ``window`` pins events before it
+    hold an event of the dormant burst."""
+    n, idx = tl.pins.window(user, time, window)
+    hits = np.bincount(np.repeat(np.arange(len(n)), n), weights=tl.pins_burst[idx], minlength=len(n))
+    return hits > 0
+
+
+def _dormant_summary(tl: Timeline, s: SynthConfig, a: int, b: int, surface, click, p_click, blind) -> dict:
+    """Long histories: the dormant term's worth per surface, the click oracle AUC with the true
+    probabilities and with the term removed from the logit (about the best a model blind to the
+    old events can do), and how often the burst lies in the requests' newest events."""
+    out: dict = {"surfaces": {}}
+    for si, name in enumerate(SURFACES):
+        m = surface == si
+        full, without = metrics.auc(p_click[m], click[m]), metrics.auc(blind[m], click[m])
+        out["surfaces"][name] = {
+            "oracle_auc": full,
+            "oracle_auc_without_dormant": without,
+            "dormant_lift": full - without,
+        }
+    user, time = tl.user[a:b], tl.time[a:b]
+    has = tl.dormant[user] > 0
+    out["dormant_request_share"] = round(float(has.mean()), 4) if len(has) else 0.0
+    # Requests of users with a dormant topic whose newest W pins events hold a burst event.
+    out["burst_in_newest"] = {
+        str(w): round(float(burst_in_newest(tl, user[has], time[has], w).mean()), 5) if has.any() else 0.0
+        for w in BURST_WINDOWS
+    }
     return out
 
 
 def _split_summary(tl: Timeline, plan: SplitPlan, files: List[dict]) -> dict:
-    metrics = oracle_metrics(
-        np.concatenate([f.pop("_surface") for f in files]),
-        {t: np.concatenate([f["_labels"][t] for f in files]) for t in TASKS},
-        {t: np.concatenate([f["_probs"][t] for f in files]) for t in TASKS},
-    )
-    for f in files:
-        del f["_labels"], f["_probs"]
+    surface = np.concatenate([f.pop("_surface") for f in files])
+    labels = {t: np.concatenate([f["_labels"][t] for f in files]) for t in TASKS}
+    probs = {t: np.concatenate([f["_probs"][t] for f in files]) for t in TASKS}
+    metrics = oracle_metrics(surface, labels, probs)
     n = plan.num_requests
-    start, end = tl.boundaries[plan.name]
     a, b = plan.first_request, plan.first_request + n
-    return {
+    dormant = None
+    if plan.synth.long_history.enabled:
+        blind = np.concatenate([f["_blind"] for f in files])
+        dormant = _dormant_summary(tl, plan.synth, a, b, surface, labels["click"], probs["click"], blind)
+    for f in files:
+        del f["_labels"], f["_probs"], f["_blind"]
+    start, end = tl.boundaries[plan.name]
+    out = {
         "requests": n,
         "rows": int(plan.row_offsets[-1]),
         "files": files,
@@ -1082,6 +1244,9 @@ def _split_summary(tl: Timeline, plan: SplitPlan, files: List[dict]) -> dict:
         "users": int(len(np.unique(tl.user[a:b]))),
         **_history_stats(tl, plan.synth, a, b),
     }
+    if dormant is not None:
+        out["dormant"] = dormant
+    return out
 
 
 def generate(cfg: ExperimentConfig, out_dir: str | Path, num_threads: int = 0, raw: bool = False) -> dict:
@@ -1248,10 +1413,15 @@ def check_raw(cfg: ExperimentConfig) -> None:
     for g in cfg.features.sequence_groups:
         for group, (ts_col, _) in GROUP_COLUMNS.items():
             if g.timestamp_column == ts_col and g.max_length != caps[group]:
+                source = (
+                    f"synth.long_history.max_length={s.long_history.max_length}"
+                    if group == "pins" and s.long_history.enabled
+                    else f"synth.sequence_length={s.sequence_length}"
+                )
                 raise ConfigError(
                     f"features.sequence_groups[{g.name}].max_length: {g.max_length}, but the generator caps that "
-                    f"group at {caps[group]} (from synth.sequence_length={s.sequence_length}): a build of the raw "
-                    "logs would not equal the contract output"
+                    f"group at {caps[group]} (from {source}): a build of the raw logs would not equal the contract "
+                    "output"
                 )
 
 
@@ -1262,6 +1432,8 @@ def is_cached(s: SynthConfig, out_dir: str | Path, at_least: Sequence[str] = ())
         old = json.loads((Path(out_dir) / "summary.json").read_text())["synth"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
+    if isinstance(old, dict) and "long_history" not in old:  # written before the key existed: it was off
+        old["long_history"] = dataclasses.asdict(LongHistoryConfig())
     want = json.loads(json.dumps(dataclasses.asdict(s)))  # tuples as lists, as the summary holds them
     return all(old.get(k, -math.inf) >= v if k in at_least else k in old and old[k] == v for k, v in want.items())
 
@@ -1296,6 +1468,20 @@ def format_summary(summary: dict) -> str:
             aucs = " ".join(f"{e[t]['oracle_auc']:{7 if i == 0 else 6}.3f}" for i, t in enumerate(TASKS))
             nes = " ".join(f"{e[t]['oracle_ne']:6.3f}" for t in TASKS)
             lines.append(f"{split:<11} {name:<13} {e['rows']:>9,} {rates} | {aucs} | {nes}")
+    for split, v in summary["splits"].items():
+        if "dormant" not in v:
+            continue
+        d, q = v["dormant"], v["pins_length"]
+        lifts = ", ".join(
+            f"{name} {e['oracle_auc']:.3f} -> {e['oracle_auc_without_dormant']:.3f} ({e['dormant_lift']:+.3f})"
+            for name, e in d["surfaces"].items()
+        )
+        newest = ", ".join(f"{w}: {x:.4f}" for w, x in d["burst_in_newest"].items())
+        lines.append(
+            f"{split}: click oracle AUC with -> without the dormant term: {lifts}; pins length median "
+            f"{q['median']:.0f} p90 {q['p90']:.0f} max {q['max']} mean {q['mean']:.0f}; "
+            f"burst in the newest W events ({d['dormant_request_share']:.1%} of requests have one): {newest}"
+        )
     for split, v in summary["splits"].items():
         sizes = ", ".join(
             f"{Path(f['path']).name} {f['bytes'] / 2**20:.1f} MiB ({f['row_groups']} rg)" for f in v["files"]
