@@ -1,9 +1,11 @@
 """HSTU encoder: shapes, padding independence, the causal mask (newest first), the time bias,
 empty units, length buckets vs one padded batch, and that it learns."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
+from pinads_rec.modules import hstu
 from pinads_rec.modules.hstu import HSTUEncoder, HSTUStack
 from pinads_rec.modules.length_buckets import run_by_length
 from pinads_rec.modules.precision import set_precision
@@ -42,7 +44,25 @@ def test_shapes_and_output_dim():
     assert torch.equal(encoded[0, 5:], torch.zeros(7, W))  # zeros at padding
 
 
-def test_outputs_do_not_depend_on_padding():
+@pytest.fixture(params=[256, 6], ids=["one_query_block", "query_blocks_of_6"])
+def query_block(request, monkeypatch):
+    monkeypatch.setattr(hstu, "QUERY_BLOCK", request.param)
+    return request.param
+
+
+def test_query_blocks_give_the_same_outputs_as_one(monkeypatch):
+    s = stack()
+    x, mask, deltas = batch([40, 17, 0, 33], 40)
+    x.requires_grad_(True)
+    whole = s(x, mask, deltas)
+    (grad,) = torch.autograd.grad(whole.sum(), x)
+    monkeypatch.setattr(hstu, "QUERY_BLOCK", 7)
+    blocked = s(x, mask, deltas)
+    (blocked_grad,) = torch.autograd.grad(blocked.sum(), x)
+    assert torch.allclose(blocked, whole, atol=1e-5) and torch.allclose(blocked_grad, grad, atol=1e-5)
+
+
+def test_outputs_do_not_depend_on_padding(query_block):
     s = stack()
     lengths = [7, 20, 1, 0, 13]
     x, mask, deltas = batch(lengths, 20)
@@ -64,7 +84,7 @@ def test_outputs_do_not_depend_on_padding():
     assert torch.isfinite(longer[3]).all() and torch.isfinite(again[3]).all()
 
 
-def test_causal_newest_first():
+def test_causal_newest_first(query_block):
     # Position 0 is the newest event: it sees the older ones (larger positions); an older event
     # never sees a newer one.
     s = stack()
@@ -105,7 +125,7 @@ def test_gradients_finite_for_empty_units():
     assert torch.equal(pooled[:2], torch.zeros(2, 2 * W))
 
 
-def test_length_buckets_match_one_padded_batch():
+def test_length_buckets_match_one_padded_batch(query_block):
     s = stack()
     g = torch.Generator().manual_seed(3)
     lengths = torch.randint(0, 90, (24,), generator=g).tolist() + [90]

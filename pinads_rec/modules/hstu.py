@@ -28,10 +28,12 @@ model to a max length); time bucketed on |t_i - t_j| between any two events (it 
 the next event); dropout on the layer output only (no attention dropout: that would be one more
 [U, H, L, L] tensor). The stack ends with a LayerNorm, as ``TransformerStack``.
 
-Memory: a layer keeps two [U, H, L, L] tensors for backward (scores before SiLU, weights after the
-mask) plus one transient bias gather; the bias indices (int64) and the mask-times-1/n weights
-[U, L, L] are built once per forward and shared by the layers. At L = 4,000 that is 64 MB per
-(unit, head) per tensor in float32, hence the length buckets: only the few longest units pay it.
+Memory: queries run in blocks of ``QUERY_BLOCK``, each against the keys it may see (its own
+position on), so the causal half of the L x L scores is never built. A layer keeps two score-sized
+tensors for backward (before SiLU; after the mask) plus one transient bias gather; the bias indices
+(int64) and the mask-times-1/n weights are built once per forward and shared by the layers. At
+L = 4,000 that is about 0.4 GB per unit for 2 layers and 2 heads, forward and backward: hence the
+length buckets, so that only the few longest units pay it.
 
 The candidate does not join as appended target tokens (the paper's ranking setup): here the history
 is encoded once per request and broadcast to its ~12 candidates, which attend to it (target
@@ -44,7 +46,7 @@ mean over events; encoded [U, L, W] (zeros at padding). ``HSTUStack`` alone: [U,
 """
 
 import math
-from typing import Tuple
+from typing import List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +62,13 @@ def log2_bucket_(x: torch.Tensor, num_buckets: int) -> torch.Tensor:
     return x.add_(1.0).log2_().floor_().clamp_(max=num_buckets - 1)
 
 
+# Queries are taken QUERY_BLOCK at a time, each block against the keys it may see (its own
+# position on): the causal half of the L x L scores is never built, halving work and memory.
+QUERY_BLOCK = 256
+# (start, end, bias index [U, end - start, L - start] int64, weight [U, end - start, L - start])
+Block = Tuple[int, int, torch.Tensor, torch.Tensor]
+
+
 class HSTULayer(nn.Module):
     def __init__(self, width: int, num_heads: int, dropout: float, position_buckets: int, time_buckets: int):
         super().__init__()
@@ -72,25 +81,28 @@ class HSTULayer(nn.Module):
         self.rab_pos = nn.Parameter(torch.randn(num_heads, position_buckets) * 0.02)
         self.rab_time = nn.Parameter(torch.randn(num_heads, time_buckets) * 0.02)
 
-    def forward(self, x: torch.Tensor, bias_index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x [U, L, W]; bias_index [U, L, L] int64 (time bucket * position_buckets + position bucket);
-        weight [U, L, L] = mask / n (0 where a key is masked out)."""
+    def forward(self, x: torch.Tensor, blocks: List[Block]) -> torch.Tensor:
+        """x [U, L, W]; blocks: ``HSTUStack.blocks`` of this batch."""
         U, L, W = x.shape
         H = self.num_heads
         d = W // H
         uvqk = F.silu(self.f1(self.norm_in(x)))
-        # Heads first ([H, U, L, L] scores): the bias gather and its backward then need no
+        # Heads first ([H, U, B, L'] scores): the bias gather and its backward then need no
         # transposed copy of an L x L tensor.
         v, q, k = uvqk[..., W:].view(U, L, 3, H, d).permute(2, 3, 0, 1, 4)  # each [H, U, L, d]
-        scores = torch.matmul(q * (1.0 / math.sqrt(d)), k.transpose(-1, -2))
+        q = q * (1.0 / math.sqrt(d))
         # Both biases in one gather from the table of every (time bucket, position bucket) pair's
         # sum. index_select, not F.embedding: its backward is one index_add pass, where the
         # embedding backward sorts all U * L * L indices (the layer's largest cost by far).
         table = (self.rab_time[:, :, None] + self.rab_pos[:, None, :]).view(H, -1)
-        scores.add_(table.index_select(1, bias_index.view(-1)).view(H, U, L, L))  # matmul keeps q, k; not this
-        # In place on SiLU's output (its backward keeps its input): no third [H, U, L, L] tensor.
-        attn = F.silu(scores).mul_(weight.to(scores.dtype))
-        y = torch.matmul(attn, v).permute(1, 2, 0, 3).reshape(U, L, W)
+        ys = []
+        for start, end, bias_index, weight in blocks:
+            scores = torch.matmul(q[:, :, start:end], k[:, :, start:].transpose(-1, -2))
+            scores.add_(table.index_select(1, bias_index.view(-1)).view(scores.shape))  # matmul keeps q, k
+            # In place on SiLU's output (its backward keeps its input): no third L x L tensor.
+            attn = F.silu(scores).mul_(weight.to(scores.dtype))
+            ys.append(torch.matmul(attn, v[:, :, start:]))
+        y = torch.cat(ys, dim=2).permute(1, 2, 0, 3).reshape(U, L, W)
         y = self.f2(self.norm_attn(y) * uvqk[..., :W])
         return x + F.dropout(y, self.dropout, self.training)
 
@@ -111,28 +123,38 @@ class HSTUStack(nn.Module):
         )
         self.norm = nn.LayerNorm(width)
 
+    def blocks(self, mask: torch.Tensor, deltas: torch.Tensor, dtype: torch.dtype) -> List[Block]:
+        """Per block of QUERY_BLOCK queries [start, end): the keys it may see start at ``start``
+        (causal), so each block holds (bias index, weight) [U, end - start, L - start]: the
+        bias index = time bucket * position_buckets + position bucket, int64 (index_add, the
+        gather's backward, is 10x+ slower on CPU with int32 indices); the weight = 1/n where the key
+        is real and at or after the query (the same event or an older one), else 0 -- n the unit's
+        own count of events, not the padded length."""
+        U, L = mask.shape
+        pos = torch.arange(L, device=mask.device)
+        count = mask.sum(dim=1).clamp(min=1).to(dtype)
+        # Padding may hold anything (even inf/NaN): zeroed, so every bucket index is in range.
+        deltas = deltas.masked_fill(~mask, 0)
+        out = []
+        for start in range(0, L, QUERY_BLOCK):
+            end = min(start + QUERY_BLOCK, L)
+            gap = (deltas[:, start:end, None] - deltas[:, None, start:]).abs_().float()  # exact for integer seconds
+            distance = (pos[None, start:] - pos[start:end, None]).float()  # j - i, negative = masked
+            index = log2_bucket_(gap, self.time_buckets).mul_(self.position_buckets)
+            index = index.add_(log2_bucket_(distance.abs(), self.position_buckets)).long()
+            weight = ((distance >= 0)[None] & mask[:, None, start:]).to(dtype).div_(count[:, None, None])
+            out.append((start, end, index, weight))
+        return out
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
         """x [U, L, W], mask [U, L] bool, deltas [U, L] seconds (float, or integer seconds) -> [U, L, W]."""
-        U, L, _ = x.shape
         with torch.no_grad():
-            # Padding may hold anything (even inf/NaN): zeroed, so a masked key's value is finite
-            # and its zero weight removes it exactly.
-            deltas = deltas.masked_fill(~mask, 0)
-            gap = (deltas[:, :, None] - deltas[:, None, :]).abs_().float()  # exact for integer seconds
-            pos = torch.arange(L, device=x.device)
-            distance = (pos[None, :] - pos[:, None]).abs().float()
-            # time bucket * position_buckets + position bucket, built in place in the [U, L, L] buffer.
-            index = log2_bucket_(gap, self.time_buckets).mul_(self.position_buckets)
-            # int64: index_add (the gather's backward) is 10x+ slower on CPU with int32 indices.
-            index = index.add_(log2_bucket_(distance, self.position_buckets)).long()
-            # Causal (key j at or after query i: the same event or an older one) and real keys,
-            # over the unit's own count of events, not the padded length L.
-            causal = pos[None, :] >= pos[:, None]  # [L, L]: query i, key j
-            count = mask.sum(dim=1).clamp(min=1).to(x.dtype)
-            weight = (causal[None] & mask[:, None, :]).to(x.dtype).div_(count[:, None, None])
+            blocks = self.blocks(mask, deltas, x.dtype)
+        # Padding may hold anything: zeroed, so a masked key's value is finite and its zero weight
+        # removes it exactly.
         x = x.masked_fill(~mask.unsqueeze(-1), 0.0)
         for layer in self.layers:
-            x = layer(x, index, weight)
+            x = layer(x, blocks)
         return self.norm(x)
 
 
