@@ -26,7 +26,7 @@ scale ``alpha``; its first release had none); biases per head (it shares one acr
 bucketed positions (it learns one weight per signed offset up to a fixed max length, which ties the
 model to a max length); time bucketed on |t_i - t_j| between any two events (it buckets the gap to
 the next event); dropout on the layer output only (no attention dropout: that would be one more
-[U, H, L, L] tensor). The stack ends with a LayerNorm, as ``TransformerStack``.
+score-sized tensor). The stack ends with a LayerNorm, as ``TransformerStack``.
 
 Memory: queries run in blocks of ``QUERY_BLOCK``, each against the keys it may see (its own
 position on), so the causal half of the L x L scores is never built. A layer keeps two score-sized
