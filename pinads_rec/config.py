@@ -385,6 +385,30 @@ class SequenceProjectionConfig:
 
 
 @dataclass
+class HSTUConfig:
+    """The HSTU encoder (modules/hstu.py): pointwise SiLU attention with relative position and time
+    biases, run per request without padding waste."""
+
+    num_layers: int = 2
+    num_heads: int = 2
+    dropout: float = 0.0
+    # Relative attention biases: log2 buckets of |i - j| positions and of |t_i - t_j| seconds.
+    position_buckets: int = 32
+    time_buckets: int = 24
+
+
+@dataclass
+class RetrievalConfig:
+    """Target-aware retrieval from a long history (SIM's hard search; modules/retrieval.py): per
+    candidate, the newest ``max_events`` events whose ``attribute`` equals the candidate's
+    ``candidate`` feature, encoded with target attention."""
+
+    attribute: str = "topic"  # a feature of the group
+    candidate: str = "item_topic"  # a candidate-side sparse feature on the attribute's table
+    max_events: int = 32
+
+
+@dataclass
 class SequenceEncoderConfig:
     """How one sequence group becomes features (modules/sequence.py; docs/ablations.md compares the choices)."""
 
@@ -399,9 +423,19 @@ class SequenceEncoderConfig:
     # period, concatenated); "din" (DIN target attention, per candidate); "long_short" (the latest
     # short_length events through a light DIN-like attention: the short-term interest, joined to
     # what the other encoders make of the whole sequence).
-    encoders: List[Literal["transformer", "sum", "period_sum", "din", "long_short"]] = field(
+    # "hstu" (HSTU over the events, ``hstu``); "retrieval" (per candidate, the events sharing its
+    # category from the whole history: ``retrieval``).
+    encoders: List[Literal["transformer", "sum", "period_sum", "din", "long_short", "hstu", "retrieval"]] = field(
         default_factory=lambda: ["transformer"]
     )
+    # The newest ``window`` events feed every encoder but "retrieval", which searches the group's
+    # whole max_length (0: every encoder reads all of it).
+    window: int = 0
+    # How the attention encoders (transformer, hstu) meet sequences of different lengths:
+    # "max_length" pads every request to the group's max_length; "buckets" sorts the batch's
+    # requests by length and pads each bucket only to its longest (modules/length_buckets.py). Same
+    # outputs; docs/long_sequences.md measures both.
+    padding: Literal["max_length", "buckets"] = "max_length"
     # Transformer.
     num_layers: int = 1
     num_heads: int = 1
@@ -424,6 +458,8 @@ class SequenceEncoderConfig:
     short_hidden: List[int] = field(default_factory=lambda: [16])
     early_interaction: EarlyInteractionConfig = field(default_factory=EarlyInteractionConfig)
     projection: SequenceProjectionConfig = field(default_factory=SequenceProjectionConfig)
+    hstu: HSTUConfig = field(default_factory=HSTUConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
 
 
 @dataclass
@@ -628,6 +664,8 @@ def _build(cls: type, raw: Any, path: str) -> Any:
 
 
 def _set_override(raw: dict, assignment: str) -> None:
+    """``a.b.c=value``. A list of named mappings is entered by an element's name or index:
+    ``features.sequence_groups.pins.max_length=1000`` (or ``features.sequence_groups.0.max_length``)."""
     if "=" not in assignment:
         raise ConfigError(f"override {assignment!r}: expected key.path=value")
     key, text = assignment.split("=", 1)
@@ -635,13 +673,31 @@ def _set_override(raw: dict, assignment: str) -> None:
     node = raw
     parts = key.strip().split(".")
     for i, part in enumerate(parts[:-1]):
-        nxt = node.get(part)
-        if nxt is None:
-            nxt = node[part] = {}
-        if not isinstance(nxt, dict):
+        if isinstance(node, list):
+            nxt = node[_list_index(node, part, key, ".".join(parts[:i]))]
+        else:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+        if not isinstance(nxt, (dict, list)):
             raise ConfigError(f"override {key}: {'.'.join(parts[: i + 1])} is not a mapping")
         node = nxt
-    node[parts[-1]] = value
+    if isinstance(node, list):
+        node[_list_index(node, parts[-1], key, ".".join(parts[:-1]))] = value
+    else:
+        node[parts[-1]] = value
+
+
+def _list_index(items: list, part: str, key: str, where: str) -> int:
+    """The index of ``part`` in a list: a number, or the name of one of its mappings."""
+    if part.isdigit():
+        if int(part) >= len(items):
+            raise ConfigError(f"override {key}: {where} has {len(items)} elements, no index {part}")
+        return int(part)
+    names = [x.get("name") for x in items if isinstance(x, dict)]
+    if part not in names:
+        raise ConfigError(f"override {key}: {where} has no element named {part!r} (names: {names})")
+    return names.index(part)
 
 
 # --------------------------------------------------------------------------------------------
@@ -858,6 +914,46 @@ def _validate_encoder(
                 f"{path}.num_heads: {enc.num_heads} does not divide the concatenated event width "
                 f"{width} of sequence group {group.name!r}"
             )
+    positive(f"{path}.window", enc.window, allow_zero=True)
+    if group is not None and enc.window > group.max_length:
+        raise ConfigError(
+            f"{path}.window: {enc.window} is more than the max_length {group.max_length} of "
+            f"sequence group {group.name!r}"
+        )
+    h = enc.hstu
+    positive(f"{path}.hstu.num_layers", h.num_layers)
+    positive(f"{path}.hstu.num_heads", h.num_heads)
+    positive(f"{path}.hstu.position_buckets", h.position_buckets)
+    positive(f"{path}.hstu.time_buckets", h.time_buckets)
+    if "hstu" in enc.encoders:
+        width = concat_width(features, group) if group is not None and enc.combine == "concat" else enc.d_model
+        if width % h.num_heads:
+            raise ConfigError(f"{path}.hstu.num_heads: {h.num_heads} does not divide the event width {width}")
+    positive(f"{path}.retrieval.max_events", enc.retrieval.max_events)
+    if group is not None and "retrieval" in enc.encoders:
+        _validate_retrieval(f"{path}.retrieval", enc.retrieval, features, group)
+
+
+def _validate_retrieval(path: str, r: RetrievalConfig, features: "FeaturesConfig", group: SequenceGroupConfig) -> None:
+    """The attribute is one of the group's features; the candidate feature is candidate-side and
+    uses the same table (ids are compared, so they must mean the same thing)."""
+    attrs = {f.name: f for f in group.features}
+    if r.attribute not in attrs:
+        raise ConfigError(
+            f"{path}.attribute: {r.attribute!r} is not a feature of sequence group {group.name!r} ({sorted(attrs)})"
+        )
+    sparse = {f.name: f for f in features.sparse}
+    cand = sparse.get(r.candidate)
+    if cand is None or cand.user_side:
+        raise ConfigError(
+            f"{path}.candidate: {r.candidate!r} is not a candidate-side sparse feature "
+            f"({sorted(n for n, f in sparse.items() if not f.user_side)})"
+        )
+    if cand.table != attrs[r.attribute].table:
+        raise ConfigError(
+            f"{path}.candidate: {r.candidate!r} uses table {cand.table!r} but {group.name}.{r.attribute} uses "
+            f"{attrs[r.attribute].table!r}: retrieval compares ids, so both must use one table"
+        )
 
 
 def concat_width(features: "FeaturesConfig", group: SequenceGroupConfig) -> int:

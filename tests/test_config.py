@@ -357,8 +357,8 @@ def test_override_can_set_null():
     [
         ("nokey", r"override 'nokey': expected key\.path=value"),
         (
-            "features.tables.0.num_embeddings=5",
-            r"override features\.tables\.0\.num_embeddings: features\.tables is not a mapping",
+            "features.tables.9.num_embeddings=5",
+            r"override features\.tables\.9\.num_embeddings: features\.tables has 8 elements, no index 9",
         ),
         ("data.batch_size.x=1", r"override data\.batch_size\.x: data\.batch_size is not a mapping"),
     ],

@@ -59,6 +59,14 @@ class UnifiedRanker(nn.Module):
             if features.sequence_groups
             else None
         )
+        missing = [
+            k for k in (self.sequence_arch.id_keys if self.sequence_arch else []) if k not in layout.sequence_keys
+        ]
+        if missing:
+            raise ValueError(
+                f"retrieval reads the ids of {missing}, which the sequence EmbeddingCollection does not look up "
+                f"(a retrieval candidate feature must hold one id per row, on the attribute's table)"
+            )
 
         width = (
             layout.dense_dim
@@ -105,9 +113,11 @@ class UnifiedRanker(nn.Module):
             query = (
                 torch.cat([pooled[k] for k in layout.candidate_keys], dim=1) if self.sequence_arch.uses_query else None
             )
+            # The retrieval compares ids: the events' and the candidates' (row order), as the loader gave them.
+            ids = {k: batch.sequences[k].values() for k in self.sequence_arch.id_keys}
             parts.append(
                 self.sequence_arch(
-                    events, batch.sequence_time_deltas, batch.sequence_embeddings, batch.request_index, query, user
+                    events, batch.sequence_time_deltas, batch.sequence_embeddings, batch.request_index, query, user, ids
                 )
             )
         x = self.cross(torch.cat(parts, dim=1))

@@ -3,7 +3,8 @@
 An event's attributes (item, action, taxonomy... embeddings; the optional pretrained per-event
 embedding) are connected by **sum**: each projected to ``d_model`` and summed, so the event width
 is fixed whatever the attributes; or by **concat**: laid side by side, so the event is as wide as
-its attributes together. The jagged events are padded to the group's max length; the
+its attributes together. The jagged events are padded to the group's max length (or, with
+``pad_to_longest``, only to the batch's longest sequence: no encoder output changes); the
 **time-delta position embedding** (bucketized log of request time - event time: position means
 "how long ago", not "how many events ago") is kept apart, for the encoders that want it.
 
@@ -27,10 +28,18 @@ def time_delta_bucket(seconds: torch.Tensor, num_buckets: int) -> torch.Tensor:
 
 class EventRepresentation(nn.Module):
     def __init__(
-        self, attr_dims: List[int], pretrained_dim: int, max_length: int, combine: str, d_model: int, time_buckets: int
+        self,
+        attr_dims: List[int],
+        pretrained_dim: int,
+        max_length: int,
+        combine: str,
+        d_model: int,
+        time_buckets: int,
+        pad_to_longest: bool = False,
     ):
         super().__init__()
         self.combine, self.max_length, self.time_buckets = combine, max_length, time_buckets
+        self.pad_to_longest = pad_to_longest
         in_dim = sum(attr_dims) + pretrained_dim
         self.pretrained_dim = pretrained_dim
         # "sum": one Linear over the concatenation is the sum of one projection per attribute.
@@ -51,10 +60,12 @@ class EventRepresentation(nn.Module):
         event = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
         if self.project is not None:
             event = self.project(event)
+        lengths = offsets[1:] - offsets[:-1]
         L = self.max_length
+        if self.pad_to_longest:  # at least 1: an all-empty batch still has a (masked) slot
+            L = min(L, max(int(lengths.max()), 1)) if lengths.numel() else 1
         content = pad_jagged(event, offsets, L)  # [U, L, W]
         deltas = pad_jagged(time_deltas.unsqueeze(1), offsets, L).squeeze(2)
-        lengths = offsets[1:] - offsets[:-1]
         mask = torch.arange(L, device=offsets.device)[None, :] < lengths[:, None]
         return content, mask, deltas
 

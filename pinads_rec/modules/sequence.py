@@ -6,9 +6,16 @@ per group:
 2. ``EarlyInteraction`` (optional): cosine similarities with the candidate / user as event
    attributes, the candidate / user as extra self-attention tokens;
 3. encoders, any subset: ``TransformerEncoder`` (+ "target" attention of each candidate over the
-   encoded events, + the ``SequenceProjection`` of its output), ``sum_pooling``,
-   ``PeriodSumPooling``, ``DINAttention``, and ``ShortTermInterest`` (the short half of long/short
-   interest; the long half is what the other encoders make of the whole sequence).
+   encoded events, + the ``SequenceProjection`` of its output), ``HSTUEncoder`` (+ target attention
+   over its output: the candidate enters there, so the history is encoded once per request),
+   ``sum_pooling``, ``PeriodSumPooling``, ``DINAttention``, ``ShortTermInterest`` (the short half of
+   long/short interest; the long half is what the other encoders make of the whole sequence), and
+   ``TargetRetrieval`` (per candidate, the events sharing its category, searched in the whole
+   history while the other encoders read the newest ``window`` events).
+
+Long histories: with ``padding: buckets`` the events are padded only to the batch's longest and
+the attention encoders run per length bucket (modules/length_buckets.py); the outputs are those
+of the padded path.
 
 Request-level broadcasting: a group's candidate-independent work runs once per request and is
 indexed out to the request's rows by ``request_index``; the candidate attentions (target, DIN,
@@ -23,17 +30,20 @@ time deltas and pretrained embeddings per group, request_index [B], the candidat
 representation [U, user_dim] (or None). Out: [B, output_dim].
 """
 
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
-from pinads_rec.config import FeaturesConfig, SequenceEncoderConfig, SequenceGroupConfig
+from pinads_rec.config import CANDIDATE_PREFIX, FeaturesConfig, SequenceEncoderConfig, SequenceGroupConfig
 from pinads_rec.modules.din import DINAttention
 from pinads_rec.modules.early_interaction import EarlyInteraction
 from pinads_rec.modules.event_representation import EventRepresentation
+from pinads_rec.modules.hstu import HSTUEncoder
+from pinads_rec.modules.jagged import pad_jagged_torch
 from pinads_rec.modules.long_short import ShortTermInterest
 from pinads_rec.modules.pooling import PeriodSumPooling, sum_pooling
+from pinads_rec.modules.retrieval import TargetRetrieval
 from pinads_rec.modules.sequence_projection import SequenceProjection
 from pinads_rec.modules.target_attention import TargetAttention
 from pinads_rec.modules.transformer import TransformerEncoder
@@ -56,8 +66,10 @@ class GroupEncoder(nn.Module):
             cfg.combine,
             cfg.d_model,
             cfg.time_buckets,
+            pad_to_longest=cfg.padding == "buckets",
         )
         W = self.events.width
+        self.window = cfg.window
         enc = set(cfg.encoders)
         candidate = query_dim > 0  # without a query, the candidate-dependent parts are left out
         # Early interaction with what the model has: no candidate query (two-tower user tower) or no
@@ -82,6 +94,7 @@ class GroupEncoder(nn.Module):
                 cfg.dropout,
                 [p for p in cfg.poolings if p != "target"],
                 cfg.transact_recent,
+                bucketed=cfg.padding == "buckets",
             )
             if "transformer" in enc
             else None
@@ -95,6 +108,20 @@ class GroupEncoder(nn.Module):
             TargetAttention(query_dim, W)
             if candidate and self.transformer is not None and "target" in cfg.poolings
             else None
+        )
+        h = cfg.hstu
+        self.hstu = (
+            HSTUEncoder(W, h.num_layers, h.num_heads, h.dropout, h.position_buckets, h.time_buckets)
+            if "hstu" in enc
+            else None
+        )
+        self.hstu_target = TargetAttention(query_dim, W) if candidate and self.hstu is not None else None
+        r = cfg.retrieval
+        self.retrieval = TargetRetrieval(query_dim, W, r.max_events) if candidate and "retrieval" in enc else None
+        # The ids the retrieval compares: the events' attribute and the candidate's feature (keys of
+        # the sequence KJT, which carries the candidate ids of shared tables).
+        self.id_keys = (
+            [f"{group.name}.{r.attribute}", CANDIDATE_PREFIX + r.candidate] if self.retrieval is not None else []
         )
         # Sums of up to max_length events are layer-normed before they meet the cross network (which
         # multiplies its inputs: unnormed 100-event sums drove the logits to 1e4 and training to a
@@ -117,22 +144,42 @@ class GroupEncoder(nn.Module):
         )
         self.output_dim = (
             transformer_dim
+            + (self.hstu.output_dim if self.hstu is not None else 0)
             + W
-            * ((self.sum is not None) + (self.target is not None) + (self.din is not None) + (self.short is not None))
+            * (
+                (self.sum is not None)
+                + (self.target is not None)
+                + (self.din is not None)
+                + (self.short is not None)
+                + (self.hstu_target is not None)
+            )
             + (self.period_sum.num_periods * W if self.period_sum is not None else 0)
+            + (self.retrieval.output_dim if self.retrieval is not None else 0)
         )
         if self.output_dim == 0:
             raise ValueError(
                 f"sequence group {group.name!r}: encoders {cfg.encoders} give no feature without a "
-                f"candidate query (two-tower user tower); add transformer, sum or period_sum"
+                f"candidate query (two-tower user tower); add transformer, hstu, sum or period_sum"
             )
 
-    def forward(self, events: Dict[str, "JaggedTensor"], *rest: Optional[torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self,
+        events: Dict[str, "JaggedTensor"],
+        time_deltas: torch.Tensor,
+        pretrained: Optional[torch.Tensor],
+        request_index: torch.Tensor,
+        query: Optional[torch.Tensor],
+        user: Optional[torch.Tensor],
+        ids: Optional[Dict[str, torch.Tensor]] = None,
+    ) -> torch.Tensor:
         """``encode`` of the group's events as the EmbeddingCollection returns them (``<group>.<feature>``
-        -> JaggedTensor over U requests); ``rest``: time_deltas, pretrained, request_index, query,
-        user, as ``encode`` takes them."""
+        -> JaggedTensor over U requests); ``ids``: the sequence KJT's ids by key (those in
+        ``id_keys``); the rest as ``encode`` takes them."""
         attributes = [events[k].values() for k in self.keys]
-        return self.encode(attributes, events[self.keys[0]].offsets(), *rest)
+        search = (ids[self.id_keys[0]], ids[self.id_keys[1]]) if self.id_keys else None
+        return self.encode(
+            attributes, events[self.keys[0]].offsets(), time_deltas, pretrained, request_index, query, user, search
+        )
 
     def encode(
         self,
@@ -143,14 +190,23 @@ class GroupEncoder(nn.Module):
         request_index: torch.Tensor,
         query: Optional[torch.Tensor],
         user: Optional[torch.Tensor],
+        search: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
         """The group's features [B, output_dim] from plain tensors: each attribute's event embeddings
         [N, D] (in ``self.keys`` order), the events' offsets [U + 1] per request, time deltas [N],
-        pretrained event embeddings [N, E] (or None), request_index [B], the candidate query [B, Dq]
-        and the user representation [U, Du] (each None when absent)."""
+        pretrained event embeddings [N, E] (or None), request_index [B], the candidate query [B, Dq],
+        the user representation [U, Du] (each None when absent) and, for the retrieval, the events'
+        attribute ids [N] and the candidates' ids [B]."""
         content, mask, deltas = self.events(
             attributes, offsets, time_deltas, pretrained if self.has_pretrained else None
         )
+        retrieved = None
+        if self.retrieval is not None:  # searches the whole history, before the window
+            event_ids = pad_jagged_torch(search[0].unsqueeze(1), offsets, content.shape[1]).squeeze(2)
+            full = content + self.events.positions(deltas)
+            retrieved = self.retrieval(full, event_ids, mask, search[1], query, request_index)
+        if self.window:  # newest first: the window is the first positions
+            content, mask, deltas = (t[:, : self.window].contiguous() for t in (content, mask, deltas))
         index = request_index
         if user is not None:
             user = user[: content.shape[0]]  # the user slots past the batch's requests are padding
@@ -170,6 +226,11 @@ class GroupEncoder(nn.Module):
             per_unit.append(self.projection(pooled) if self.projection is not None else pooled)
             if self.target is not None:
                 per_row.append(self.target(query, encoded, mask, index))
+        if self.hstu is not None:
+            pooled, encoded = self.hstu(x, mask, deltas)
+            per_unit.append(pooled)
+            if self.hstu_target is not None:
+                per_row.append(self.hstu_target(query, encoded, mask, index))
         if self.sum is not None:
             per_unit.append(self.sum(sum_pooling(content, mask)))
         if self.period_sum is not None:
@@ -179,6 +240,8 @@ class GroupEncoder(nn.Module):
             per_row.append(self.din(query, x, mask, index))
         if self.short is not None:
             per_row.append(self.short(query, x, mask, index))
+        if retrieved is not None:
+            per_row.append(retrieved)
         if per_unit:
             # Request-level broadcasting: once per unit, indexed out to the rows.
             unit = torch.cat(per_unit, dim=1) if len(per_unit) > 1 else per_unit[0]
@@ -201,6 +264,8 @@ class SequenceArch(nn.Module):
         )
         self.uses_query = query_dim > 0
         self.uses_user = any(g.uses_user for g in self.groups.values())
+        # Keys of the sequence KJT whose ids the arch reads (target-aware retrieval).
+        self.id_keys = [k for g in self.groups.values() for k in g.id_keys]
         self.output_dim = sum(g.output_dim for g in self.groups.values())
 
     def forward(
@@ -211,10 +276,12 @@ class SequenceArch(nn.Module):
         request_index: torch.Tensor,
         query: Optional[torch.Tensor],
         user: Optional[torch.Tensor] = None,
+        ids: Optional[Dict[str, torch.Tensor]] = None,
     ) -> torch.Tensor:
+        ids = ids if ids is not None else {}
         return torch.cat(
             [
-                encoder(events, time_deltas[name], pretrained.get(name), request_index, query, user)
+                encoder(events, time_deltas[name], pretrained.get(name), request_index, query, user, ids)
                 for name, encoder in self.groups.items()
             ],
             dim=1,

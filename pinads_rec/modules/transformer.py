@@ -11,6 +11,9 @@ max-pool over the events plus the latest ``transact_recent`` tokens, newest firs
 In: events [U, L, W], mask [U, L], extra tokens [U, X, W] or None. Out: pooled [U, output_dim],
 encoded events [U, L, W].
 
+``bucketed``: the layers run per length bucket (modules/length_buckets.py), each bucket padded only
+to its own longest unit instead of every unit to L; outputs are the same.
+
 The attention kernel is SDPA's choice among all it has, except in CPU BF16 training (MATH, see
 ``automatic_backends``); ``set_attention_backends(model, backends)`` pins another list, for a
 benchmark comparing kernels.
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from pinads_rec.modules.length_buckets import run_by_length
 from pinads_rec.modules.precision import LargeLayer
 
 # Every SDPA kernel, in SDPA's own order of preference: it runs the first that supports the inputs.
@@ -110,9 +114,10 @@ class TransformerEncoder(nn.Module):
         dropout: float,
         poolings: List[str],
         transact_recent: int,
+        bucketed: bool = False,
     ):
         super().__init__()
-        self.width, self.recent = width, transact_recent
+        self.width, self.recent, self.bucketed = width, transact_recent, bucketed
         self.summary_token = nn.Parameter(torch.randn(1, 1, width) * 0.02)
         self.stack = LargeLayer(TransformerStack(width, num_layers, num_heads, ffn_dim, dropout))
         self.summary, self.mean, self.transact = ("summary" in poolings, "mean" in poolings, "transact" in poolings)
@@ -126,9 +131,9 @@ class TransformerEncoder(nn.Module):
         if extra_tokens is not None:
             head = torch.cat([head, extra_tokens.to(events.dtype)], dim=1)
         H = head.shape[1]
-        x = self.stack(
-            torch.cat([head, events], dim=1), torch.cat([torch.ones_like(mask[:, :1]).expand(U, H), mask], dim=1)
-        )
+        tokens = torch.cat([head, events], dim=1)
+        key_mask = torch.cat([torch.ones_like(mask[:, :1]).expand(U, H), mask], dim=1)
+        x = run_by_length(self.stack, tokens, key_mask) if self.bucketed else self.stack(tokens, key_mask)
         encoded = x[:, H:]
         m = mask.unsqueeze(-1).to(x.dtype)
         pooled = []
