@@ -205,7 +205,9 @@ def arch_times(caps: List[int], units: int, repeats: int, seed: int = 0) -> List
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default=str(REPO / "configs" / "demo.yaml"))
-    ap.add_argument("--data", default=None, help="a data directory holding train/ (default: generated)")
+    ap.add_argument(
+        "--data", default=None, help="a data directory holding train/, eval/, calibration/ (default: generated)"
+    )
     ap.add_argument("--caps", type=int, nargs="+", default=[100, 500, 1000, 4000])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--steps", type=int, default=20)
@@ -222,15 +224,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    root = Path(args.data or DATA)
+    splits = [f"data.{s}_dir={root / s}" for s in ("train", "eval", "calibration")]
     if args.data:
-        common = [f"data.train_dir={Path(args.data) / 'train'}"] + list(args.set)
+        common = splits + list(args.set)
     else:
-        sizes = [
-            f"synth.train_requests={args.train_requests}",
-            "synth.eval_requests=200",
-            "synth.calibration_requests=0",
-        ]
-        common = LONG_HISTORY + sizes + [f"data.train_dir={DATA}/train", f"data.eval_dir={DATA}/eval"] + list(args.set)
+        sizes = [f"synth.train_requests={args.train_requests}", "synth.eval_requests=200"]
+        common = LONG_HISTORY + sizes + ["synth.calibration_requests=200"] + splits + list(args.set)
     try:
         base = None if args.no_train else config.load(args.config, common)
         for variant in [] if args.no_train else args.variants:  # every config valid before any run
