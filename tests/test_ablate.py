@@ -61,3 +61,108 @@ def test_ablation_file_errors_name_the_problem(tmp_path):
     )
     with pytest.raises(ablate.config.ConfigError, match="metric 'accuracy'"):
         ablate.load_ablation(str(bad))
+
+
+def test_ablation_costs_serving_history_cost_only_and_the_cost_chart(tiny_data, tmp_path):
+    """A cost-only variant, serving latency, the mean history length and the cost chart."""
+    _, data = tiny_data
+    spec = {
+        "title": "Tiny costs",
+        "base": DEMO,
+        "overrides": tiny_overrides(data) + ["train.max_steps=2", "train.log_every=1"],
+        "metrics": ["auc"],
+        "serving": {"candidates": 20, "requests": 3, "warmup": 1},
+        "history_group": "pins",
+        "cost_chart": {"x": "history_length", "y": ["examples_per_s", "peak_rss_mb", "serving_ms"]},
+        "out": str(tmp_path / "costs.md"),
+        "variants": [
+            {"name": "short", "series": "Transformer", "overrides": ["model.sequence.num_layers=1"]},
+            {"name": "short, 1 step", "series": "Transformer", "cost_only": True, "overrides": ["train.max_steps=1"]},
+        ],
+    }
+    path = tmp_path / "costs.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert ablate.main(["--config", str(path), "--ranks", "1", "--runs", str(tmp_path / "runs")]) == 0
+    report = (tmp_path / "costs.md").read_text()
+    cost = report.split("## Cost per variant")[1].split("\n\n")[1].splitlines()
+    assert "mean history length" in cost[0] and "serving ms / request (median)" in cost[0]
+    rows = {line.split("|")[1].strip(): _numbers(line) for line in cost[2:]}
+    assert set(rows) == {"short", "short, 1 step (cost only)"}
+    for history, rate, rss, median, p90, dense, _ in rows.values():
+        # tiny data: histories of up to 20 pins events; a rank holds torch (hundreds of MiB); a run of a
+        # second or less shows no examples/s ("-")
+        assert 0 < history <= 20 and 150 < rss < 20000 and 0 < median <= p90 and dense > 0
+        assert rate is None or rate > 0
+    assert "| short, 1 step | cost only | cost only | cost only | cost only |" in report
+    assert "| short, 1 step | - | - | cost only | cost only |" in report
+    assert os.path.exists(tmp_path / "costs" / "cost.png") and "(costs/cost.png)" in report
+
+
+def _numbers(line):
+    """The cells of a table row after the first, as numbers ("-": None)."""
+    cells = [c.strip().replace(",", "") for c in line.split("|")[2:-1]]
+    return [None if c == "-" else float(c) for c in cells]
+
+
+def test_rank_memory_sees_the_children_not_the_launcher():
+    import subprocess
+    import sys
+
+    child = "b = bytearray(300 << 20); import time; time.sleep(0.8)"
+    launcher = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    proc = subprocess.Popen([sys.executable, "-c", launcher])
+    with ablate.RankMemory(proc.pid, period_s=0.05) as memory:
+        proc.wait()
+    (peak,) = memory.peaks()  # one child: the launcher's own memory not counted
+    assert 300 <= peak < 400
+
+
+def test_history_length_and_serving_requests_read_the_eval_split(tiny_data):
+    import dataclasses
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from pinads_rec.data.reader import list_files
+
+    cfg, data = tiny_data
+    stored = [
+        len(x or []) for f in list_files(f"{data}/eval") for x in pq.read_table(f).column("seq_pin_ts").to_pylist()
+    ]
+    for cap in (5, 1000):
+        groups = [
+            dataclasses.replace(g, max_length=cap) if g.name == "pins" else g for g in cfg.features.sequence_groups
+        ]
+        capped = dataclasses.replace(cfg, features=dataclasses.replace(cfg.features, sequence_groups=groups))
+        assert ablate.mean_history_length(capped, "pins", f"{data}/eval") == pytest.approx(
+            np.minimum(stored, cap).mean()
+        )
+    with pytest.raises(ablate.config.ConfigError, match="no sequence group 'clicks'"):
+        ablate.mean_history_length(cfg, "clicks", f"{data}/eval")
+
+    first = pq.read_table(list_files(f"{data}/eval")[0]).slice(0, 2)
+    tables = ablate.request_tables(cfg.features, f"{data}/eval", 30, 2)
+    for table, i in zip(tables, range(2)):
+        assert table.num_rows == 1  # the per-request layout: one row, 30 candidates
+        items, own = table.column("item_id")[0].as_py(), first.column("item_id")[i].as_py()
+        assert len(items) == 30 and items == (own * 30)[:30]
+        assert table.column("seq_pin_item")[0].as_py() == first.column("seq_pin_item")[i].as_py()
+
+
+def test_cost_keys_are_checked(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    base = {"title": "x", "base": DEMO, "variants": [{"name": "a", "series": "s"}]}
+    for extra, message in (
+        ({"cost_chart": {"x": "history_length", "y": ["examples_per_s"]}}, "needs history_group"),
+        ({"cost_chart": {"y": ["latency"]}, "history_group": "pins"}, "'latency' is not one of"),
+        ({"serving": {"candidates": 0}}, "serving.candidates must be a positive integer"),
+        ({"serving": {"users": 1}}, "unexpected keyword argument 'users'"),
+    ):
+        bad.write_text(yaml.safe_dump(dict(base, **extra)))
+        with pytest.raises(ablate.config.ConfigError, match=message):
+            ablate.load_ablation(str(bad))
+    bad.write_text(
+        yaml.safe_dump(dict(base, variants=[{"name": "a"}, {"name": "b", "eval_of": "a", "cost_only": True}]))
+    )
+    with pytest.raises(ablate.config.ConfigError, match="cost_only and eval_of exclude each other"):
+        ablate.load_ablation(str(bad))

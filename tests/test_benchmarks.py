@@ -260,3 +260,25 @@ def test_build_measures_the_builder_pandas_and_polars_and_their_outputs_agree(tm
     assert "x the 256MB cap" in out and "pandas / builder at 30,000 events: wall" in out
     result = json.loads((tmp_path / "build_benchmark.json").read_text())
     assert result["log"]["in_memory_total"] > 0 and all(r["peak_rss_mb"] > 0 for r in result["rows"])
+
+
+def test_long_sequences_measures_every_variant_per_cap_and_the_arch_padded_vs_bucketed(tiny_data, tmp_path):
+    _, data = tiny_data
+    flags = (
+        f"--data {data} --caps 100 1000 --steps 2 --warmup 1 --skip-padded-above 100 --arch-units 4 "
+        f"--arch-repeats 1 --out {tmp_path}"
+    )
+    out = _run("long_sequences.py", flags, ["data.batch_size=128", "data.num_workers=0", "model.calibration=none"])
+    table = [line for line in out.splitlines() if line.startswith("| ") and "variant" not in line]
+    cells = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in table}
+    assert set(cells) == {"padded Transformer", "unpadded Transformer", "retrieval", "HSTU"}
+    assert cells["padded Transformer"][1].strip() == "-"  # cap 1000 skipped: no ratio
+    for name in ("unpadded Transformer", "retrieval", "HSTU"):
+        rate100, rate1000, ratio = (_numbers(c)[0] for c in cells[name])
+        assert rate100 > 0 and rate1000 > 0 and ratio == pytest.approx(rate1000 / rate100, rel=0.01)
+    assert "padded Transformer     cap  1000: skipped" in out
+    result = json.loads((tmp_path / "long_sequences.json").read_text())
+    assert len(result["train"]) == 7 and all(r["examples_per_s"] > 0 for r in result["train"])
+    assert [r["cap"] for r in result["arch"]] == [100, 1000]
+    for r in result["arch"]:  # outputs checked, both paths timed
+        assert r["max_abs_diff"] <= 1e-5 and r["padded_ms"] > 0 and r["buckets_ms"] > 0

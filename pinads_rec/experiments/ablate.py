@@ -25,9 +25,37 @@ a run directory named by a hash of its full config and of the package's source c
 once for the base config (``pinads_rec.data.synth.ensure``: skipped when present). A finished
 run of the same config and code is reused -- by an interrupted ablation resuming, or by another ablation that
 needs the same model (the unified model of the segmentation table is the calibration table's).
-The report (``ablate_report.py``) has, per variant, training examples/s and parameter counts, then
-every metric per surface x task (with the oracle from the generator's true probabilities), and a
-PNG chart.
+The report (``ablate_report.py``) has the chart's metric per surface and variant, a cost table
+(training examples/s, the ranks' peak memory, parameter counts and, when asked, serving latency and
+the mean history length), every metric per surface x task (with the oracle from the generator's
+true probabilities), and a PNG chart (two with ``cost_chart``).
+
+What a variant costs, besides its training examples/s (every key optional):
+
+    serving: {candidates: 100, requests: 30}   # latency of one request, 1 user x 100 candidates
+    history_group: pins                        # mean actual history length of this group
+    cost_chart: {x: history_length, y: [examples_per_s, peak_rss_mb, serving_ms]}
+    variants:
+      - {name: padded 4000, series: padded Transformer, cost_only: true, overrides: [train.max_steps=20]}
+
+- peak memory (``peak_rss_mb``, always): the largest peak RSS (VmHWM) among a run's rank processes
+  (torchrun's children; their loader workers not counted), polled from ``/proc`` while it runs
+  (``RankMemory``; not ``getrusage(RUSAGE_CHILDREN)``: that is the maximum over every child this
+  process ever reaped, and a rank inherits its launcher's high-water mark across fork + exec);
+- ``serving``: the trained model loaded by the serving code (``serve.Predictor.from_run``, its
+  inference precision) scores one request at a time on 1 thread: each of the eval split's first
+  ``warmup`` + ``requests`` requests (its own user, user features and histories) with its own
+  candidate rows repeated in order to ``candidates`` rows (synthetic requests have ~12); median and
+  p90 ms of ``Predictor.score_request`` (batching and the contract's checks included) after
+  ``warmup`` untimed ones;
+- ``history_group``: the mean over the eval split's requests of min(the group's history length as
+  stored, the variant's ``max_length`` for it): the events a request actually brings;
+- a ``cost_only`` variant trains with its own overrides (e.g. a few steps) to measure the costs
+  alone: its metrics are shown as "cost only", never compared;
+- ``cost_chart``: a second PNG, each ``y`` cost against ``x`` (``history_length`` or another cost),
+  one line per variant ``series`` (variants without one are left out). Costs:
+  ``examples_per_s``, ``peak_rss_mb``, ``serving_ms`` (median), ``serving_p90_ms``,
+  ``history_length``.
 """
 
 from __future__ import annotations
@@ -36,18 +64,21 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import numpy as np
 import yaml
 
 from pinads_rec import config
 from pinads_rec.data import synth
-from pinads_rec.experiments.ablate_report import METRIC_NAMES, slug, write_report
+from pinads_rec.experiments.ablate_report import COST_NAMES, METRIC_NAMES, slug, write_report
 from pinads_rec.training.run_log import METRICS_FILE, read_run_log
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,6 +89,15 @@ class Variant:
     name: str
     overrides: List[str] = dataclasses.field(default_factory=list)
     eval_of: Optional[str] = None
+    cost_only: bool = False  # trained to measure its costs only: its metrics are not shown
+    series: Optional[str] = None  # its line in the cost chart (e.g. the architecture)
+
+
+@dataclasses.dataclass
+class Serving:
+    candidates: int = 100
+    requests: int = 30
+    warmup: int = 3
 
 
 @dataclasses.dataclass
@@ -71,6 +111,9 @@ class Ablation:
     metrics: List[str] = dataclasses.field(default_factory=lambda: ["auc", "ne", "calibration"])
     chart: Dict[str, str] = dataclasses.field(default_factory=lambda: {"metric": "auc", "task": "click"})
     out: str = "docs/ablations.md"
+    serving: Optional[Serving] = None
+    history_group: Optional[str] = None
+    cost_chart: Optional[Dict[str, object]] = None
 
 
 def load_ablation(path: str) -> Ablation:
@@ -80,6 +123,8 @@ def load_ablation(path: str) -> Ablation:
         raise config.ConfigError(f"ablation file {path} does not exist") from None
     try:
         raw["variants"] = [Variant(**v) for v in raw.get("variants") or []]
+        if raw.get("serving") is not None:
+            raw["serving"] = Serving(**raw["serving"])
         ab = Ablation(**raw)
     except TypeError as e:  # unknown or missing keys
         raise config.ConfigError(f"{path}: {e}") from None
@@ -92,7 +137,36 @@ def load_ablation(path: str) -> Ablation:
     for m in ab.metrics + [ab.chart.get("metric")]:
         if m not in METRIC_NAMES:
             raise config.ConfigError(f"{path}: metric {m!r} is not one of {sorted(METRIC_NAMES)}")
+    for v in ab.variants:
+        if v.cost_only and v.eval_of is not None:
+            raise config.ConfigError(f"{path}: variant {v.name!r}: cost_only and eval_of exclude each other")
+    if ab.serving is not None:
+        for key in ("candidates", "requests"):
+            if not isinstance(getattr(ab.serving, key), int) or getattr(ab.serving, key) < 1:
+                raise config.ConfigError(f"{path}: serving.{key} must be a positive integer")
+        if not isinstance(ab.serving.warmup, int) or ab.serving.warmup < 0:
+            raise config.ConfigError(f"{path}: serving.warmup must be an integer >= 0")
+    if ab.cost_chart is not None:
+        _check_cost_chart(ab, path)
     return ab
+
+
+def _check_cost_chart(ab: Ablation, path: str) -> None:
+    chart = ab.cost_chart
+    if not isinstance(chart, dict) or set(chart) - {"x", "y"} or "y" not in chart:
+        raise config.ConfigError(f"{path}: cost_chart takes x and y, e.g. {{x: history_length, y: [examples_per_s]}}")
+    ys = chart["y"] if isinstance(chart["y"], list) else [chart["y"]]
+    x = chart.setdefault("x", "history_length")
+    for key in [x] + ys:
+        if key not in COST_NAMES:
+            raise config.ConfigError(f"{path}: cost_chart: {key!r} is not one of {sorted(COST_NAMES)}")
+        if key == "history_length" and ab.history_group is None:
+            raise config.ConfigError(f"{path}: cost_chart: {key} needs history_group (the group to measure)")
+        if key.startswith("serving") and ab.serving is None:
+            raise config.ConfigError(f"{path}: cost_chart: {key} needs serving (how to time a request)")
+    chart["y"] = ys
+    if not any(v.series for v in ab.variants):
+        raise config.ConfigError(f"{path}: cost_chart draws one line per variant `series`; no variant has one")
 
 
 def run_summary(run_dir: Path) -> Optional[dict]:
@@ -143,7 +217,8 @@ def run_variant(
     saved = run_dir / "config.json"
     if done is not None and saved.exists() and comparable(json.loads(saved.read_text())) == wanted:
         print(f"[{v.name}] reusing the finished run in {run_dir}", flush=True)
-        return done
+        memory = run_dir / MEMORY_FILE
+        return dict(done, **(json.loads(memory.read_text()) if memory.exists() else {}))
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     extra = []
@@ -179,12 +254,179 @@ def train_py(base: str, overrides: List[str], run_dir: Path, ranks: int) -> dict
     for o in overrides + [f"train.run_dir={run_dir}"]:
         cmd += ["--set", o]
     with open(run_dir / "train.log", "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        with RankMemory(proc.pid) as memory:
+            rc = proc.wait()
     summary = run_summary(run_dir)
     if rc != 0 or summary is None:
         tail = (run_dir / "train.log").read_text().splitlines()[-15:]
         raise RuntimeError(f"train.py failed (exit {rc}); end of {run_dir}/train.log:\n" + "\n".join(tail))
-    return summary
+    peaks = memory.peaks()
+    measured = {"peak_rss_mb": max(peaks) if peaks else None, "rank_peak_rss_mb": peaks}
+    (run_dir / MEMORY_FILE).write_text(json.dumps(measured) + "\n")
+    return dict(summary, **measured)
+
+
+MEMORY_FILE = "peak_memory.json"
+
+
+class RankMemory:
+    """The peak RSS (``VmHWM``, MiB) of each direct child of process ``pid`` -- torchrun's ranks --
+    polled from ``/proc`` every ``period_s`` while in the ``with`` block. VmHWM is the high-water
+    mark of the process's own address space (reset by exec), so a rank's figure is its own; it only
+    grows, so a poll misses at most a rank's last ``period_s`` of life."""
+
+    def __init__(self, pid: int, period_s: float = 0.2):
+        self.pid, self.period_s = pid, period_s
+        self._peaks: Dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="rank-memory", daemon=True)
+
+    def __enter__(self) -> "RankMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peaks(self) -> List[float]:
+        """Each child's peak RSS (MiB), in order of process id."""
+        return [round(self._peaks[p], 1) for p in sorted(self._peaks)]
+
+    def _poll(self) -> None:
+        while True:
+            for child in children(self.pid):
+                hwm = _vm_hwm_mib(child)
+                if hwm is not None:
+                    self._peaks[child] = max(self._peaks.get(child, 0.0), hwm)
+            if self._stop.wait(self.period_s):
+                return
+
+
+def children(pid: int) -> List[int]:
+    """The live direct children of ``pid`` (any of its threads'), from ``/proc``."""
+    found = set()
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found.update(int(c) for c in f.read().split())
+    except OSError:  # gone, or a kernel without the children files: the parent ids of every process
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        # pid (comm) state ppid ...: comm may hold spaces, the last ")" ends it
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                            found.add(int(entry))
+                except (OSError, IndexError, ValueError):
+                    pass
+    return sorted(found)
+
+
+def _vm_hwm_mib(pid: int) -> Optional[float]:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None  # exited (a zombie has no address space left)
+
+
+def request_tables(features: config.FeaturesConfig, data_dir: str, candidates: int, count: int) -> list:
+    """The first ``count`` requests of ``data_dir`` (file order, either storage layout), each as one
+    request of exactly ``candidates`` candidate rows: its own rows repeated in order (or its first
+    ``candidates``), the user side as stored. Per-request files give per-request rows (one row each,
+    the layout ``Predictor.score_request`` reads in one piece), per-row files per-row tables."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pinads_rec.data.layout import is_per_request, request_starts, stored_request_level, to_per_request, to_per_row
+    from pinads_rec.data.reader import list_files
+
+    def widened(rows: pa.Table, stored) -> pa.Table:
+        rows = rows.take(pa.array(np.arange(candidates) % rows.num_rows))
+        return rows if stored is None else to_per_request(rows, features, stored)
+
+    out = []
+    for path in list_files(data_dir):
+        pf = pq.ParquetFile(path)
+        for group in range(pf.num_row_groups):
+            table = pf.read_row_group(group)
+            if is_per_request(table.schema, features):
+                stored = stored_request_level(table.schema, features)
+                pieces = [(to_per_row(table.slice(i, 1), features), stored) for i in range(table.num_rows)]
+            else:
+                starts = request_starts(table.column(features.columns.request_id).to_numpy())
+                ends = np.append(starts[1:], table.num_rows)
+                pieces = [(table.slice(a, b - a), None) for a, b in zip(starts, ends)]
+            for rows, stored in pieces[: count - len(out)]:
+                out.append(widened(rows, stored))
+            if len(out) == count:
+                return out
+    raise config.ConfigError(f"serving: {data_dir} holds {len(out)} requests, fewer than the {count} to time")
+
+
+def serving_latency(run_dir: Path, data_dir: str, serving: Serving) -> dict:
+    """Milliseconds per ``Predictor.score_request`` of one request of ``serving.candidates`` rows
+    (``request_tables``), the trained model loaded by the serving code, 1 thread: median and p90
+    over ``serving.requests`` requests after ``serving.warmup`` untimed ones."""
+    import torch
+
+    from pinads_rec.serve.scoring import Predictor
+
+    predictor = Predictor.from_run(run_dir)
+    tables = request_tables(predictor.cfg.features, data_dir, serving.candidates, serving.warmup + serving.requests)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        times = []
+        for i, table in enumerate(tables):
+            started = time.perf_counter()
+            probs = predictor.score_request(table)
+            if i >= serving.warmup:
+                times.append(1000.0 * (time.perf_counter() - started))
+            if probs.shape[0] != serving.candidates:
+                raise RuntimeError(f"serving: {serving.candidates} candidates scored as {probs.shape[0]} rows")
+    finally:
+        torch.set_num_threads(threads)
+    return {
+        "median_ms": float(np.median(times)),
+        "p90_ms": float(np.percentile(times, 90)),
+        "requests": serving.requests,
+        "candidates": serving.candidates,
+        "precision": predictor.cfg.model.precision.inference,
+    }
+
+
+def mean_history_length(cfg: config.ExperimentConfig, group: str, data_dir: Optional[str] = None) -> float:
+    """The mean over ``data_dir``'s (default: the eval split's) requests of min(the group's stored
+    history length, its ``max_length`` in ``cfg``): the events a request brings to the model. Read
+    from the list lengths of the group's timestamp column, once per request in either layout."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from pinads_rec.data.layout import is_per_request, request_starts
+    from pinads_rec.data.reader import list_files
+
+    features = cfg.features
+    g = next((g for g in features.sequence_groups if g.name == group), None)
+    if g is None:
+        names = [g.name for g in features.sequence_groups]
+        raise config.ConfigError(f"history_group: no sequence group {group!r} in this config (groups: {names})")
+    lengths = []
+    for path in list_files(data_dir or cfg.data.eval_dir):
+        pf = pq.ParquetFile(path)
+        if is_per_request(pf.schema_arrow, features):
+            column = pf.read(columns=[g.timestamp_column]).column(0)
+        else:
+            table = pf.read(columns=[features.columns.request_id, g.timestamp_column])
+            starts = request_starts(table.column(0).to_numpy())
+            column = table.column(1).take(starts)
+        lengths.append(pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False))
+    return float(np.minimum(np.concatenate(lengths), g.max_length).mean())
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -200,7 +442,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         common = ab.overrides + (ab.quick if args.quick else [])
         base_cfg = config.load(ab.base, common)
         for v in ab.variants:
-            config.load(ab.base, common + v.overrides)  # every variant's config is valid before any run
+            cfg = config.load(ab.base, common + v.overrides)  # every variant's config is valid before any run
+            groups = [g.name for g in cfg.features.sequence_groups]
+            if ab.history_group is not None and ab.history_group not in groups:
+                raise config.ConfigError(
+                    f"{args.config}: history_group {ab.history_group!r} is not a sequence group of variant "
+                    f"{v.name!r} (its groups: {groups})"
+                )
     except config.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -210,14 +458,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     results, params = {}, {}
     for v in ab.variants:
         overrides = common + v.overrides
+        cfg = config.load(ab.base, overrides)
         source = results[v.eval_of]["run_dir"] if v.eval_of else None
         run_dir = run_dir_for(ab, overrides, Path(args.runs), args.ranks, source)
         summary = run_variant(ab, v, overrides, run_dir, args.ranks, results)
-        results[v.name] = dict(summary, run_dir=str(run_dir))
+        results[v.name] = dict(summary, run_dir=str(run_dir), cost_only=v.cost_only, series=v.series)
+        if ab.history_group is not None:
+            results[v.name]["history_length"] = mean_history_length(cfg, ab.history_group)
         if v.eval_of is None:
-            params[v.name] = _param_counts(config.load(ab.base, overrides))
-        else:
+            params[v.name] = _param_counts(cfg)
+            if ab.serving is not None:
+                results[v.name]["serving"] = serving_latency(run_dir, cfg.data.eval_dir, ab.serving)
+                print(
+                    f"[{v.name}] serving 1 x {ab.serving.candidates} candidates: "
+                    f"median {results[v.name]['serving']['median_ms']:.1f} ms, "
+                    f"p90 {results[v.name]['serving']['p90_ms']:.1f} ms",
+                    flush=True,
+                )
+        else:  # the same trained model: its size and serving cost are its source's
             params[v.name] = params[v.eval_of]
+            if "serving" in results[v.eval_of]:
+                results[v.name]["serving"] = results[v.eval_of]["serving"]
     command = f"python -m pinads_rec.experiments.ablate --config {args.config}" + (" --quick" if args.quick else "")
     out.parent.mkdir(parents=True, exist_ok=True)
     write_report(ab, results, params, out, command, base_cfg)

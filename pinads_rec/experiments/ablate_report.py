@@ -1,5 +1,7 @@
-"""The ablation report: a markdown page (the chart's metric per surface and variant, every metric
-per surface x task, the variants' overrides) and its PNG chart, from the variants' run summaries."""
+"""The ablation report: a markdown page (the chart's metric per surface and variant, what each variant
+costs, every metric per surface x task, the variants' overrides) and its PNG charts (the metric; the
+costs against the history length when the ablation has a ``cost_chart``), from the variants' run
+summaries and measured costs (ablate.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,17 @@ METRIC_NAMES = {
     "ece": "ECE",
 }
 
+# What a variant costs (ablate.py measures them): the cost table's columns, the cost chart's axes.
+COST_NAMES = {
+    "history_length": "mean history length (events)",
+    "examples_per_s": "train examples/s",
+    "peak_rss_mb": "peak RSS per rank (MiB)",
+    "serving_ms": "serving ms / request (median)",
+    "serving_p90_ms": "serving ms / request (p90)",
+}
+
+COST_ONLY = "cost only"
+
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
@@ -30,8 +43,23 @@ def _fmt(x, spec=".4f") -> str:
 
 
 def _value(results: Dict[str, dict], name: str, surface: str, task: str, key: str) -> Optional[float]:
+    if results[name].get("cost_only"):
+        return None
     row = next((r for r in results[name]["eval"] if r["surface"] == surface and r["task"] == task), None)
     return None if row is None else row.get(key)
+
+
+def cost(r: dict, key: str) -> Optional[float]:
+    """A variant's measured ``key`` (COST_NAMES), None when not measured. Training examples/s only
+    from a run that trained (an evaluate-only run has no steps of its own; train.py's rate leaves a
+    run's first step out, so a 1-step run has none)."""
+    if key == "examples_per_s":
+        rate = r.get("train_examples_per_s") if r.get("step") and r.get("train_seconds", 0) > 1 else None
+        return rate or None
+    if key in ("serving_ms", "serving_p90_ms"):
+        serving = r.get("serving") or {}
+        return serving.get("median_ms" if key == "serving_ms" else "p90_ms")
+    return r.get(key)
 
 
 def write_report(
@@ -49,15 +77,24 @@ def write_report(
     chart_dir = out.parent / out.stem
     chart_dir.mkdir(parents=True, exist_ok=True)
     chart = chart_dir / f"{slug(metric)}_{slug(task)}.png"
+    cost_chart = chart_dir / "cost.png" if getattr(ab, "cost_chart", None) else None
     lines = (
         _header(ab, command, base_cfg)
-        + _chart_table(results, params, surfaces, metric, task)
+        + _chart_table(results, surfaces, metric, task)
         + ["", f"![{METRIC_NAMES[metric]} of {task}]({chart.relative_to(out.parent)})", ""]
+        + _cost_table(ab, results, params, base_cfg)
+        + (
+            [f"![cost against {COST_NAMES[ab.cost_chart['x']]}]({cost_chart.relative_to(out.parent)})", ""]
+            if cost_chart
+            else []
+        )
         + _every_cell(ab, results, surfaces, tasks)
         + _variants(ab)
     )
     out.write_text("\n".join(lines) + "\n")
     plot(ab.title, results, surfaces, metric, task, chart)
+    if cost_chart:
+        plot_costs(ab.title, results, ab.cost_chart["x"], ab.cost_chart["y"], cost_chart)
 
 
 def _header(ab, command: str, base_cfg: config.ExperimentConfig) -> List[str]:
@@ -76,23 +113,60 @@ def _header(ab, command: str, base_cfg: config.ExperimentConfig) -> List[str]:
     ]
 
 
-def _chart_table(results, params, surfaces: List[str], metric: str, task: str) -> List[str]:
-    """The chart's metric per surface, per variant, with speed and size (and the oracle for AUC / NE)."""
+def _chart_table(results, surfaces: List[str], metric: str, task: str) -> List[str]:
+    """The chart's metric per surface, per variant (and the oracle for AUC / NE)."""
+    rows = []
+    for name, r in results.items():
+        if r.get("cost_only"):
+            rows.append([name] + [COST_ONLY] * len(surfaces))
+        else:
+            rows.append([name] + [_fmt(_value(results, name, sf, task, metric)) for sf in surfaces])
+    lines = [f"## {METRIC_NAMES[metric]} of {task} per surface", ""] + markdown.table(
+        ["variant", *surfaces], rows, "l" + "r" * len(surfaces)
+    )
+    compared = [n for n, r in results.items() if not r.get("cost_only")]
+    if metric in ("auc", "ne") and compared:
+        oracle = [_fmt(_value(results, compared[0], sf, task, f"oracle_{metric}")) for sf in surfaces]
+        lines.append("| *oracle* | " + " | ".join(oracle) + " |")
+    return lines
+
+
+def _cost_table(ab, results, params, base_cfg: config.ExperimentConfig) -> List[str]:
+    """Per variant: training examples/s, the ranks' peak RSS, parameter counts, and when measured the
+    mean history length and the serving latency."""
+    history, serving = getattr(ab, "history_group", None), getattr(ab, "serving", None)
+    keys = (["history_length"] if history else []) + ["examples_per_s", "peak_rss_mb"]
+    keys += ["serving_ms", "serving_p90_ms"] if serving else []
+    header = ["variant"] + [COST_NAMES[k] for k in keys] + ["dense params", "embedding params"]
+    spec = {"history_length": ",.1f", "examples_per_s": ",.0f", "peak_rss_mb": ",.0f"}
     rows = []
     for name, r in results.items():
         p = params.get(name, {})
-        rate = r.get("train_examples_per_s") if r.get("step") and r.get("train_seconds", 0) > 1 else None
-        cells = [_fmt(_value(results, name, sf, task, metric)) for sf in surfaces]
-        rows.append([name, *cells, _fmt(rate, ",.0f"), f"{p.get('dense', 0):,}", f"{p.get('embedding', 0):,}"])
-    lines = [f"## {METRIC_NAMES[metric]} of {task} per surface", ""] + markdown.table(
-        ["variant", *surfaces, "train examples/s", "dense params", "embedding params"],
-        rows,
-        "l" + "r" * (len(surfaces) + 3),
+        cells = [_fmt(cost(r, k), spec.get(k, ".1f")) for k in keys]
+        rows.append([name + (f" ({COST_ONLY})" if r.get("cost_only") else "")] + cells)
+        rows[-1] += [f"{p.get('dense', 0):,}", f"{p.get('embedding', 0):,}"]
+    notes = [
+        "Training examples/s: the run's own (train.py's log); peak RSS: the largest of its rank "
+        "processes' peak resident memory (loader workers not counted)."
+    ]
+    if history:
+        notes.append(
+            f"Mean history length: the eval split's requests' `{history}` events as stored, each capped at "
+            "the variant's `max_length` for the group."
+        )
+    if serving:
+        notes.append(
+            f"Serving: `Predictor.score_request` of one request of 1 user x {serving.candidates} candidates "
+            f"(an eval request's own candidates repeated to {serving.candidates}), the checkpoint loaded by "
+            f"pinads_rec/serve, 1 thread, {serving.requests} requests after {serving.warmup} untimed."
+        )
+    if any(r.get("cost_only") for r in results.values()):
+        notes.append(f"A {COST_ONLY} variant trained only long enough to measure these; its metrics are not shown.")
+    return (
+        ["## Cost per variant", ""]
+        + markdown.table(header, rows, "l" + "r" * (len(keys) + 2))
+        + ["", " ".join(notes), ""]
     )
-    if metric in ("auc", "ne"):
-        oracle = [_fmt(_value(results, next(iter(results)), sf, task, f"oracle_{metric}")) for sf in surfaces]
-        lines.append("| *oracle* | " + " | ".join(oracle) + " | | | |")
-    return lines
 
 
 def _every_cell(ab, results, surfaces: List[str], tasks: List[str]) -> List[str]:
@@ -101,8 +175,12 @@ def _every_cell(ab, results, surfaces: List[str], tasks: List[str]) -> List[str]
         + [_fmt(_value(results, name, sf, t, m), ".5f" if m == "ece" else ".4f") for m in ab.metrics]
         + [_fmt(_value(results, name, sf, t, "oracle_auc"))]
         for name in results
+        if not results[name].get("cost_only")
         for sf in surfaces
         for t in tasks
+    ]
+    rows += [
+        [name, "-", "-"] + [COST_ONLY] * (len(ab.metrics) + 1) for name, r in results.items() if r.get("cost_only")
     ]
     header = ["variant", "surface", "task"] + [METRIC_NAMES[m] for m in ab.metrics] + ["oracle AUC"]
     return ["## Every surface and task", ""] + markdown.table(header, rows, "lll" + "r" * (len(ab.metrics) + 1))
@@ -116,6 +194,7 @@ def _variants(ab) -> List[str]:
     ]
     for v in ab.variants:
         how = f"the trained model of *{v.eval_of}*, evaluated with " if v.eval_of else ""
+        how = f"{COST_ONLY}, " + how if getattr(v, "cost_only", False) else how
         lines.append(f"- **{v.name}**: {how}`{' '.join(v.overrides) or '(base)'}`")
     return lines
 
@@ -128,6 +207,7 @@ def plot(title: str, results: Dict[str, dict], surfaces: List[str], metric: str,
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(3.6 + 1.6 * len(surfaces), 4.2))
+    results = {n: r for n, r in results.items() if not r.get("cost_only")}
     width = 0.8 / max(len(results), 1)
     for i, name in enumerate(results):
         ys = [_value(results, name, sf, task, metric) for sf in surfaces]
@@ -149,6 +229,44 @@ def plot(title: str, results: Dict[str, dict], surfaces: List[str], metric: str,
         lo, hi = min(finite), max(finite)
         ax.set_ylim(lo - 0.1 * (hi - lo + 1e-3) - 0.01, hi + 0.1 * (hi - lo + 1e-3) + 0.01)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_costs(title: str, results: Dict[str, dict], x: str, ys: List[str], path: Path) -> None:
+    """One panel per cost in ``ys`` against ``x``: a line per variant ``series`` through its variants
+    (sorted by x); a cost-only point drawn hollow."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: Dict[str, List[dict]] = {}
+    for r in results.values():
+        if r.get("series"):
+            series.setdefault(r["series"], []).append(r)
+    fig, axes = plt.subplots(1, len(ys), figsize=(4.2 * len(ys) + 2.4, 4.0), squeeze=False)
+    for ax, y in zip(axes[0], ys):
+        for i, (label, runs) in enumerate(series.items()):
+            points = sorted(
+                (cost(r, x), cost(r, y), bool(r.get("cost_only")))
+                for r in runs
+                if cost(r, x) is not None and cost(r, y) is not None
+            )
+            if not points:
+                continue
+            color = plt.get_cmap("tab10")(i % 10)
+            ax.plot([p[0] for p in points], [p[1] for p in points], "-", color=color, label=label)
+            for px, py, hollow in points:
+                ax.plot(px, py, "o", color=color, markerfacecolor="none" if hollow else color)
+        ax.set_xlabel(COST_NAMES[x])
+        ax.set_ylabel(COST_NAMES[y])
+        if x == "history_length":
+            ax.set_xscale("log")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(f"{title}: cost (hollow: {COST_ONLY})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
