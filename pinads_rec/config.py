@@ -154,7 +154,8 @@ class DataConfig:
     prefetch_factor: int = 4
     # NaN/inf in a dense column: stop with an error, or replace by 0 and count the repair.
     nonfinite_dense: Literal["error", "replace"] = "error"
-    # Sequences longer than max_length: keep the newest max_length events and count, or error.
+    # Sequences longer than max_length: keep the newest max_length events and count them (logged at
+    # INFO: the policy chosen here, not a fault in the data), or error.
     overlong_sequence: Literal["truncate", "error"] = "truncate"
     # Keep only rows whose `column` holds one of `values` (ad-type segmentation: train and evaluate
     # a standard-only or shopping-only model on the relevant data only).

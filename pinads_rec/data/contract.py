@@ -552,8 +552,13 @@ class RowGroupChecker:
             lengths = pc.list_value_length(column(name)).to_numpy(zero_copy_only=False)
             n = int((np.nan_to_num(lengths, nan=0) > g.max_length).sum())
             if n:
+                # Counted, but logged at INFO: reading the newest max_length events of a longer
+                # stored history is the policy the config chose, not a fault in the data.
                 self._count(
-                    f"sequence group {g.name}: truncated to newest {g.max_length}", n, f"{where}, column {name!r}"
+                    f"sequence group {g.name}: truncated to newest {g.max_length}",
+                    n,
+                    f"{where}, column {name!r}",
+                    logging.INFO,
                 )
 
     def _check_aligned(self, column: Callable[[str], pa.ChunkedArray], where: str, locate) -> None:
@@ -581,9 +586,9 @@ class RowGroupChecker:
                         f"{int(inner[inner != g.embedding_dim][0])}, config says {g.embedding_dim}"
                     )
 
-    def _count(self, what: str, n: int, place: str) -> None:
+    def _count(self, what: str, n: int, place: str, level: int = logging.WARNING) -> None:
         self.repairs[what] += n
-        log.warning("%s: repaired %d value(s): %s", place, n, what)
+        log.log(level, "%s: repaired %d value(s): %s", place, n, what)
 
 
 def _apply_view(col: pa.Array, view: Tuple[int, int]) -> pa.Array:

@@ -160,10 +160,17 @@ class HSTUStack(nn.Module):
 
 class HSTUEncoder(nn.Module):
     def __init__(
-        self, width: int, num_layers: int, num_heads: int, dropout: float, position_buckets: int, time_buckets: int
+        self,
+        width: int,
+        num_layers: int,
+        num_heads: int,
+        dropout: float,
+        position_buckets: int,
+        time_buckets: int,
+        bucketed: bool = True,
     ):
         super().__init__()
-        self.width = width
+        self.width, self.bucketed = width, bucketed
         self.stack = LargeLayer(HSTUStack(width, num_layers, num_heads, dropout, position_buckets, time_buckets))
         self.output_dim = 2 * width
 
@@ -174,7 +181,10 @@ class HSTUEncoder(nn.Module):
         # BF16 keeps 3 significant digits of a time delta; log2 buckets need no finer than seconds.
         seconds = deltas.round().long()
         m = mask.unsqueeze(-1).to(events.dtype)
-        encoded = run_by_length(self.stack, events, mask, seconds) * m
+        # bucketed: per length bucket (padding-free up to the bucket's growth); else one padded block.
+        encoded = (
+            run_by_length(self.stack, events, mask, seconds) if self.bucketed else self.stack(events, mask, seconds)
+        ) * m
         # Position 0 is the newest event: under the causal mask it has seen the whole history.
         newest = encoded[:, 0]
         mean = encoded.sum(dim=1) / m.sum(dim=1).clamp(min=1.0)

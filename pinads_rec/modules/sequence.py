@@ -111,7 +111,9 @@ class GroupEncoder(nn.Module):
         )
         h = cfg.hstu
         self.hstu = (
-            HSTUEncoder(W, h.num_layers, h.num_heads, h.dropout, h.position_buckets, h.time_buckets)
+            HSTUEncoder(
+                W, h.num_layers, h.num_heads, h.dropout, h.position_buckets, h.time_buckets, cfg.padding == "buckets"
+            )
             if "hstu" in enc
             else None
         )
