@@ -239,3 +239,35 @@ def test_long_history_variants_train_pipelined_on_two_ranks(tiny_data, tmp_path)
     for name, r in out.items():
         assert r["steps"] == 3 and r["finite"], (name, r)
         assert sorted(m.rsplit(".", 1)[-1] for m in r["pipelined"]) == ["ebc", "ec", "user_ebc"], (name, r)
+
+
+def test_export_traces_the_padded_path_with_the_same_scores(tiny_data):
+    """torch.export cannot trace the bucket loop: while exporting, the encoders run on the whole
+    padded block, and the exported program scores a batch as the eager (bucketed) model does."""
+    from conftest import load_tiny
+
+    from pinads_rec.models import build_model
+    from pinads_rec.serve.batching import file_order_batches
+    from pinads_rec.serve.export import FlatScorer, export_program, flat_inputs
+    from pinads_rec.serve.loading import prepare
+
+    _, data_dir = tiny_data
+    cfg = load_tiny(
+        data_dir,
+        [
+            "features.sequence_groups.pins.max_length=60",
+            "model.sequence_groups={pins: {encoders: [transformer, retrieval, hstu], window: 10, padding: buckets}}",
+        ],
+    )
+    torch.manual_seed(0)
+    model = prepare(build_model(cfg.features, cfg.model), "fp32")
+    batch = next(iter(file_order_batches(cfg, f"{data_dir}/eval", 64)))
+    program = export_program(model, cfg, batch)
+    eager = FlatScorer(model, cfg.features).eval()
+    other = next(iter(file_order_batches(cfg, f"{data_dir}/train", 150)))  # other sizes, same program
+    for b in (batch, other):
+        with torch.no_grad():
+            expected = eager(*flat_inputs(b))
+            got = program.module()(*flat_inputs(b))
+        assert got.shape == expected.shape
+        assert float((got - expected).abs().max()) < 1e-5

@@ -62,7 +62,9 @@ class EventRepresentation(nn.Module):
             event = self.project(event)
         lengths = offsets[1:] - offsets[:-1]
         L = self.max_length
-        if self.pad_to_longest:  # at least 1: an all-empty batch still has a (masked) slot
+        # At least 1: an all-empty batch still has a (masked) slot. Not while exporting: the padded
+        # length would be data-dependent, and max_length gives the same outputs.
+        if self.pad_to_longest and not torch.compiler.is_exporting():
             L = min(L, max(int(lengths.max()), 1)) if lengths.numel() else 1
         content = pad_jagged(event, offsets, L)  # [U, L, W]
         deltas = pad_jagged(time_deltas.unsqueeze(1), offsets, L).squeeze(2)

@@ -17,7 +17,9 @@ mask [U, L] (True = real position; real positions first), per-unit tensors [U, L
 [U, L, W'], zeros past each unit's bucket length.
 
 The bucket loop is plain Python on the batch's lengths (one host sync per call on a GPU): it lives
-inside the sequence arch, which the training pipeline treats as one opaque leaf.
+inside the sequence arch, which the training pipeline treats as one opaque leaf. ``torch.export``
+cannot trace a loop over data-dependent buckets, so while exporting the encoder runs once on the
+whole padded block: the same outputs (serve/export.py).
 """
 
 import math
@@ -43,6 +45,8 @@ def length_buckets(lengths: torch.Tensor) -> List[Tuple[torch.Tensor, int]]:
 def run_by_length(
     fn: Callable[..., torch.Tensor], x: torch.Tensor, mask: torch.Tensor, *per_unit: torch.Tensor
 ) -> torch.Tensor:
+    if torch.compiler.is_exporting():
+        return fn(x, mask, *per_unit)
     U, L = mask.shape
     parts, order = [], []
     for idx, length in length_buckets(mask.sum(dim=1)):
