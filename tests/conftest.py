@@ -1,5 +1,6 @@
 """Shared fixtures: one tiny planted-truth dataset per test session, and configs pointing at it."""
 
+import json
 import os
 
 import pytest
@@ -105,3 +106,39 @@ def torchx_train(tmp, job, config_path, overrides, timeout_s=TORCHX_TIMEOUT_S):
         pytest.fail(f"torchx launch exceeded {timeout_s} s:\n{out[-6000:]}")
     assert proc.returncode == 0, f"torchx exited {proc.returncode}:\n{out[-6000:]}"
     return out
+
+
+def _train_few_steps(rank, world, result_dir, data_dir, run_root, variants):
+    from pinads_rec import parallel
+    from pinads_rec.training.trainer import Trainer
+
+    env = parallel.init_distributed()
+    out = {}
+    for i, (name, overrides) in enumerate(variants):
+        cfg = load_tiny(
+            data_dir,
+            list(overrides)
+            + [f"train.run_dir={run_root}/{i}", "train.max_steps=3", "train.log_every=1", "model.calibration=none"],
+        )
+        summary = Trainer(cfg, env).run()
+        out[name] = {
+            "steps": summary["step"],
+            "pipelined": summary["pipelined_modules"],
+            "finite": all(r["ne"] == r["ne"] for r in summary["eval"]),
+        }
+    if rank == 0:
+        with open(os.path.join(result_dir, "variants.json"), "w") as f:
+            json.dump(out, f)
+
+
+def train_few_steps(tmp_path, data_dir, variants):
+    """Trains each (name, overrides) of ``variants`` on the tiny data for 3 steps on 2 gloo ranks
+    (one launch for all): name -> {"steps", "pipelined" (the modules TrainPipelineSparseDist
+    pipelined), "finite" (every eval NE)}."""
+    from pinads_rec.experiments.harness import run_ranks
+
+    result_dir = run_ranks(
+        _train_few_steps, 2, str(tmp_path), str(data_dir), str(tmp_path / "runs"), list(variants), timeout_s=600
+    )
+    with open(os.path.join(result_dir, "variants.json")) as f:
+        return json.load(f)

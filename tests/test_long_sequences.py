@@ -5,7 +5,7 @@ the retrieval."""
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, train_few_steps
 
 from pinads_rec import config
 from pinads_rec.config import (
@@ -189,52 +189,13 @@ LONG_VARIANTS = {
 }
 
 
-def _train_long_variants(rank, world, result_dir, data_dir, run_root):
-    import json
-    import os
-
-    from conftest import load_tiny
-
-    from pinads_rec import parallel
-    from pinads_rec.training.trainer import Trainer
-
-    env = parallel.init_distributed()
-    out = {}
-    for i, (name, overrides) in enumerate(LONG_VARIANTS.items()):
-        cfg = load_tiny(
-            data_dir,
-            overrides
-            + [
-                "features.sequence_groups.pins.max_length=60",
-                f"train.run_dir={run_root}/{i}",
-                "train.max_steps=3",
-                "train.log_every=1",
-                "model.calibration=none",
-            ],
-        )
-        summary = Trainer(cfg, env).run()
-        out[name] = {
-            "steps": summary["step"],
-            "pipelined": summary["pipelined_modules"],
-            "finite": all(r["ne"] == r["ne"] for r in summary["eval"]),
-        }
-    if rank == 0:
-        with open(os.path.join(result_dir, "variants.json"), "w") as f:
-            json.dump(out, f)
-
-
 @pytest.mark.slow
 def test_long_history_variants_train_pipelined_on_two_ranks(tiny_data, tmp_path):
     """Every sharded collection stays pipelined: the new encoders live inside the sequence arch's
     leaf, and the retrieval's ids are read from the batch, not from a modified KJT."""
-    import json
-
-    from pinads_rec.experiments.harness import run_ranks
-
     _, data_dir = tiny_data
-    result_dir = run_ranks(_train_long_variants, 2, str(tmp_path), str(data_dir), str(tmp_path / "runs"), timeout_s=600)
-    with open(f"{result_dir}/variants.json") as f:
-        out = json.load(f)
+    cap = ["features.sequence_groups.pins.max_length=60"]
+    out = train_few_steps(tmp_path, data_dir, [(name, cap + o) for name, o in LONG_VARIANTS.items()])
     assert list(out) == list(LONG_VARIANTS)
     for name, r in out.items():
         assert r["steps"] == 3 and r["finite"], (name, r)

@@ -2,18 +2,16 @@
 changing an output, empty and length-1 sequences, period boundaries, DIN and attention masks,
 cosine features, and every variant of the sequence ablation training on 2 gloo ranks."""
 
-import json
 import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import REPO, load_tiny
+from conftest import REPO, train_few_steps
 
 from pinads_rec import config
 from pinads_rec.config import SequenceEncoderConfig, SequenceFeatureConfig, SequenceGroupConfig
-from pinads_rec.experiments.harness import run_ranks
 from pinads_rec.modules.din import DINAttention
 from pinads_rec.modules.early_interaction import EarlyInteraction
 from pinads_rec.modules.event_representation import EventRepresentation, time_delta_bucket
@@ -318,35 +316,10 @@ def _variants():
     return [(v["name"], model_overrides + v["overrides"]) for v in spec["variants"]]
 
 
-def _train_variants(rank, world, result_dir, data_dir, run_root):
-    from pinads_rec import parallel
-    from pinads_rec.training.trainer import Trainer
-
-    env = parallel.init_distributed()
-    out = {}
-    for i, (name, overrides) in enumerate(_variants()):
-        cfg = load_tiny(
-            data_dir,
-            overrides
-            + [f"train.run_dir={run_root}/{i}", "train.max_steps=3", "train.log_every=1", "model.calibration=none"],
-        )
-        summary = Trainer(cfg, env).run()
-        out[name] = {
-            "steps": summary["step"],
-            "pipelined": summary["pipelined_modules"],
-            "finite": all(r["ne"] == r["ne"] for r in summary["eval"]),
-        }
-    if rank == 0:
-        with open(os.path.join(result_dir, "variants.json"), "w") as f:
-            json.dump(out, f)
-
-
 @pytest.mark.slow
 def test_every_ablation_variant_trains_on_two_ranks(tiny_data, tmp_path):
     _, data_dir = tiny_data
-    result_dir = run_ranks(_train_variants, 2, str(tmp_path), str(data_dir), str(tmp_path / "runs"), timeout_s=600)
-    with open(os.path.join(result_dir, "variants.json")) as f:
-        out = json.load(f)
+    out = train_few_steps(tmp_path, data_dir, _variants())
     assert list(out) == [name for name, _ in _variants()]
     for name, r in out.items():
         assert r["steps"] == 3 and r["finite"], (name, r)

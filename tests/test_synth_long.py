@@ -10,24 +10,13 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 from conftest import read_rows
+from test_synth import TINY
 
 from pinads_rec.config import ConfigError, load
 from pinads_rec.data import synth as S
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 ON = "synth.long_history.enabled=true"
-TINY = [
-    "synth.train_requests=300",
-    "synth.eval_requests=100",
-    "synth.calibration_requests=80",
-    "synth.num_users=100",
-    "synth.num_items=800",
-    "synth.num_advertisers=50",
-    "synth.sequence_length=20",
-    "synth.event_embedding_dim=16",
-    "synth.num_files=2",
-    "synth.row_group_size=500",
-]
 # Enough clicks per surface for the oracle AUCs to within about 0.01; about 5 s.
 MEDIUM = [
     "synth.train_requests=8000",
