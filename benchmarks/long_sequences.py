@@ -29,7 +29,13 @@ Two parts, in one run on the same data:
     the best of ``--arch-repeats``; the outputs at real positions must agree to 1e-5 (the script
     fails otherwise).
 
-Output: the two tables on stdout and ``long_sequences.json`` under ``--out``.
+(c) Self-attention alone (SDPA, 2 heads of 16, forward + backward, one thread) over the same
+    requests: padded to the cap with a key mask, per length bucket, and as torch nested jagged
+    tensors (``layout=torch.jagged``: one SDPA call over the ragged batch, no padding at all).
+    fbgemm has no fused jagged attention on CPU, so nested tensors stand for the jagged path. The
+    outputs must agree to 1e-5.
+
+Output: the tables on stdout and ``long_sequences.json`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -202,6 +208,79 @@ def arch_times(caps: List[int], units: int, repeats: int, seed: int = 0) -> List
         torch.set_num_threads(threads)
 
 
+def attention_times(caps: List[int], units: int, repeats: int, seed: int = 0) -> List[dict]:
+    """(c): self-attention alone (SDPA, 2 heads of 16, forward + backward) over the same requests:
+    padded to the cap with a key mask, per length bucket, and as torch nested jagged tensors (one
+    SDPA call over the ragged batch, no padding at all). fbgemm has no fused jagged attention on
+    CPU (its jagged ops are bmm and softmax pieces), so nested tensors stand for the jagged path."""
+    import warnings
+
+    import torch.nn.functional as F
+
+    from pinads_rec.modules.length_buckets import run_by_length
+
+    H, d = 2, 16
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+    def attend(x, mask):  # x [u, l, H * d], mask [u, l]
+        q = x.unflatten(-1, (H, d)).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, q, q, attn_mask=mask[:, None, None, :])
+        return y.transpose(1, 2).flatten(-2)
+
+    try:
+        drawn = history_lengths(units, MAX_LENGTH, np.random.default_rng(seed))
+        rows = []
+        for cap in caps:
+            lengths = np.minimum(drawn, cap)
+            g = torch.Generator().manual_seed(seed)
+            seqs = [torch.randn(int(n), H * d, generator=g) for n in lengths]
+            mask = torch.arange(cap)[None, :] < torch.from_numpy(lengths)[:, None]
+            padded_x = torch.zeros(units, cap, H * d)
+            for u, s in enumerate(seqs):
+                padded_x[u, : len(s)] = s
+
+            def step(how: str, seqs=seqs, padded_x=padded_x, mask=mask):
+                if how == "nested":
+                    parts = [s.clone().requires_grad_(True) for s in seqs]
+                    with warnings.catch_warnings():  # "nested tensors are a prototype": measured anyway
+                        warnings.simplefilter("ignore")
+                        nt = torch.nested.as_nested_tensor(parts, layout=torch.jagged)
+                        q = nt.unflatten(-1, (H, d)).transpose(1, 2)
+                        y = F.scaled_dot_product_attention(q, q, q).transpose(1, 2).flatten(-2)
+                    y.values().sum().backward()
+                    return torch.cat(y.unbind()).detach()
+                x = padded_x.clone().requires_grad_(True)
+                y = attend(x, mask) if how == "padded" else run_by_length(attend, x, mask)
+                (y * mask[..., None]).sum().backward()
+                return y.detach()[mask]
+
+            outputs, best = {}, {}
+            for how in ("padded", "buckets", "nested"):
+                outputs[how] = step(how)
+                best[how] = float("inf")
+            for _ in range(repeats):
+                for how in ("padded", "buckets", "nested"):
+                    t = time.perf_counter()
+                    step(how)
+                    best[how] = min(best[how], time.perf_counter() - t)
+            diff = max(float((outputs["padded"] - outputs[h]).abs().max()) for h in ("buckets", "nested"))
+            row = {"cap": cap, "units": units, "mean_length": float(lengths.mean()), "max_abs_diff": diff}
+            row.update({f"{h}_ms": 1000.0 * best[h] for h in best})
+            rows.append(row)
+            print(
+                f"  cap {cap:>5} (mean length {row['mean_length']:7.1f}): padded {row['padded_ms']:8.1f} ms, "
+                f"buckets {row['buckets_ms']:8.1f} ms, nested {row['nested_ms']:8.1f} ms; "
+                f"nested / buckets {row['nested_ms'] / row['buckets_ms']:5.2f}x, max |diff| {diff:.1e}",
+                flush=True,
+            )
+            if not diff <= 1e-5:
+                raise AssertionError(f"cap {cap}: attention outputs differ by {diff:.3g} (> 1e-5)")
+        return rows
+    finally:
+        torch.set_num_threads(threads)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default=str(REPO / "configs" / "demo.yaml"))
@@ -252,6 +331,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         )
     print(f"(b) the sequence arch alone: 2-layer Transformer, {args.arch_units} requests, forward + backward, 1 thread")
     result["arch"] = arch_times(args.caps, args.arch_units, args.arch_repeats)
+    print(f"(c) self-attention alone: padded / length buckets / torch nested jagged, {args.arch_units} requests")
+    result["attention"] = attention_times(args.caps, args.arch_units, args.arch_repeats)
     (out / "long_sequences.json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out / 'long_sequences.json'}")
     return 0
