@@ -48,6 +48,19 @@ def test_ablation_trains_variants_and_writes_the_report(tiny_data, tmp_path, cap
     assert ablate.main(["--config", str(path), "--ranks", "1", "--runs", str(runs)]) == 0
     assert capsys.readouterr().out.count("reusing the finished run") == 3
 
+    # --report-only rewrites the report from the finished runs (here with findings), training nothing;
+    # a variant without a finished run is named
+    spec["findings"] = "Surface calibration is the closest to the truth."
+    path.write_text(yaml.safe_dump(spec))
+    assert ablate.main(["--config", str(path), "--ranks", "1", "--runs", str(runs), "--report-only"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("report from") == 3 and "training ->" not in out
+    assert "## Findings\n\nSurface calibration is the closest to the truth.\n" in (tmp_path / "report.md").read_text()
+    spec["variants"].append({"name": "global", "overrides": ["model.calibration=global"]})
+    path.write_text(yaml.safe_dump(spec))
+    assert ablate.main(["--config", str(path), "--ranks", "1", "--runs", str(runs), "--report-only"]) == 2
+    assert "variant 'global': no finished run of its config" in capsys.readouterr().err
+
 
 def test_ablation_file_errors_name_the_problem(tmp_path):
     bad = tmp_path / "bad.yaml"

@@ -1,6 +1,7 @@
 """Ablations: train variants of one model on the same data and seed, write the comparison.
 
     python -m pinads_rec.experiments.ablate --config configs/ablations/calibration.yaml [--quick] [--ranks 2]
+        [--report-only]
 
 An ablation file names a base experiment config, overrides for every variant, and the variants
 (each a list of ``--set`` overrides), what to report and where:
@@ -25,7 +26,9 @@ a run directory named by a hash of its full config and of the package's source c
 once for the base config (``pinads_rec.data.synth.ensure``: skipped when present). A finished
 run of the same config and code is reused -- by an interrupted ablation resuming, or by another ablation that
 needs the same model (the unified model of the segmentation table is the calibration table's).
-The report (``ablate_report.py``) has the chart's metric per surface and variant, a cost table
+``--report-only`` trains nothing: it rewrites the report from finished runs of the variants'
+exact configs found under ``--runs``, whatever code trained them (after editing a description or
+the ``findings``, the reading of a run written under the tables). The report (``ablate_report.py``) has the chart's metric per surface and variant, a cost table
 (training examples/s, the ranks' peak memory, parameter counts and, when asked, serving latency and
 the mean history length), every metric per surface x task (with the oracle from the generator's
 true probabilities), and a PNG chart (two with ``cost_chart``).
@@ -114,6 +117,9 @@ class Ablation:
     serving: Optional[Serving] = None
     history_group: Optional[str] = None
     cost_chart: Optional[Dict[str, object]] = None
+    # What the last run's numbers say (markdown), written under the tables: the reading of a
+    # specific run, so it names its figures; --report-only rewrites the report after editing it.
+    findings: str = ""
 
 
 def load_ablation(path: str) -> Ablation:
@@ -204,21 +210,44 @@ def run_dir_for(ab: Ablation, overrides: List[str], runs: Path, ranks: int, sour
     return runs / hashlib.sha1(key.encode()).hexdigest()[:12]
 
 
+def _comparable(c: dict) -> dict:
+    """A run's config as runs are matched: a resumed run records the checkpoint's plan as its
+    plan_file, and the run directory is where it is, not what it is."""
+    drop = ("plan_file", "max_steps", "run_dir")
+    return dict(c, train={k: v for k, v in c["train"].items() if k not in drop})
+
+
+def _comparable_config(ab: Ablation, overrides: List[str]) -> dict:
+    return _comparable(json.loads(json.dumps(config.to_dict(config.load(ab.base, overrides)))))
+
+
+def _finished(run_dir: Path, summary: dict) -> dict:
+    memory = run_dir / MEMORY_FILE
+    return dict(summary, **(json.loads(memory.read_text()) if memory.exists() else {}))
+
+
+def find_finished_run(ab: Ablation, v: Variant, overrides: List[str], runs: Path) -> Path:
+    """--report-only: the newest finished run under ``runs`` of the variant's exact config, whatever
+    code trained it (ConfigError when there is none)."""
+    wanted = _comparable_config(ab, overrides)
+    found = []
+    for saved in runs.glob("*/config.json"):
+        if run_summary(saved.parent) is not None and _comparable(json.loads(saved.read_text())) == wanted:
+            found.append(saved.parent)
+    if not found:
+        raise config.ConfigError(f"variant {v.name!r}: no finished run of its config under {runs} (train it first)")
+    return max(found, key=lambda d: (d / "metrics.jsonl").stat().st_mtime)
+
+
 def run_variant(
     ab: Ablation, v: Variant, overrides: List[str], run_dir: Path, ranks: int, finished: Dict[str, dict]
 ) -> dict:
-    cfg = config.load(ab.base, overrides + [f"train.run_dir={run_dir}"])
-
-    def comparable(c: dict) -> dict:  # a resumed run records the checkpoint's plan as its plan_file
-        return dict(c, train={k: v for k, v in c["train"].items() if k not in ("plan_file", "max_steps")})
-
-    wanted = comparable(json.loads(json.dumps(config.to_dict(cfg))))
+    wanted = _comparable_config(ab, overrides)
     done = run_summary(run_dir)
     saved = run_dir / "config.json"
-    if done is not None and saved.exists() and comparable(json.loads(saved.read_text())) == wanted:
+    if done is not None and saved.exists() and _comparable(json.loads(saved.read_text())) == wanted:
         print(f"[{v.name}] reusing the finished run in {run_dir}", flush=True)
-        memory = run_dir / MEMORY_FILE
-        return dict(done, **(json.loads(memory.read_text()) if memory.exists() else {}))
+        return _finished(run_dir, done)
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     extra = []
@@ -436,6 +465,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--ranks", type=int, default=2, help="gloo processes per training run (default 2)")
     p.add_argument("--out", default=None, help="report path (default: the file's `out`; --quick: under runs/)")
     p.add_argument("--runs", default="runs/ablations", help="where the variants' run directories go")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite the report from finished runs of the same configs (any code version), training nothing",
+    )
     args = p.parse_args(argv)
     try:
         ab = load_ablation(args.config)
@@ -460,8 +494,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         overrides = common + v.overrides
         cfg = config.load(ab.base, overrides)
         source = results[v.eval_of]["run_dir"] if v.eval_of else None
-        run_dir = run_dir_for(ab, overrides, Path(args.runs), args.ranks, source)
-        summary = run_variant(ab, v, overrides, run_dir, args.ranks, results)
+        if args.report_only:
+            try:
+                run_dir = find_finished_run(ab, v, overrides, Path(args.runs))
+            except config.ConfigError as e:
+                print(f"config error: {e}", file=sys.stderr)
+                return 2
+            summary = _finished(run_dir, run_summary(run_dir))
+            print(f"[{v.name}] report from {run_dir}", flush=True)
+        else:
+            run_dir = run_dir_for(ab, overrides, Path(args.runs), args.ranks, source)
+            summary = run_variant(ab, v, overrides, run_dir, args.ranks, results)
         results[v.name] = dict(summary, run_dir=str(run_dir), cost_only=v.cost_only, series=v.series)
         if ab.history_group is not None:
             results[v.name]["history_length"] = mean_history_length(cfg, ab.history_group)

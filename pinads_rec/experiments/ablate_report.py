@@ -88,6 +88,7 @@ def write_report(
             if cost_chart
             else []
         )
+        + (["## Findings", "", ab.findings.strip(), ""] if getattr(ab, "findings", "") else [])
         + _every_cell(ab, results, surfaces, tasks)
         + _variants(ab)
     )
