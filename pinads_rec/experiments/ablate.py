@@ -28,7 +28,9 @@ run of the same config and code is reused -- by an interrupted ablation resuming
 needs the same model (the unified model of the segmentation table is the calibration table's).
 ``--report-only`` trains nothing: it rewrites the report from finished runs of the variants'
 exact configs found under ``--runs``, whatever code trained them (after editing a description or
-the ``findings``, the reading of a run written under the tables). The report (``ablate_report.py``) has the chart's metric per surface and variant, a cost table
+the ``findings``, the reading of a run written under the tables).
+
+The report (``ablate_report.py``) has the chart's metric per surface and variant, a cost table
 (training examples/s, the ranks' peak memory, parameter counts and, when asked, serving latency and
 the mean history length), every metric per surface x task (with the oracle from the generator's
 true probabilities), and a PNG chart (two with ``cost_chart``).
