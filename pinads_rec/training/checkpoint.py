@@ -107,6 +107,10 @@ def check_compatible(path: Path, cfg: config.ExperimentConfig) -> None:
     may be recalibrated another way; and model.precision.inference: it only says how the trained
     weights are served -- checkpoints of the days its default was bf16 resume under auto)."""
     saved = json.loads((Path(path) / STATE_FILE).read_text())["config"]
+    try:  # a checkpoint older than a config key holds that key's default: filled in, not a difference
+        saved = config.to_dict(config.from_dict(saved))
+    except config.ConfigError:  # a key since removed or renamed: compared as saved
+        pass
     current = config.to_dict(cfg)
     diffs = [
         d
