@@ -42,11 +42,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -75,9 +74,6 @@ LABELS = {
 }
 LONG_HISTORY = ["synth.long_history.enabled=true"]
 DATA = "data/long_sequences-bench"
-
-# The synthetic histories' length distribution (synth.long_history's defaults).
-MEDIAN, P90, MAX_LENGTH = 200.0, 1500.0, 4000
 
 
 def cap_override(cap: int) -> str:
@@ -143,12 +139,23 @@ def rate_table(rows: List[dict], caps: List[int], variants: List[str]) -> List[s
     return lines
 
 
-def history_lengths(n: int, cap: int, rng: np.random.Generator) -> np.ndarray:
-    """``n`` lengths from the synthetic histories' log-normal (median 200, p90 1,500, at most
-    4,000), capped at ``cap``."""
-    sigma = math.log(P90 / MEDIAN) / 1.2815515655446004  # the standard normal's 90th percentile
-    lengths = np.rint(rng.lognormal(math.log(MEDIAN), sigma, n)).clip(1, MAX_LENGTH)
-    return np.minimum(lengths, cap).astype(np.int64)
+def history_lengths(n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` lengths from the synthetic histories' distribution (synth.long_history's defaults:
+    log-normal, median 200, p90 1,500, at most 4,000)."""
+    return synth.history_lengths(config.LongHistoryConfig(), rng.standard_normal(n))
+
+
+def best_times(step, hows: Sequence[str], repeats: int) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
+    """``step(how)`` once per ``how`` (warm-up; its output kept for the comparison), then ``repeats``
+    interleaved rounds (a busy moment hits every ``how``): outputs and the best seconds per ``how``."""
+    outputs = {how: step(how) for how in hows}
+    best = {how: float("inf") for how in hows}
+    for _ in range(repeats):
+        for how in hows:
+            t = time.perf_counter()
+            step(how)
+            best[how] = min(best[how], time.perf_counter() - t)
+    return outputs, best
 
 
 def arch_times(caps: List[int], units: int, repeats: int, seed: int = 0) -> List[dict]:
@@ -161,7 +168,7 @@ def arch_times(caps: List[int], units: int, repeats: int, seed: int = 0) -> List
     try:
         torch.manual_seed(seed)
         stack = TransformerStack(d_model=32, num_layers=2, num_heads=2, ffn_dim=128, dropout=0.0)
-        drawn = history_lengths(units, MAX_LENGTH, np.random.default_rng(seed))  # the same requests at each cap
+        drawn = history_lengths(units, np.random.default_rng(seed))  # the same requests at each cap
         rows = []
         for cap in caps:
             lengths = torch.from_numpy(np.minimum(drawn, cap))
@@ -176,15 +183,7 @@ def arch_times(caps: List[int], units: int, repeats: int, seed: int = 0) -> List
                 y.sum().backward()
                 return y.detach()
 
-            outputs, best = {}, {}
-            for how in ("padded", "buckets"):
-                outputs[how] = step(how)  # warm-up, and the output compared
-                best[how] = float("inf")
-            for _ in range(repeats):
-                for how in ("padded", "buckets"):  # interleaved: a busy moment hits both
-                    t = time.perf_counter()
-                    step(how)
-                    best[how] = min(best[how], time.perf_counter() - t)
+            outputs, best = best_times(step, ("padded", "buckets"), repeats)
             diff = float((outputs["padded"] - outputs["buckets"]).abs().max())
             row = {
                 "cap": cap,
@@ -229,7 +228,7 @@ def attention_times(caps: List[int], units: int, repeats: int, seed: int = 0) ->
         return y.transpose(1, 2).flatten(-2)
 
     try:
-        drawn = history_lengths(units, MAX_LENGTH, np.random.default_rng(seed))
+        drawn = history_lengths(units, np.random.default_rng(seed))
         rows = []
         for cap in caps:
             lengths = np.minimum(drawn, cap)
@@ -255,15 +254,7 @@ def attention_times(caps: List[int], units: int, repeats: int, seed: int = 0) ->
                 (y * mask[..., None]).sum().backward()
                 return y.detach()[mask]
 
-            outputs, best = {}, {}
-            for how in ("padded", "buckets", "nested"):
-                outputs[how] = step(how)
-                best[how] = float("inf")
-            for _ in range(repeats):
-                for how in ("padded", "buckets", "nested"):
-                    t = time.perf_counter()
-                    step(how)
-                    best[how] = min(best[how], time.perf_counter() - t)
+            outputs, best = best_times(step, ("padded", "buckets", "nested"), repeats)
             diff = max(float((outputs["padded"] - outputs[h]).abs().max()) for h in ("buckets", "nested"))
             row = {"cap": cap, "units": units, "mean_length": float(lengths.mean()), "max_abs_diff": diff}
             row.update({f"{h}_ms": 1000.0 * best[h] for h in best})

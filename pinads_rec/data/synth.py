@@ -402,14 +402,18 @@ def _background(
     return np.repeat(users, n), rng.integers(LOG_START, LOG_END, int(n.sum()))
 
 
-def pins_totals(world: World, users: np.ndarray, lh: LongHistoryConfig) -> np.ndarray:
-    """Each user's total pins events over the whole log with long histories: LogNormal with median
-    ``lh.median`` and 90th percentile ``lh.p90``, rounded, clipped to [1, lh.max_length]. The
-    normal quantile is the user's activity's (a_u ~ LogNormal(0, ACTIVITY_SD)), so more active
-    users have longer histories, as without long histories."""
+def history_lengths(lh: LongHistoryConfig, z: np.ndarray) -> np.ndarray:
+    """The long-history length distribution at standard-normal quantiles ``z``: LogNormal with
+    median ``lh.median`` and 90th percentile ``lh.p90``, rounded, clipped to [1, lh.max_length]."""
     sigma = math.log(lh.p90 / lh.median) / Z_P90
-    z = np.log(world.activity[users]) / ACTIVITY_SD
     return np.clip(np.rint(lh.median * np.exp(sigma * z)), 1, lh.max_length).astype(np.int64)
+
+
+def pins_totals(world: World, users: np.ndarray, lh: LongHistoryConfig) -> np.ndarray:
+    """Each user's total pins events over the whole log with long histories (``history_lengths``).
+    The normal quantile is the user's activity's (a_u ~ LogNormal(0, ACTIVITY_SD)), so more active
+    users have longer histories, as without long histories."""
+    return history_lengths(lh, np.log(world.activity[users]) / ACTIVITY_SD)
 
 
 def _dormant_topics(rng: np.random.Generator, world: World, users: np.ndarray) -> np.ndarray:
