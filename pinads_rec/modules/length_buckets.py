@@ -32,14 +32,16 @@ GROWTH = math.sqrt(2.0)
 
 
 def length_buckets(lengths: torch.Tensor) -> List[Tuple[torch.Tensor, int]]:
-    """(unit indices, padded length) per non-empty bucket, shortest first, for lengths [U]."""
-    bucket = torch.log(lengths.clamp(min=1).double()).div(math.log(GROWTH)).floor().long()
-    ordered, order = torch.sort(bucket, stable=True)
-    _, counts = torch.unique_consecutive(ordered, return_counts=True)
-    out = []
-    for idx in torch.split(order, counts.tolist()):
-        out.append((idx, max(int(lengths.index_select(0, idx).max()), 1)))
-    return out
+    """(unit indices, padded length) per non-empty bucket, shortest first, for lengths [U]. Units
+    sorted by length are sorted by bucket too: a bucket's padded length is its last unit's."""
+    ordered, order = torch.sort(lengths, stable=True)
+    bucket = torch.log(ordered.clamp(min=1).double()).div(math.log(GROWTH)).floor().long()
+    _, counts = torch.unique_consecutive(bucket, return_counts=True)
+    counts = counts.tolist()  # one host sync for the sizes, one for the lengths
+    longest = ordered.index_select(
+        0, torch.tensor(counts, dtype=torch.long, device=lengths.device).cumsum(0) - 1
+    ).clamp(min=1)
+    return list(zip(torch.split(order, counts), longest.tolist()))
 
 
 def run_by_length(
