@@ -66,3 +66,11 @@ def test_gradients_flow_to_every_bucket():
         mask,
     ).sum().backward()
     assert all(x.grad[u, : int(mask[u].sum())].abs().sum() > 0 for u in range(3))
+
+
+def test_no_units_and_empty_units():
+    assert length_buckets(torch.zeros(0, dtype=torch.long)) == []
+    stack = TransformerStack(8, 1, 1, 16, 0.0).eval()
+    assert run_by_length(stack, torch.ones(0, 5, 8), torch.zeros(0, 5, dtype=torch.bool)).shape == (0, 5, 8)
+    x, mask = _batch([0, 0, 4], 6, W=8)
+    assert torch.isfinite(run_by_length(stack, x, mask)).all()
