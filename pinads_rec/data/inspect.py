@@ -443,6 +443,13 @@ class GroupScanner:
         g, r = f.locate(pos["r"])
         return Place(f.path, g, r, pos["k"])
 
+    def found(
+        self, kind: str, column: str, count, unit: str, first: Optional[dict], loader: str, detail: str = ""
+    ) -> None:
+        """A problem a query counted (``first``: where its first case sits), if it counted any."""
+        if count:
+            self.scan.add_problem(Problem(kind, column, int(count), unit, self.place(first), loader, detail))
+
     def run_checks(self, view: str, checks: List[Check]) -> None:
         if not checks or view is None:
             return
@@ -452,11 +459,7 @@ class GroupScanner:
             f"SELECT {sel} FROM (SELECT {{'f': __f, 'r': __r, 'k': __k}} AS p, {counts} FROM {view})"
         ).fetchone()
         for i, c in enumerate(checks):
-            n = int(row[2 * i] or 0)
-            if n:
-                self.scan.add_problem(
-                    Problem(c.kind, c.column, n, c.unit, self.place(row[2 * i + 1]), c.loader, c.detail)
-                )
+            self.found(c.kind, c.column, row[2 * i], c.unit, row[2 * i + 1], c.loader, c.detail)
 
     # --- the passes ----------------------------------------------------------------------------
 
@@ -525,10 +528,7 @@ class GroupScanner:
                 "SELECT count(*), count(*) FILTER (WHERE n > 1), min(p) FILTER (WHERE n > 1) FROM __req"
             ).fetchone()
             scan.requests += int(row[0])
-            if row[1]:
-                scan.add_problem(
-                    Problem("request in several rows", req, int(row[1]), "requests", self.place(row[2]), UNCHECKED)
-                )
+            self.found("request in several rows", req, row[1], "requests", row[2], UNCHECKED)
             for k, v in self.con.execute("SELECT cands, count(*) FROM __req GROUP BY 1").fetchall():
                 scan.candidates_hist[int(k or 0)] = scan.candidates_hist.get(int(k or 0), 0) + int(v)
             self.con.execute("DROP TABLE __req")
@@ -551,34 +551,20 @@ class GroupScanner:
             "FROM __req"
         ).fetchone()
         scan.requests += int(row[0])
-        if row[1]:
-            scan.add_problem(
-                Problem(
-                    "request rows not contiguous",
-                    req,
-                    int(row[1]),
-                    "requests",
-                    self.place(row[2]),
-                    ERROR,
-                    "sort the rows by request",
-                )
-            )
+        self.found("request rows not contiguous", req, row[1], "requests", row[2], ERROR, "sort the rows by request")
         row = self.con.execute(
             "SELECT count(*), min(q.p) FROM __req q ASOF JOIN __rg a ON q.g0 >= a.s ASOF JOIN __rg b ON q.g1 >= b.s "
             "WHERE q.n = q.g1 - q.g0 + 1 AND a.i != b.i"
         ).fetchone()
-        if row[0]:
-            scan.add_problem(
-                Problem(
-                    "request split across row groups",
-                    req,
-                    int(row[0]),
-                    "requests",
-                    self.place(row[1]),
-                    "read as separate requests",
-                    "write whole requests per row group",
-                )
-            )
+        self.found(
+            "request split across row groups",
+            req,
+            row[0],
+            "requests",
+            row[1],
+            "read as separate requests",
+            "write whole requests per row group",
+        )
         for k, v in self.con.execute("SELECT n, count(*) FROM __req GROUP BY 1").fetchall():
             scan.candidates_hist[int(k)] = scan.candidates_hist.get(int(k), 0) + int(v)
         self.con.execute("DROP TABLE __req")
@@ -597,18 +583,15 @@ class GroupScanner:
             f"list_sort(list({{'f': __f, 'r': __r, 'k': __k}}))[2] AS p2 FROM {view} "
             f"WHERE {r} IS NOT NULL AND {i} IS NOT NULL GROUP BY {r}, {i} HAVING count(*) > 1)"
         ).fetchone()
-        if row[0]:
-            self.scan.add_problem(
-                Problem(
-                    "duplicated (request, item) row",
-                    item,
-                    int(row[0]),
-                    "rows",
-                    self.place(row[1]),
-                    UNCHECKED,
-                    f"rows repeating an earlier ({req}, {item}) pair",
-                )
-            )
+        self.found(
+            "duplicated (request, item) row",
+            item,
+            row[0],
+            "rows",
+            row[1],
+            UNCHECKED,
+            f"rows repeating an earlier ({req}, {item}) pair",
+        )
 
     def stats(self) -> None:
         features, scan = self.features, self.scan
