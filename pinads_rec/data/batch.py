@@ -198,7 +198,11 @@ class BatchBuilder:
     def build_requests(self, block: Requests, source: str = "", pad_to: Optional[int] = None) -> Batch:
         """The batch of ``block``'s candidates. ``pad_to``: fewer rows are padded to this many by
         repeating the last row marked ``valid = False`` (it belongs to the last request, so no request
-        slot is added)."""
+        slot is added: the user slots of the sharded lookups stay within their fixed number). That
+        request may then hold most of the batch's rows (a batch closed early by
+        ``max_unique_users_per_batch``, an epoch's last): the candidate attentions cut it into blocks
+        of at most B // U rows when it is large (modules/target_attention.py), so its padding costs what
+        as many real rows would, never rows x requests."""
         valid = block.num_rows
         num_valid = None
         if pad_to is not None and valid < pad_to:

@@ -7,12 +7,17 @@ zeros), so the output's scale does not grow with the sequence length. The MLP's 
 split by input block: [q, k, q - k] contribute per candidate and per event, only q * k is per
 (candidate, event) pair, so the [B, L, 4W] input is never built.
 
+The candidates are padded into blocks of rows of one request (target_attention.by_request), at
+most 2B slots whatever the number of candidates per request, so [V, C, L, H] stays within
+2B x L x H (one block per request, padded to the largest, once made it 13 GB: a last batch padded
+with copies of its last row put 858 rows in one request).
+
 Also the short-term half of long/short interest (modules/long_short.py), with a smaller MLP.
 
 In: query [B, Dq], events [U, L, W], mask [U, L], request_index [B]. Out: [B, W].
 """
 
-from typing import List
+from typing import List, Optional
 
 import torch
 from torch import nn
@@ -35,13 +40,20 @@ class DINAttention(nn.Module):
         self.score = nn.Sequential(*layers)
 
     def forward(
-        self, query: torch.Tensor, events: torch.Tensor, mask: torch.Tensor, request_index: torch.Tensor
+        self,
+        query: torch.Tensor,
+        events: torch.Tensor,
+        mask: torch.Tensor,
+        request_index: torch.Tensor,
+        max_rows: Optional[int] = None,
     ) -> torch.Tensor:
-        q, slot = by_request(self.query(query), request_index, events.shape[0])  # [U, C, W]
+        """``max_rows`` (tests): caps the rows of a block (target_attention.block_width)."""
+        q, slot, block_request = by_request(self.query(query), request_index, events.shape[0], max_rows)  # [V, C, W]
+        # Per request, then gathered per block [V, L, ...]: a copy of the request's when none is cut.
+        key = self.from_key(events).index_select(0, block_request)
+        events, mask = events.index_select(0, block_request), mask.index_select(0, block_request)
         first = (
-            self.from_query(q).unsqueeze(2)
-            + self.from_key(events).unsqueeze(1)
-            + self.from_product(q.unsqueeze(2) * events.unsqueeze(1))
-        )  # [U, C, L, H]
-        weights = masked_softmax_with_empty_slot(self.score(first).squeeze(-1), mask)  # [U, C, L]
+            self.from_query(q).unsqueeze(2) + key.unsqueeze(1) + self.from_product(q.unsqueeze(2) * events.unsqueeze(1))
+        )  # [V, C, L, H]: V x C <= 2B slots (by_request), whatever the candidates per request
+        weights = masked_softmax_with_empty_slot(self.score(first).squeeze(-1), mask)  # [V, C, L]
         return to_rows(torch.bmm(weights, events), slot)

@@ -34,8 +34,8 @@ from pinads_rec.features import FeatureLayout
 def unbounded_users(cfg: config.ExperimentConfig) -> config.ExperimentConfig:
     """The config for batching files at inference: no ``data.max_unique_users_per_batch``. The bound
     keeps the sharded user-side lookups' batch size fixed in training; unsharded, it would only close
-    batches early and pad them with copies of the last request's row, which target attention then
-    pads every request of the batch to."""
+    batches early and pad them with copies of the last request's row: rows computed for nothing (the
+    candidate attentions bound their cost per row, modules/target_attention.py)."""
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_unique_users_per_batch=0))
 
 

@@ -45,12 +45,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     s = sub.add_parser("score", help="score a Parquet directory of requests, write predictions as Parquet")
     common(s)
     s.add_argument("--data", default=None, help="Parquet file or directory (default: the run's data.eval_dir)")
-    s.add_argument("--out", default="predictions.parquet")
+    s.add_argument(
+        "--out",
+        default="predictions.parquet",
+        help="written whole or not at all: a temporary file beside it, renamed once every row is in",
+    )
     s.add_argument(
         "--batch-size",
         type=int,
         default=4096,
-        help="rows per batch (default 4096: BF16 pays off on large batches, docs/serving.md)",
+        help="rows per batch, which bound its memory whatever the candidates per request (default 4096: "
+        "BF16 pays off on large batches, docs/serving.md)",
     )
     s.add_argument(
         "--fp16-overflow",

@@ -5,12 +5,15 @@ or for a whole Parquet directory written back as Parquet.
 contract, labels optional) through ``RequestBatcher``: the batch holds one user (U = 1), so the
 user-side work -- user features, sequence encoders -- runs once for all N candidates (request-level
 broadcasting, unified-surfaces article). ``score_directory`` streams ``ScoringBatches`` through any
-``RowScorer`` (the eager ``Predictor`` or the reloaded ``export.ExportedScorer``) into one file.
+``RowScorer`` (the eager ``Predictor`` or the reloaded ``export.ExportedScorer``) into one file,
+which appears complete or not at all (a temporary file renamed at the end).
 """
 
 from __future__ import annotations
 
+import os
 import time
+import uuid
 from pathlib import Path
 from typing import Dict, List, Optional, Union
 
@@ -79,34 +82,50 @@ def score_directory(
     predictor: RowScorer, data_dir: str, out: Union[str, Path], batch_size: Optional[int] = None
 ) -> Dict[str, float]:
     """Scores every row of a Parquet directory; writes request_id, item_id, surface (name) and one
-    ``p_<task>`` column per task to ``out``, streaming batch by batch. Padding rows are not written."""
+    ``p_<task>`` column per task to ``out``, streaming batch by batch. Padding rows are not written.
+
+    Atomic: the batches go to a temporary file beside ``out`` (``.<name>.<pid>-*.tmp``), renamed to ``out``
+    once the last one is written and synced. A failure removes it (``out``, if there was one, is left
+    as it was); a killed process leaves at most that hidden temporary file, never an ``out`` that
+    looks whole but holds part of the rows (a Parquet file cut between row groups reads fine)."""
     cfg = predictor.cfg
     names = cfg.features.columns
     batches = ScoringBatches(cfg, data_dir, batch_size)
     surfaces = np.array(cfg.features.surfaces, dtype=object)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    # Not mkstemp: its file is private (0600); this one gets the permissions out would (umask).
+    temporary = out.parent / f".{out.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     writer, rows, started = None, 0, time.perf_counter()
     try:
-        for table, batch in batches:
-            probs = predictor.score_batch(batch)
-            valid = batch.valid.numpy()
-            columns = {
-                names.request_id: table.column(AS_READ_PREFIX + names.request_id),
-                names.item_id: table.column(AS_READ_PREFIX + names.item_id),
-                names.surface: pa.array(surfaces[batch.surface.numpy()[valid]], pa.string()),
-            }
-            for t, task in enumerate(predictor.tasks):
-                columns[f"p_{task}"] = pa.array(probs[:, t].numpy()[valid], pa.float32())
-            chunk = pa.table(columns)
-            if writer is None:
-                writer = pq.ParquetWriter(str(out), chunk.schema)
-            writer.write_table(chunk)
-            rows += chunk.num_rows
-    finally:
-        if writer is not None:
-            writer.close()
+        with os.fdopen(fd, "wb") as sink:
+            try:
+                for table, batch in batches:
+                    probs = predictor.score_batch(batch)
+                    valid = batch.valid.numpy()
+                    columns = {
+                        names.request_id: table.column(AS_READ_PREFIX + names.request_id),
+                        names.item_id: table.column(AS_READ_PREFIX + names.item_id),
+                        names.surface: pa.array(surfaces[batch.surface.numpy()[valid]], pa.string()),
+                    }
+                    for t, task in enumerate(predictor.tasks):
+                        columns[f"p_{task}"] = pa.array(probs[:, t].numpy()[valid], pa.float32())
+                    chunk = pa.table(columns)
+                    if writer is None:
+                        writer = pq.ParquetWriter(sink, chunk.schema)
+                    writer.write_table(chunk)
+                    rows += chunk.num_rows
+                if writer is None:
+                    raise ContractError(f"{data_dir}: no rows to score")
+            finally:
+                if writer is not None:
+                    writer.close()  # the footer (also on a failure: before its sink closes)
+            sink.flush()
+            os.fsync(sink.fileno())
+        os.replace(temporary, out)
+    except BaseException:  # KeyboardInterrupt too: no temporary file left behind
+        temporary.unlink(missing_ok=True)
+        raise
     seconds = time.perf_counter() - started
-    if writer is None:
-        raise ContractError(f"{data_dir}: no rows to score")
     return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds if seconds else 0.0}
