@@ -539,6 +539,44 @@ class ModelConfig:
 
 
 @dataclass
+class EvalEveryConfig:
+    """How often training pauses to evaluate (train.eval_every): every ``epochs`` epochs (at the
+    epoch's end) or every ``steps`` steps; set exactly one."""
+
+    epochs: int = 0
+    steps: int = 0
+
+
+# The metrics an evaluation can select on, and the direction in which each is better.
+SELECTION_METRICS = {"auc": "max", "ne": "min", "log_loss": "min", "ece": "min"}
+
+
+@dataclass
+class EarlyStopConfig:
+    """Which evaluation is the best (its weights are the run's model) and when training stops
+    (train.early_stop; used with train.eval_every)."""
+
+    # A metric of the evaluation rows (pinads_rec/metrics.py), averaged over the cells chosen below.
+    metric: Literal["auc", "ne", "log_loss", "ece"] = "auc"
+    # A task's name, or null: the mean over the tasks.
+    task: Optional[str] = None
+    # "mean": over the surfaces (per-surface AUC ignores the surfaces' different base rates, which
+    # an uncalibrated model gets wrong); "all": the rows of all surfaces pooled; or a surface's name.
+    surface: str = "mean"
+    # Better is higher (max) or lower (min); null: the metric's own (auc max; ne, log_loss, ece min).
+    mode: Optional[Literal["max", "min"]] = None
+    # Evaluations in a row without improvement before training stops; 0: it never stops early (the
+    # best evaluation's weights are still the run's model).
+    patience: int = 0
+    # An evaluation improves on the best by more than this, or not at all.
+    min_delta: float = 0.0
+
+    @property
+    def better(self) -> str:
+        return self.mode or SELECTION_METRICS[self.metric]
+
+
+@dataclass
 class TrainConfig:
     seed: int = 0
     epochs: int = 1
@@ -580,6 +618,22 @@ class TrainConfig:
     # not the backend's 30 minutes. Above the slowest legitimate wait (a peer's checkpoint save, its
     # first step's tracing).
     collective_timeout_s: float = 600.0
+    # Evaluations during training: {epochs: N} or {steps: N}; null: none (the final one only). Each
+    # is logged, in metrics.jsonl and TensorBoard; the best one's weights (train.early_stop.metric)
+    # are reloaded at the end, so calibration, the final evaluation and serving use them.
+    eval_every: Optional[EvalEveryConfig] = None
+    # Where: "holdout", the rows held out for calibration, never trained on (data.calibration_dir,
+    # or data.calibration_holdout's last training row groups), which leaves data.eval_dir unseen by
+    # the choice; or "eval", data.eval_dir itself (then the final evaluation is of a chosen model).
+    eval_on: Literal["holdout", "eval"] = "holdout"
+    # The metric that picks the best evaluation, and early stopping (its patience); null: the
+    # defaults (mean AUC over surfaces and tasks; never stops early). Needs train.eval_every.
+    early_stop: Optional[EarlyStopConfig] = None
+
+    @property
+    def selection(self) -> EarlyStopConfig:
+        """train.early_stop, or its defaults."""
+        return self.early_stop or EarlyStopConfig()
 
 
 @dataclass
@@ -726,7 +780,7 @@ def _validate(cfg: ExperimentConfig) -> None:
     _validate_data(cfg.data, cfg.features, cfg.model)
     _validate_synth(cfg.synth)
     _validate_model(cfg.model, cfg.features)
-    _validate_train(cfg.train)
+    _validate_train(cfg.train, cfg)
 
 
 def _validate_features(f: FeaturesConfig) -> None:
@@ -765,6 +819,27 @@ def _validate_features(f: FeaturesConfig) -> None:
             raise ConfigError(f"features.sequence_groups[{i}].name: 'candidate' is reserved")
         if g.embedding_column is not None:
             positive(f"features.sequence_groups[{i}].embedding_dim", g.embedding_dim)
+
+
+def validate_layout(f: FeaturesConfig, m: ModelConfig) -> None:
+    """Any mix of pooled, user-side, sequence and dense features trains (a collection without tables
+    is left out, features.py); a layout the model cannot be built or trained on is refused here
+    rather than deep inside torch. Called where a model is built (``models.build_model``: training,
+    planning, serving), not at load: configs for the data tools (build, inspect drafts) and the
+    defaults skeleton may declare no model inputs."""
+    if not (f.sparse or f.sequence_groups):
+        # Without a sharded collection TrainPipelineSparseDist's tracer treats no submodule as a leaf
+        # and fails inside the dense layers.
+        what = "the model has no input" if not f.dense else "no embedding table, which the sharded training needs"
+        raise ConfigError(
+            f"features: no sparse features and no sequence groups ({what}); declare at least one "
+            f"in features.sparse or features.sequence_groups"
+        )
+    if m.kind == "two_tower" and all(s.user_side for s in f.sparse) and all(d.user_side for d in f.dense):
+        raise ConfigError(
+            "features: model.kind two_tower needs a candidate-side feature for its ad tower; declare one in "
+            "features.sparse or features.dense without user_side: true"
+        )
 
 
 def _validate_data(d: DataConfig, f: FeaturesConfig, m: ModelConfig) -> None:
@@ -850,7 +925,7 @@ def _validate_model(m: ModelConfig, f: FeaturesConfig) -> None:
         raise ConfigError("model.mmoe.expert_dims: at least one expert layer is required")
 
 
-def _validate_train(t: TrainConfig) -> None:
+def _validate_train(t: TrainConfig, cfg: ExperimentConfig) -> None:
     positive("train.epochs", t.epochs)
     positive("train.keep_checkpoints", t.keep_checkpoints)
     positive("train.max_steps", t.max_steps, allow_zero=True)
@@ -871,6 +946,50 @@ def _validate_train(t: TrainConfig) -> None:
             raise ConfigError(f"train.profile_steps: last step {last} is before first step {first}")
         if t.max_steps and last > t.max_steps:
             raise ConfigError(f"train.profile_steps: last step {last} is after train.max_steps {t.max_steps}")
+    _validate_evaluations(t, cfg)
+
+
+def _validate_evaluations(t: TrainConfig, cfg: ExperimentConfig) -> None:
+    """train.eval_every, train.eval_on and train.early_stop."""
+    if t.eval_every is None:
+        if t.early_stop is not None:
+            raise ConfigError("train.early_stop: needs train.eval_every (evaluations to compare), e.g. {epochs: 1}")
+        return
+    every = t.eval_every
+    positive("train.eval_every.epochs", every.epochs, allow_zero=True)
+    positive("train.eval_every.steps", every.steps, allow_zero=True)
+    if bool(every.epochs) == bool(every.steps):
+        raise ConfigError(
+            f"train.eval_every: set one of epochs or steps (e.g. {{epochs: 1}} or {{steps: 500}}), "
+            f"got epochs {every.epochs}, steps {every.steps}"
+        )
+    if every.epochs > t.epochs:
+        raise ConfigError(f"train.eval_every.epochs: {every.epochs} is more than train.epochs {t.epochs}")
+    d = cfg.data
+    if t.eval_on == "holdout" and not d.calibration_dir and d.calibration_holdout == 0.0:
+        raise ConfigError(
+            "train.eval_on: holdout evaluates on the rows held out for calibration, and this config holds "
+            "none out (data.calibration_dir unset, data.calibration_holdout 0); set one, or train.eval_on: eval"
+        )
+    stop = t.selection
+    if stop.task is not None and stop.task not in [x.name for x in cfg.features.tasks]:
+        raise ConfigError(
+            f"train.early_stop.task: no task named {stop.task!r} in features.tasks "
+            f"({[x.name for x in cfg.features.tasks]}); null for the mean over tasks"
+        )
+    if stop.surface not in ("mean", "all") and stop.surface not in cfg.features.surfaces:
+        raise ConfigError(
+            f"train.early_stop.surface: {stop.surface!r} is not 'mean', 'all' or one of features.surfaces "
+            f"{cfg.features.surfaces}"
+        )
+    if stop.mode is not None and stop.mode != SELECTION_METRICS[stop.metric]:
+        raise ConfigError(
+            f"train.early_stop.mode: {stop.metric} is better when "
+            f"{'higher' if SELECTION_METRICS[stop.metric] == 'max' else 'lower'}; mode {stop.mode} would keep "
+            f"the worst evaluation (leave it unset)"
+        )
+    positive("train.early_stop.patience", stop.patience, allow_zero=True)
+    positive("train.early_stop.min_delta", stop.min_delta, allow_zero=True)
 
 
 def _validate_encoder(

@@ -13,6 +13,9 @@ checkpoints name them):
   (``shared_keys``), so the candidate and the user's events share one embedding space and the
   lookups come back as [B, D] in row order.
 
+Any of the three may have no keys (no per-row pooled features, no user-side ones, no sequence
+groups): the models then have no such collection (None) and the batch's KJT for it is empty.
+
 The loader builds the batch's KJTs with these keys, the models read the lookups by them, the planner
 constrains these tables, and serving rebuilds the KJTs from them.
 """

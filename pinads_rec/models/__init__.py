@@ -7,11 +7,13 @@ Every model takes a ``Batch`` and offers ``scores(batch) -> (raw, calibrated)`` 
 import torch
 from torch import nn
 
-from pinads_rec.config import FeaturesConfig, ModelConfig
+from pinads_rec.config import FeaturesConfig, ModelConfig, validate_layout
 
 
 def build_model(features: FeaturesConfig, model: ModelConfig, device: torch.device = None) -> nn.Module:
-    """The model ``model.kind`` names: the unified ranker or the two-tower ranker."""
+    """The model ``model.kind`` names: the unified ranker or the two-tower ranker. A feature layout it
+    cannot be trained on is a ConfigError naming the fix (config.validate_layout)."""
+    validate_layout(features, model)
     if model.kind == "two_tower":
         from pinads_rec.models.two_tower import TwoTowerRanker
 

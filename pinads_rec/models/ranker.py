@@ -17,8 +17,9 @@ User-side results are broadcast to the rows by ``request_index`` (request-level 
 large layers are ``LargeLayer``s (BF16 when configured, modules/precision.py).
 
 The module is plain: it never mentions DistributedModelParallel. ``pinads_rec.parallel`` shards the
-two collections from outside, and the forward is FX-traceable so ``TrainPipelineSparseDist`` can
-overlap their input distribution with compute.
+collections from outside (any of the three may be absent: None when the feature layout gives it no
+table), and the forward is FX-traceable so ``TrainPipelineSparseDist`` can overlap their input
+distribution with compute.
 """
 
 from typing import Tuple
@@ -94,8 +95,10 @@ class UnifiedRanker(nn.Module):
         """(raw, calibrated) logits [B, T]."""
         # By name, in config order: a sharded EBC returns its keys grouped by sharding, not as declared.
         layout = self.layout
-        bags = self.ebc(batch.sparse).to_dict()
-        pooled = {k: bags[k] for k in layout.row_keys}
+        pooled = {}
+        if self.ebc is not None:  # None without per-row pooled features (fixed at build: still traceable)
+            bags = self.ebc(batch.sparse).to_dict()
+            pooled = {k: bags[k] for k in layout.row_keys}
         user = None
         if self.user_ebc is not None:
             # Request-level broadcasting: looked up once per request, indexed out to its rows.

@@ -2,7 +2,9 @@
 (pinads_rec/features.py), built on the given device (``meta`` before sharding).
 
 Models keep them under the names ``ebc``, ``user_ebc`` and ``ec``, so sharding plans, sharders,
-planner constraints and checkpoints apply to every model alike.
+planner constraints and checkpoints apply to every model alike. A collection the layout gives no
+table is None (TorchRec fails on an empty collection) and every model skips it; the batch's KJT
+for it is then empty.
 """
 
 from typing import NamedTuple, Optional
@@ -14,14 +16,15 @@ from pinads_rec.features import FeatureLayout
 
 
 class SparseCollections(NamedTuple):
-    ebc: EmbeddingBagCollection  # pooled per row: KJT of stride B -> [B, D] per row_keys feature
+    ebc: Optional[EmbeddingBagCollection]  # pooled per row: stride-B KJT -> [B, D] per row_keys feature; None without
     user_ebc: Optional[EmbeddingBagCollection]  # pooled per request slot: [S, D] per user_keys feature; None without
     ec: Optional[EmbeddingCollection]  # per request: sequence_keys -> JaggedTensor; None without sequence groups
     sequence_dim: int  # the width every ec table shares (0 without)
 
 
 def sparse_collections(layout: FeatureLayout, device: Optional[torch.device] = None) -> SparseCollections:
-    ebc = EmbeddingBagCollection(tables=layout.embedding_bag_configs(), device=device)
+    row_tables = layout.embedding_bag_configs()
+    ebc = EmbeddingBagCollection(tables=row_tables, device=device) if row_tables else None
     user_tables = layout.embedding_bag_configs(user_side=True)
     user_ebc = EmbeddingBagCollection(tables=user_tables, device=device) if user_tables else None
     sequence_dim = layout.sequence_dim

@@ -4,7 +4,8 @@ Data path, top to bottom:
 
 1. sparse arch: the same TorchRec collections as the unified ranker (``ebc`` per row, ``user_ebc``
    once per request, ``ec`` for the sequence events once per request and the candidates' ids in
-   row order), so ``pinads_rec.parallel`` plans and shards it unchanged;
+   row order; any of them None when the feature layout gives it no table), so
+   ``pinads_rec.parallel`` plans and shards it unchanged;
 2. **user tower**, once per request [U, ...]: user-side pooled features (``user_side: true``; those
    looked up per row are read at the request's first row), user-side dense features
    (``DenseFeatureConfig.user_side``, read at the first row), a surface embedding (the surface is a
@@ -184,6 +185,7 @@ class TwoTowerRanker(nn.Module):
 
     def _lookup(self, batch: Batch, user: bool, ad: bool) -> Dict[str, object]:
         out: Dict[str, object] = {}
+        # ebc is None exactly when the layout has no row_keys (then both key lists are empty).
         if (ad and self.ad_bag_keys) or (user and self.user_row_keys):
             out["bags"] = self.ebc(batch.sparse).to_dict()
         if user and self.user_ebc is not None:

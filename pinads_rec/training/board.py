@@ -12,7 +12,13 @@ stores them as float32):
   ``oracle_ne``, ``calibration_vs_truth``) and ``lift``, the oracle lift of the console table
   (:func:`pinads_rec.metrics.oracle_lift`). Surfaces include ``all``.
 * ``summary/<key>`` at the run's last step: the summary's numbers (``train_examples_per_s``,
-  ``train_seconds``, ``nonfinite_skipped``, ``fp16_fallbacks``, ``world_size``, ``global_batch``).
+  ``train_seconds``, ``nonfinite_skipped``, ``fp16_fallbacks``, ``world_size``, ``global_batch``);
+  with train.eval_every also ``summary/best_step`` and ``summary/best_value`` (the evaluation whose
+  weights the run's model has).
+* ``validation/<metric>/<surface>/<task>`` at each evaluation during training (train.eval_every):
+  every float of its rows, as ``eval/`` has them; ``validation/selected`` the value that picks the
+  best (train.early_stop.metric over its cells), ``validation/best`` the best so far,
+  ``validation/evals_since_best`` early stopping's count.
 
 Text ``run_metadata``: :func:`pinads_rec.training.run_log.run_metadata` as JSON, the content of
 run_metadata.json. A resumed run adds an event file to the same directory and hides what an earlier
@@ -67,6 +73,27 @@ class TensorBoardWriter(Hook):
         # Each record reaches the file at once: a live TensorBoard, and a crashed run, see every step.
         self.writer.flush()
 
+    def rows(self, prefix: str, rows, step: int) -> None:
+        for row in rows:
+            cell = f"{row['surface']}/{row['task']}"
+            for key, value in row.items():
+                if isinstance(value, float):
+                    self.writer.add_scalar(f"{prefix}/{key}/{cell}", value, step)
+            lift = oracle_lift(row)
+            if lift is not None:
+                self.writer.add_scalar(f"{prefix}/lift/{cell}", lift, step)
+
+    def on_validation(self, trainer: Trainer, record: dict) -> None:
+        if self.writer is None:
+            return
+        step = record["step"]
+        self.rows("validation", record["rows"], step)
+        self.writer.add_scalar("validation/selected", record["value"], step)
+        if record["best_value"] is not None:
+            self.writer.add_scalar("validation/best", record["best_value"], step)
+        self.writer.add_scalar("validation/evals_since_best", record["evals_since_best"], step)
+        self.writer.flush()
+
     def on_evaluation(self, trainer: Trainer, summary: dict) -> None:
         if self.writer is None:
             return
@@ -74,14 +101,11 @@ class TensorBoardWriter(Hook):
         for key, value in summary.items():
             if key != "step" and is_number(value):
                 self.writer.add_scalar(f"summary/{key}", value, step)
-        for row in summary["eval"]:
-            cell = f"{row['surface']}/{row['task']}"
-            for key, value in row.items():
-                if isinstance(value, float):
-                    self.writer.add_scalar(f"eval/{key}/{cell}", value, step)
-            lift = oracle_lift(row)
-            if lift is not None:
-                self.writer.add_scalar(f"eval/lift/{cell}", lift, step)
+        for key in ("best_step", "best_value"):
+            value = summary.get("selection", {}).get(key)
+            if is_number(value):
+                self.writer.add_scalar(f"summary/{key}", value, step)
+        self.rows("eval", summary["eval"], step)
         self.writer.flush()
 
     def on_end(self, trainer: Trainer) -> None:

@@ -8,6 +8,12 @@ is written to ``step-<N>.tmp`` and renamed once every rank has finished, so a cr
 leaves the previous checkpoint as the latest loadable one. Loading checks first that the
 checkpoint's ``features`` and ``model`` config match the run's, and refuses with the differing keys
 (weights of another model would load partly or fail deep inside DCP).
+
+With evaluations during training (train.eval_every) every improvement on the best evaluation is
+saved as a checkpoint of its step, and ``train_state.json`` carries the selection: the best value,
+its step, the evaluations since (early stopping's count). Pruning to
+``train.keep_checkpoints`` spares the best step's checkpoint, so a resumed run keeps both its
+best weights and its patience counter; :func:`load_model` reads the best weights back.
 """
 
 from __future__ import annotations
@@ -36,6 +42,12 @@ class TrainState:
     epoch: int = 0
     batches_in_epoch: int = 0  # per-rank batches of `epoch` already trained: resume skips these
     world_size: int = 1  # of the run that wrote the checkpoint
+    # Evaluations during training (train.eval_every); a checkpoint older than these holds none.
+    selection: Optional[str] = None  # what picks the best (trainer.selection_name); a resume under another resets it
+    best_value: Optional[float] = None  # the best evaluation's value (None before a finite one)
+    best_step: Optional[int] = None  # its step: checkpoints/step-<best_step> holds its weights
+    evals_since_best: int = 0  # evaluations since then without improvement (early stopping's count)
+    last_eval_step: Optional[int] = None
 
 
 def _rank() -> int:
@@ -80,7 +92,8 @@ def save(run_dir: Path, state: TrainState, dmp, optimizer, schedule, cfg: config
             (p for p in root.glob("step-*") if not p.name.endswith(".tmp")), key=lambda p: int(p.name.split("-")[1])
         )
         for p in old[: -cfg.train.keep_checkpoints]:
-            shutil.rmtree(p, ignore_errors=True)
+            if p.name != f"step-{state.best_step}":  # the best weights stay, however old
+                shutil.rmtree(p, ignore_errors=True)
     _barrier()
     return final
 
@@ -148,3 +161,14 @@ def load(path: Path, dmp, optimizer, schedule) -> TrainState:
     for group, lr in zip(schedule.optimizer.param_groups, schedule.get_last_lr()):
         group["lr"] = lr
     return TrainState(**meta["train"])
+
+
+def load_model(path: Path, dmp) -> None:
+    """Reads only the model weights (and buffers) of checkpoint ``path`` into ``dmp``, in place: the
+    optimizers, LR schedule, RNG and position stay the run's (the best evaluation's weights
+    reloaded at the end of a run)."""
+    if not (Path(path) / STATE_FILE).exists():
+        raise FileNotFoundError(f"{path}: no complete checkpoint there (the best evaluation's weights)")
+    state = {"model": dmp.state_dict()}
+    dcp.load(state, checkpoint_id=str(path))
+    dmp.load_state_dict(state["model"])

@@ -6,8 +6,10 @@ training starts. ``<run_dir>/run_metadata.json``: what ran where (:func:`run_met
 package versions, config, world size, device, host, command line, start time), written when
 training starts (a resumed run rewrites both with its own). ``<run_dir>/metrics.jsonl``: one JSON
 object a line, a step record every ``train.log_every`` steps (the keys of :meth:`Hook.on_step`'s
-record), then the run's summary (with its ``eval`` rows) at the end; a resumed run appends to the
-same file, so a file may hold several summaries.
+record), a validation record at each evaluation during training (train.eval_every: the keys of
+:meth:`Hook.on_validation`'s record, its ``rows`` the evaluation rows), then the run's summary
+(with its ``eval`` rows, and ``selection`` with train.eval_every) at the end; a resumed run appends
+to the same file, so a file may hold several summaries.
 """
 
 from __future__ import annotations
@@ -122,6 +124,10 @@ class RunLog(Hook):
         if trainer.env.is_main:
             self._append(trainer, json.dumps(record))
 
+    def on_validation(self, trainer: Trainer, record: dict) -> None:
+        if trainer.env.is_main:
+            self._append(trainer, json.dumps(record, default=float))
+
     def on_evaluation(self, trainer: Trainer, summary: dict) -> None:
         if trainer.env.is_main:
             self._append(trainer, json.dumps(summary, default=float))
@@ -131,16 +137,21 @@ class RunLog(Hook):
 class RunRecords:
     """metrics.jsonl parsed: ``steps`` the step records in file order, ``summary`` the last summary
     (None before a run has finished), ``summaries`` every summary in file order (one per finished
-    run that wrote into the directory)."""
+    run that wrote into the directory), ``validations`` the evaluations during training in file
+    order (train.eval_every)."""
 
     steps: List[dict]
     summary: Optional[dict]
     summaries: List[dict] = field(default_factory=list)
+    validations: List[dict] = field(default_factory=list)
 
 
 def read_run_log(run_dir: Union[str, Path]) -> RunRecords:
     """The records of ``<run_dir>/metrics.jsonl`` (FileNotFoundError when the run wrote none)."""
     records = [json.loads(line) for line in (Path(run_dir) / METRICS_FILE).read_text().splitlines() if line.strip()]
     summaries = [r for r in records if "eval" in r]
-    steps = [r for r in records if "eval" not in r]
-    return RunRecords(steps=steps, summary=summaries[-1] if summaries else None, summaries=summaries)
+    validations = [r for r in records if "validation_on" in r]
+    steps = [r for r in records if "eval" not in r and "validation_on" not in r]
+    return RunRecords(
+        steps=steps, summary=summaries[-1] if summaries else None, summaries=summaries, validations=validations
+    )

@@ -10,6 +10,14 @@ frozen, and an eval pass reports AUC / NE / log loss / calibration per surface x
 oracle when the data has it). What a run reports (metrics.jsonl, the console) are :class:`Hook` s;
 the loop only calls them.
 
+Evaluations during training (train.eval_every, off by default): every N epochs or steps the model
+is evaluated on train.eval_on (the held-out calibration rows, or the eval split) with the pipeline
+drained and detached; the evaluation that is best by train.early_stop.metric is checkpointed (its
+step's checkpoint, spared by pruning), training stops after train.early_stop.patience evaluations
+without improvement, and :meth:`Trainer.run` reloads the best weights before calibrating, saving
+(the run's last checkpoint, which serving loads, then holds them) and the final evaluation. The
+best value, its step and the count since are in the checkpoint's state: a resumed run keeps them.
+
 Shapes: a step's logits and labels are ``[B, T]`` (B rows of this rank, T tasks); evaluation rows
 are dicts per surface x task (:class:`pinads_rec.metrics.MetricAccumulator`).
 """
@@ -26,6 +34,7 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.distributed.types import ShardingPlan
 
@@ -33,7 +42,7 @@ from pinads_rec import config, parallel
 from pinads_rec.data.batch import Batch
 from pinads_rec.data.contract import ContractError
 from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader
-from pinads_rec.metrics import MetricAccumulator, gather_rows
+from pinads_rec.metrics import ALL_SURFACES, MetricAccumulator, gather_rows
 from pinads_rec.models import build_model
 from pinads_rec.models.train_task import NonFiniteError, NonFiniteGuard, TrainTask, guard_gradients
 from pinads_rec.modules.calibration import Calibration
@@ -58,6 +67,12 @@ class Hook:
     def on_step_end(self, trainer: Trainer) -> None:
         """After every training step (``trainer.state.step`` is the step just done), for per-step
         work such as a profiler's window; keep it cheap."""
+
+    def on_validation(self, trainer: Trainer, record: dict) -> None:
+        """After each evaluation during training (train.eval_every). ``record``: {"step", "epoch",
+        "validation_on" (train.eval_on), "selection" (what picks the best: :func:`selection_name`),
+        "value" (its value here), "improved", "best_value", "best_step", "evals_since_best",
+        "patience", "stopping" (early stopping ends training here), "rows" (the evaluation rows)}."""
 
     def on_evaluation(self, trainer: Trainer, summary: dict) -> None:
         """The final summary (what :meth:`Trainer.run` returns): fit's figures and the ``eval`` rows."""
@@ -131,6 +146,28 @@ class EndTogether:
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
         if not flag.item():
             raise StopIteration
+        return batch
+
+
+class Upto:
+    """The first ``n`` batches of ``batches``, then StopIteration: the pipeline, fed this, trains every
+    batch it took before it stops (nothing left in flight). ``ended``: ``batches`` itself ended."""
+
+    def __init__(self, batches: Iterator[Batch], n: int):
+        self.batches, self.left, self.ended = batches, n, False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Batch:
+        if self.left <= 0:
+            raise StopIteration
+        try:
+            batch = next(self.batches)
+        except StopIteration:
+            self.ended = True
+            raise
+        self.left -= 1
         return batch
 
 
@@ -210,17 +247,71 @@ def scoring_pass(
         model.train()
 
 
-def evaluation_rows(model, cfg: config.ExperimentConfig, env: parallel.Distributed, group) -> List[dict]:
+def heldout_loader(cfg: config.ExperimentConfig, env: parallel.Distributed) -> Tuple[DataLoader, str]:
+    """This rank's loader over the rows held out of training -- data.calibration_dir, or the
+    training files' last row groups (data.calibration_holdout) -- and where they are, for messages.
+    The calibration is fit on them, and train.eval_on: holdout evaluates on them."""
+    settings = LoaderSettings.of(cfg)
+    if cfg.data.calibration_dir:
+        loader = make_loader(cfg.data.calibration_dir, settings, env.rank, env.world_size, shuffle=False)
+        return loader, cfg.data.calibration_dir
+    loader = make_loader(cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=False, part="holdout")
+    return loader, f"{cfg.data.train_dir} (data.calibration_holdout)"
+
+
+def evaluation_rows(
+    model, cfg: config.ExperimentConfig, env: parallel.Distributed, group, split: str = "eval"
+) -> List[dict]:
     """AUC / NE / calibration per surface x task of ``model`` (a TrainTask, sharded or not) over the
-    eval files, gathered over the ranks."""
+    eval files (``split`` "eval") or the held-out rows (``split`` "holdout": :func:`heldout_loader`),
+    gathered over the ranks."""
     tasks = [t.name for t in cfg.features.tasks]
     has_oracle = all(t.true_probability_column for t in cfg.features.tasks)
     acc = MetricAccumulator(tasks, cfg.features.surfaces, has_oracle)
-    loader = make_loader(cfg.data.eval_dir, LoaderSettings.of(cfg), env.rank, env.world_size, shuffle=False)
-    spare = functools.partial(spare_batch, cfg, env)  # a rank with no eval row group replays it masked
-    for batch, logits in scoring_pass(model, env, group, loader, f"eval ({cfg.data.eval_dir})", spare):
+    if split == "holdout":
+        loader, where = heldout_loader(cfg, env)
+        what = f"holdout ({where})"
+    else:
+        loader = make_loader(cfg.data.eval_dir, LoaderSettings.of(cfg), env.rank, env.world_size, shuffle=False)
+        what = f"eval ({cfg.data.eval_dir})"
+    spare = functools.partial(spare_batch, cfg, env)  # a rank with no row group of the split replays it masked
+    for batch, logits in scoring_pass(model, env, group, loader, what, spare):
         acc.update(torch.sigmoid(logits), batch.labels, batch.surface, batch.true_probs, valid=batch.valid)
     return acc.compute()
+
+
+def selection_name(train: config.TrainConfig) -> str:
+    """What picks the best evaluation, in words: ``auc (mean over surfaces, mean over tasks; max) on
+    holdout``. A checkpoint stores it; a resume under another forgets the best so far."""
+    stop = train.selection
+    surface = {"mean": "mean over surfaces", "all": "all surfaces pooled"}.get(stop.surface, f"surface {stop.surface}")
+    task = "mean over tasks" if stop.task is None else f"task {stop.task}"
+    return f"{stop.metric} ({surface}, {task}; {stop.better}) on {train.eval_on}"
+
+
+def selection_value(rows: Sequence[dict], stop: config.EarlyStopConfig) -> float:
+    """train.early_stop.metric of evaluation ``rows`` averaged over the cells chosen by its task and
+    surface; a NaN cell (the AUC of a surface without positives) is left out, and the value is NaN
+    when every cell is."""
+    values = [
+        float(r[stop.metric])
+        for r in rows
+        if (stop.task is None or r["task"] == stop.task)
+        and (r["surface"] != ALL_SURFACES if stop.surface == "mean" else r["surface"] == stop.surface)
+        and r[stop.metric] is not None
+        and r[stop.metric] == r[stop.metric]
+    ]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def improves(value: float, best: Optional[float], stop: config.EarlyStopConfig) -> bool:
+    """``value`` beats ``best`` by more than train.early_stop.min_delta in its direction (any finite
+    value beats no best; NaN beats nothing)."""
+    if value != value:
+        return False
+    if best is None:
+        return True
+    return value > best + stop.min_delta if stop.better == "max" else value < best - stop.min_delta
 
 
 def fit_calibration(model, cfg: config.ExperimentConfig, env: parallel.Distributed, group) -> None:
@@ -231,11 +322,7 @@ def fit_calibration(model, cfg: config.ExperimentConfig, env: parallel.Distribut
     if layer.mode == "none":
         return
     layer.reset()  # identity: the pass below sees the raw logits
-    settings = LoaderSettings.of(cfg)
-    if cfg.data.calibration_dir:
-        loader = make_loader(cfg.data.calibration_dir, settings, env.rank, env.world_size, shuffle=False)
-    else:
-        loader = make_loader(cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=False, part="holdout")
+    loader, where = heldout_loader(cfg, env)
     # The split may have fewer row groups than there are ranks: those without one replay a
     # (masked) training batch in the collective forwards.
     T = len(cfg.features.tasks)
@@ -250,9 +337,10 @@ def fit_calibration(model, cfg: config.ExperimentConfig, env: parallel.Distribut
     if group is not None:
         rows = gather_rows(rows, group)
     if rows.shape[0] == 0:
-        where = cfg.data.calibration_dir or f"{cfg.data.train_dir} (data.calibration_holdout)"
         raise ContractError(f"calibration: 0 rows to fit on in {where} (after data.row_filter)")
-    layer.fit(rows[:, :T], rows[:, T : 2 * T], rows[:, 2 * T].long())
+    # A refused fit (modules/calibration.py's rules) is logged there, once: by rank 0.
+    tasks = [t.name for t in cfg.features.tasks]
+    layer.fit(rows[:, :T], rows[:, T : 2 * T], rows[:, 2 * T].long(), cfg.features.surfaces, tasks, env.is_main)
     if env.is_main:
         log.info(
             "calibration (%s) fit on %d unseen rows: scale %s, bias %s",
@@ -266,7 +354,8 @@ def fit_calibration(model, cfg: config.ExperimentConfig, env: parallel.Distribut
 class Trainer:
     """One training run of ``cfg`` on this rank. :meth:`run` does it all; the pieces
     (:meth:`setup`, :meth:`epoch_batches`, :meth:`train_step`, :meth:`fit`, :meth:`calibrate`,
-    :meth:`save`, :meth:`evaluate`) serve callers that time or vary one of them.
+    :meth:`save`, :meth:`evaluate`, :meth:`validate`, :meth:`restore_best`) serve callers that time
+    or vary one of them.
 
     Attributes after :meth:`setup`: ``cfg`` (with the checkpoint's plan when resuming), ``env``,
     ``data_group`` (gloo; None on one rank), ``dmp`` (the sharded TrainTask), ``guard``,
@@ -342,6 +431,20 @@ class Trainer:
         if self.resumed_from is None:
             return checkpoint.TrainState(world_size=world)
         state = checkpoint.load(self.resumed_from, self.dmp, self.optimizer, self.schedule)
+        chooser = selection_name(self.cfg.train) if self.cfg.train.eval_every is not None else None
+        if chooser is not None and state.selection not in (None, chooser):
+            # Values of another metric or split do not compare with this run's.
+            if self.env.is_main:
+                log.warning(
+                    "resumed from %s, whose best evaluation was picked by %s; this run picks by %s: its best "
+                    "so far (step %s) and patience count start over",
+                    self.resumed_from,
+                    state.selection,
+                    chooser,
+                    state.best_step,
+                )
+            state.best_value, state.best_step, state.evals_since_best, state.last_eval_step = None, None, 0, None
+        state.selection = chooser or state.selection
         if state.world_size != world:
             # Row groups are dealt to ranks by world size: the same global position is the best
             # resume point there is (exact only when the world size is unchanged).
@@ -349,7 +452,22 @@ class Trainer:
             state.world_size = world
         if self.env.is_main:
             log.info("resumed from %s (step %d, epoch %d)", self.resumed_from, state.step, state.epoch)
+            if chooser is not None and state.best_step is not None:
+                log.info(
+                    "best evaluation so far: step %d, %s = %.6f; %d evaluation(s) since without improvement",
+                    state.best_step,
+                    chooser,
+                    state.best_value,
+                    state.evals_since_best,
+                )
         return state
+
+    @property
+    def stopped_early(self) -> bool:
+        """train.early_stop.patience evaluations in a row did not improve on the best (derived from
+        ``state``, so a resume with a larger patience trains on)."""
+        patience = self.cfg.train.selection.patience
+        return self.cfg.train.eval_every is not None and bool(patience) and self.state.evals_since_best >= patience
 
     def epoch_batches(self, epoch: int) -> Iterator[Batch]:
         """This rank's batches of ``epoch``, from ``state.batches_in_epoch`` on (the resume point),
@@ -387,29 +505,48 @@ class Trainer:
         self.state.batches_in_epoch += 1
         return StepOutput(loss, logits, labels)
 
+    def _steps(self, batches: EndTogether) -> Iterator[StepOutput]:
+        """The epoch's steps. With train.eval_every.steps the pipeline is fed up to each evaluation
+        point (:class:`Upto`), so at that step it has trained every batch it took and the model can
+        be evaluated with nothing in flight; then on from there."""
+        every = self.cfg.train.eval_every
+        while True:
+            part = (
+                batches
+                if every is None or not every.steps
+                else Upto(batches, every.steps - self.state.step % every.steps)
+            )
+            while True:
+                try:
+                    step = self.train_step(part)
+                except StopIteration:
+                    break
+                yield step
+            if part is batches or part.ended:
+                return
+
     def fit(self) -> dict:
         """The epoch loop from ``state`` to ``train.epochs`` or ``train.max_steps``, checkpointing
         every ``train.checkpoint_every`` steps; hooks see on_start, then on_step every
-        ``train.log_every`` steps and on_step_end after every step. Returns {"step",
-        "train_examples_per_s", "train_seconds", "pipelined_modules"}."""
+        ``train.log_every`` steps and on_step_end after every step. With train.eval_every it
+        evaluates (:meth:`validate`) at every N epochs' end or N steps and after the last step,
+        saves a checkpoint at each improvement and stops early on train.early_stop.patience.
+        Returns {"step", "train_examples_per_s", "train_seconds", "pipelined_modules"}."""
         self.setup()
         cfg, env, state = self.cfg, self.env, self.state
+        every = cfg.train.eval_every
         for hook in self.hooks:
             hook.on_start(self)
         begun, started = time.perf_counter(), None
         examples, window_loss, window_n, logit_abs_max = 0, 0.0, 0, 0.0
 
-        done = bool(cfg.train.max_steps) and state.step >= cfg.train.max_steps
+        done = (bool(cfg.train.max_steps) and state.step >= cfg.train.max_steps) or self.stopped_early
         for epoch in range(state.epoch, cfg.train.epochs):
             if done:
                 break
             batches = self.epoch_batches(epoch)
             from_start, steps_before = state.batches_in_epoch == 0, state.step
-            while True:
-                try:
-                    step = self.train_step(batches)
-                except StopIteration:
-                    break
+            for step in self._steps(batches):
                 if started is None:
                     # Rates leave the first step out: it starts the loader's workers and traces the
                     # pipeline, seconds that would dominate a short run's examples/s.
@@ -434,12 +571,14 @@ class Trainer:
                     for hook in self.hooks:
                         hook.on_step(self, record)
                     window_loss, window_n, logit_abs_max = 0.0, 0, 0.0
-                if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
+                # Evaluated before the checkpoint: it then holds this evaluation's outcome.
+                improved = bool(every and every.steps) and state.step % every.steps == 0 and self.validate()
+                if (cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0) or improved:
                     with self.collectives(f"step {state.step}, saving the checkpoint"):
                         self.save()
                 for hook in self.hooks:
                     hook.on_step_end(self)
-                if cfg.train.max_steps and state.step >= cfg.train.max_steps:
+                if (cfg.train.max_steps and state.step >= cfg.train.max_steps) or self.stopped_early:
                     done = True
                     break
             if from_start and state.step == steps_before:
@@ -456,6 +595,16 @@ class Trainer:
                     log.warning("%s; training goes on with the next epoch", message)
             if not done:
                 state.epoch, state.batches_in_epoch = epoch + 1, 0
+                if every and every.epochs and state.epoch % every.epochs == 0 and state.last_eval_step != state.step:
+                    if self.validate():
+                        with self.collectives(f"step {state.step}, saving the checkpoint"):
+                            self.save()
+                    done = self.stopped_early
+        if every is not None and state.last_eval_step != state.step:
+            # The last weights are candidates too: a run may end between two evaluation points.
+            if self.validate():
+                with self.collectives(f"step {state.step}, saving the checkpoint"):
+                    self.save()
         now = time.perf_counter()
         return {
             "step": state.step,
@@ -464,15 +613,110 @@ class Trainer:
             "pipelined_modules": self.pipelined_modules or [],
         }
 
+    def validate(self) -> bool:
+        """One evaluation during training (train.eval_every) of the current weights on train.eval_on:
+        the pipeline detached (an evaluation point leaves nothing in flight; the next step attaches
+        it again) and the RNG states put back after it, so training goes on as it would have without
+        it. Updates the selection in ``state`` (best value and step, evaluations since), logs it and
+        tells the hooks (on_validation). True when it improved on the best: then the caller saves a
+        checkpoint of this step, which the best step names."""
+        self.setup()
+        cfg, env, state = self.cfg, self.env, self.state
+        stop = cfg.train.selection
+        epoch = state.epoch - 1 if state.batches_in_epoch == 0 else state.epoch  # the last step's
+        self.pipeline.detach()
+        devices = [env.device.index or 0] if env.device.type == "cuda" else []
+        with self.collectives(f"step {state.step}, evaluation on {cfg.train.eval_on}"):
+            with torch.random.fork_rng(devices=devices):  # the loader's iterator draws a seed
+                rows = self.evaluate(cfg.train.eval_on)
+        value = selection_value(rows, stop)
+        improved = improves(value, state.best_value, stop)
+        if improved:
+            state.best_value, state.best_step, state.evals_since_best = value, state.step, 0
+        else:
+            state.evals_since_best += 1
+        state.selection, state.last_eval_step = selection_name(cfg.train), state.step
+        record = {
+            "step": state.step,
+            "epoch": epoch,
+            "validation_on": cfg.train.eval_on,
+            "selection": state.selection,
+            "value": value,
+            "improved": improved,
+            "best_value": state.best_value,
+            "best_step": state.best_step,
+            "evals_since_best": state.evals_since_best,
+            "patience": stop.patience,
+            "stopping": self.stopped_early,
+            "rows": rows,
+        }
+        if env.is_main:
+            best = (
+                "no finite value yet"
+                if state.best_step is None
+                else f"best {state.best_value:.6f} at step {state.best_step}"
+            )
+            since = "" if improved else f"; {state.evals_since_best} evaluation(s) without improvement"
+            log.info(
+                "evaluation at step %d (epoch %d): %s = %.6f; %s%s%s",
+                state.step,
+                epoch,
+                state.selection,
+                value,
+                best,
+                since,
+                f" of patience {stop.patience}" if stop.patience and not improved else "",
+            )
+            if self.stopped_early:
+                log.info(
+                    "early stopping at step %d (epoch %d): %d evaluations without improving on %s = %.6f "
+                    "(step %d), train.early_stop.patience %d",
+                    state.step,
+                    epoch,
+                    state.evals_since_best,
+                    state.selection,
+                    state.best_value if state.best_value is not None else float("nan"),
+                    state.best_step if state.best_step is not None else -1,
+                    stop.patience,
+                )
+        for hook in self.hooks:
+            hook.on_validation(self, record)
+        return improved
+
+    def restore_best(self) -> None:
+        """With train.eval_every: the best evaluation's weights back into the model, read from its
+        step's checkpoint (unless they are the last step's), and say which; the pipeline must be
+        detached. Without a finite evaluation the last weights stay, with a warning."""
+        self.setup()
+        state = self.state
+        if self.cfg.train.eval_every is None:
+            return
+        if state.best_step is None:
+            if self.env.is_main:
+                log.warning("no evaluation gave a finite %s: the model is the last step's weights", state.selection)
+            return
+        if state.best_step != state.step:
+            checkpoint.load_model(self.run_dir / "checkpoints" / f"step-{state.best_step}", self.dmp)
+        if self.env.is_main:
+            log.info(
+                "the run's model: the weights of step %d (of %d), its best evaluation: %s = %.6f%s",
+                state.best_step,
+                state.step,
+                state.selection,
+                state.best_value,
+                f"; training stopped early at step {state.step}" if self.stopped_early else "",
+            )
+
     def calibrate(self) -> None:
         """Fits the calibration maps (see :func:`fit_calibration`); the pipeline must be detached."""
         self.setup()
         fit_calibration(self.dmp, self.cfg, self.env, self.data_group)
 
-    def evaluate(self) -> List[dict]:
-        """Metrics rows per surface x task over the eval split (see :func:`evaluation_rows`)."""
+    def evaluate(self, split: str = "eval") -> List[dict]:
+        """Metrics rows per surface x task over the eval split, or the held-out rows (``split``
+        "holdout"; see :func:`evaluation_rows`)."""
         self.setup()
-        return evaluation_rows(self.dmp, self.cfg, self.env, self.data_group)
+        return evaluation_rows(self.dmp, self.cfg, self.env, self.data_group, split)
 
     def save(self) -> Path:
         """A checkpoint of the current step under ``run_dir``; returns its directory."""
@@ -480,13 +724,17 @@ class Trainer:
         return checkpoint.save(self.run_dir, self.state, self.dmp, self.optimizer, self.schedule, self.cfg)
 
     def run(self) -> dict:
-        """fit, then (pipeline detached) calibrate, save, evaluate; hooks see the summary. Returns
-        the summary: fit's figures, the guard's and FP16 fallback counts, world size, global batch
-        and the ``eval`` rows."""
+        """fit, then (pipeline detached) restore the best evaluation's weights (train.eval_every),
+        calibrate, save, evaluate; hooks see the summary. Returns the summary: fit's figures, the
+        guard's and FP16 fallback counts, world size, global batch, the ``eval`` rows and, with
+        train.eval_every, ``selection``: {"by", "best_step", "best_value", "evals_since_best",
+        "stopped_early_at" (the step, or None)}."""
         self.setup()
         fitted = self.fit()
         self.pipeline.detach()
         after = f"after step {self.state.step}"
+        with self.collectives(f"{after}, loading the best weights"):
+            self.restore_best()
         with self.collectives(f"{after}, calibration"):
             self.calibrate()
         with self.collectives(f"{after}, saving the checkpoint"):
@@ -501,6 +749,14 @@ class Trainer:
             "global_batch": self.cfg.data.batch_size * self.env.world_size,
             "eval": rows,
         }
+        if self.cfg.train.eval_every is not None:
+            summary["selection"] = {
+                "by": self.state.selection,
+                "best_step": self.state.best_step,
+                "best_value": self.state.best_value,
+                "evals_since_best": self.state.evals_since_best,
+                "stopped_early_at": self.state.step if self.stopped_early else None,
+            }
         for hook in self.hooks:
             hook.on_evaluation(self, summary)
         for hook in self.hooks:
