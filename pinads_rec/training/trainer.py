@@ -417,6 +417,16 @@ class Trainer:
         self.guard = next(m for m in self.dmp.modules() if isinstance(m, NonFiniteGuard))
         steps_per_epoch = max(self.loader.dataset.num_rows // (cfg.data.batch_size * env.world_size), 1)
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch
+        if cfg.train.warmup_steps > self.total_steps // 2 and env.is_main:
+            # The warm-up is in steps, the data in rows: a config sized for one dataset can leave
+            # the dense layers at a fraction of train.lr for a whole run on a smaller one.
+            log.warning(
+                "train.warmup_steps %d is more than half of this run's %d steps (%d a rank per epoch): the dense "
+                "layers train below train.lr for most of the run; lower train.warmup_steps",
+                cfg.train.warmup_steps,
+                self.total_steps,
+                steps_per_epoch,
+            )
         self.optimizer, self.schedule = parallel.make_optimizer(self.dmp, cfg.train, self.total_steps)
         guard_gradients(self.schedule.optimizer._optimizer, cfg.train.nonfinite, self.guard)  # the dense AdamW
 
