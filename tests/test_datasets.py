@@ -337,3 +337,38 @@ def test_kuairand_trains_through_torchx(kuairand, tmp_path):
     run = train_through_torchx(tmp_path, KUAIRAND, data_overrides(out) + FIXTURE_TRAINING + ["train.epochs=2"])
     auc = eval_auc(run)
     assert auc[("all", "click")] >= 0.68 and auc[("all", "long_view")] >= 0.65, auc
+
+
+# --- The planted signal of Taobao-shaped logs ------------------------------------------------
+
+# pinads_rec.data.shaped_logs.taobao at 3,000 users: ~31k impressions (23k training rows), written
+# and built in about 10 s; the click is driven by the session's intent category (visible only in the
+# newest behaviour events) and favourite categories (older history).
+SHAPED_USERS = 3000
+SHAPED_TRAINING = ["data.batch_size=128", "data.num_workers=0", "train.log_every=20", "train.tensorboard=false"]
+
+
+@pytest.fixture(scope="module")
+def taobao_shaped(tmp_path_factory):
+    from pinads_rec.data.shaped_logs import config_with_truth, taobao
+
+    tmp = tmp_path_factory.mktemp("taobao_shaped")
+    taobao.write(tmp / "raw", users=SHAPED_USERS)
+    out = tmp / "out"
+    build(config_with_truth("taobao", data_overrides(out)), str(tmp / "raw"), str(out))
+    return out
+
+
+def test_taobao_shaped_logs_sequence_signal_is_learned(taobao_shaped, tmp_path):
+    # The config as shipped (only the batch size and the data paths changed) must close most of the
+    # oracle's lift on both placements. Before the retrieval and the warm-up fix (encoders
+    # [transformer, din], warmup_steps 500, lr 0.001) this run reached lift 0.16 / 0.07; with them
+    # 0.71 / 0.74 (eval: ~2,350 and ~1,700 impressions, 245 and 87 clicks).
+    from pinads_rec.data.shaped_logs import truth_overrides
+    from pinads_rec.training.run_log import read_run_log
+
+    out = taobao_shaped
+    run = train_through_torchx(tmp_path, TAOBAO, data_overrides(out) + truth_overrides("taobao") + SHAPED_TRAINING)
+    rows = read_run_log(run).summary["eval"]
+    lift = {r["surface"]: round((r["auc"] - 0.5) / (r["oracle_auc"] - 0.5), 3) for r in rows if r["task"] == "click"}
+    assert min(lift[p] for p in TAOBAO_PIDS) >= 0.5, lift
