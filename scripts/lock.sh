@@ -24,10 +24,12 @@ TORCHREC=1.8.0
 # which torchx 0.7.0 refuses (urllib3 < 1.27), so 36.0.3 is the newest that fits.
 # duckdb: the raw-log builder's engine (data/build.py); polars and pandas: the engines
 # benchmarks/build.py measures it against (docs/data_build.md says why DuckDB).
+# scikit-learn and lightgbm: the reference models benchmarks/datasets.py fits beside every dataset
+# run (a logistic regression and gradient-boosted trees on hand-computed features).
 REST=(
   torchx==0.7.0 torchmetrics==1.0.3 tensordict tqdm pyre-extensions iopath
   pyarrow pyyaml numpy matplotlib tensorboard==2.21.0 kubernetes==36.0.3 pytest pytest-xdist ruff==0.17.6
-  duckdb==2.0.1 polars==2.1.0 pandas==3.1.1
+  duckdb==2.0.1 polars==2.1.0 pandas==3.1.1 scikit-learn==1.9.1 lightgbm==4.7.0
 )
 
 WORK=$(mktemp -d)

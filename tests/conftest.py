@@ -76,35 +76,19 @@ TORCHX_TIMEOUT_S = 300
 
 
 def torchx_train(tmp, job, config_path, overrides, timeout_s=TORCHX_TIMEOUT_S):
-    """``torchx run -s local_cwd components/train.py:train -j JOB --rdzv_port 0`` from the repository
-    root with ``--config config_path --set overrides`` (pinads_rec/train.py on gloo ranks, a free
-    port picked when the job is built); its combined output. The one TorchX launcher of the tests."""
-    import shutil
-    import signal
-    import subprocess
-    import sys
+    """``torchx run -s local_cwd components/train.py:train -j JOB`` (harness.launch.torchx_train) with
+    ``--config config_path --set overrides``; its combined output."""
     from pathlib import Path
 
-    exe = Path(sys.executable).parent / "torchx"
-    exe = str(exe) if exe.exists() else shutil.which("torchx")
-    if not exe:
-        pytest.fail("the torchx CLI is not installed (the project's torchx dependency)")
-    env = dict(os.environ)
-    env.pop("TORCHXCONFIG", None)
-    # local_cwd runs `bash -c "torchrun ..."`: torchrun must be the one of this interpreter.
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    cmd = [exe, "run", "-s", "local_cwd", "-cfg", f"log_dir={Path(tmp) / 'logs'}", "components/train.py:train"]
-    cmd += ["-j", job, "--rdzv_port", "0", "--gpu", "0", "--config", str(config_path), "--set", ",".join(overrides)]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+    from pinads_rec.experiments.harness.launch import torchx_train as launch
+
+    log = Path(tmp) / "torchx.log"
     try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchx, the torchrun agents and the ranks share the session
-        out, _ = proc.communicate()
-        pytest.fail(f"torchx launch exceeded {timeout_s} s:\n{out[-6000:]}")
-    assert proc.returncode == 0, f"torchx exited {proc.returncode}:\n{out[-6000:]}"
+        rc = launch(config_path, list(overrides), job, log, timeout_s)
+    except (FileNotFoundError, TimeoutError) as e:
+        pytest.fail(f"{e}\n{log.read_text()[-6000:] if log.exists() else ''}")
+    out = log.read_text()
+    assert rc == 0, f"torchx exited {rc}:\n{out[-6000:]}"
     return out
 
 

@@ -282,3 +282,57 @@ def test_long_sequences_measures_every_variant_per_cap_and_the_arch_padded_vs_bu
     assert [r["cap"] for r in result["arch"]] == [100, 1000]
     for r in result["arch"]:  # outputs checked, both paths timed
         assert r["max_abs_diff"] <= 1e-5 and r["padded_ms"] > 0 and r["buckets_ms"] > 0
+
+
+def test_datasets_benchmark_sets_model_no_sequence_reference_and_oracle_side_by_side(tmp_path):
+    """KuaiRand-shaped logs of a few users through the whole benchmark: generated in KuaiRand-Pure's
+    layout with a unique truth key, built with the truth joined, both trainings through TorchX, the
+    reference fitted, every AUC reported beside the oracle's."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+    from dataset_fixtures import KUAIRAND_LOG_HEADER, KUAIRAND_USER_HEADER, KUAIRAND_VIDEO_HEADER
+
+    small = ["build.requests_per_row_group=64", "data.batch_size=256", "data.shuffle_buffer_rows=2048"]
+    small += ["data.num_workers=0", "train.warmup_steps=5", "train.log_every=5", "train.tensorboard=false"]
+    out = _run("datasets.py", f"--dataset kuairand --users 100 --work {tmp_path}", small, timeout=600)
+    raw = tmp_path / "raw"
+    logs = sorted(raw.glob("log_*.csv"))
+    assert [f.name for f in logs] == [
+        "log_random_4_22_to_5_08_pure.csv",
+        "log_standard_4_08_to_4_21_pure.csv",
+        "log_standard_4_22_to_5_08_pure.csv",
+    ]
+    headers = {f.name: f.open().readline().strip() for f in raw.glob("*.csv")}
+    assert all(headers[f.name] == KUAIRAND_LOG_HEADER for f in logs)
+    assert headers["user_features_pure.csv"] == KUAIRAND_USER_HEADER
+    assert headers["video_features_basic_pure.csv"] == KUAIRAND_VIDEO_HEADER
+    log = pd.concat([pd.read_csv(f) for f in logs])
+    truth = pd.read_csv(raw / "truth.csv")
+    key = ["user_id", "video_id", "time_ms"]
+    assert not truth.duplicated(key).any() and len(truth) == len(log)
+    assert (log.is_rand == 1).sum() > 0 and (log.is_rand == 0).sum() > 0
+    joined = log.merge(truth, on=key)
+    assert (
+        len(joined) == len(log) and ((joined.p_long_view <= joined.p_click) & (joined.p_like <= joined.p_click)).all()
+    )
+
+    # every split carries the truth; the reference sees the item's attributes through the history
+    schema = pq.read_schema(next((tmp_path / "data" / "train").glob("*.parquet")))
+    assert {"true_click", "true_long_view", "true_like"} <= set(schema.names)
+    names = json.loads((tmp_path / "reference_features.json").read_text())
+    assert "video_id~click_video: newest 5" in names and "author_id~click_video.author_id: all" in names
+
+    report = json.loads((tmp_path / "report.json").read_text())
+    cells = {(r["surface"], r["task"]): r for r in report["rows"]}
+    models = ["model", "no sequences", "logistic regression", "LightGBM"]
+    for task in ("click", "long_view", "like"):
+        r = cells[("all", task)]
+        assert r["examples"] == (log.is_rand == 1).sum() and 0.5 < r["oracle"] <= 1.0
+        assert all(0.0 <= r[m] <= 1.0 for m in models), r
+        for run in ("model", "no sequences"):  # the runs' oracle is this script's, on the same rows
+            assert r[f"{run} oracle (run)"] == pytest.approx(r["oracle"], abs=1e-9)
+    assert set(report["stages"]) == {"generate", "build", "train: model", "train: no sequences", "reference"}
+    assert all(s["wall_s"] > 0 and s["peak_rss_mib"] > 0 for s in report["stages"].values())
+    assert "features.sequence_groups=[]" in report["commands"]["no sequences"]
+    table = (tmp_path / "report.md").read_text()
+    assert "| all | click |" in table and "oracle AUC" in table and table in out

@@ -398,7 +398,7 @@ def test_each_node_ran_one_rank(two_nodes):
     # and WORLD_SIZE=2, and the planner's Topology (local world size from LOCAL_WORLD_SIZE,
     # parallel.plan_sharding) had 2 hosts of 1 rank. (Folders, not output: rank 1 may print nothing.)
     out, run_dir, _ = two_nodes
-    logs = run_dir.parent / "logs"
+    logs = run_dir.parent / "torchx_logs"
     (app,) = (logs / "torchx").iterdir()
     agents = sorted((app / "torchelastic" / "train").iterdir())
     ranks = [sorted(r.name for r in attempt.iterdir()) for agent in agents for attempt in agent.glob("attempt_*")]

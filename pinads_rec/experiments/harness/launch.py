@@ -188,3 +188,55 @@ def rank_results(
     """``fn(*args)`` on every rank (run by ``run_ranks``); its JSON-able results in rank order."""
     work = run_ranks(_result_to_json, world_size, work_dir, fn, args, timeout_s=timeout_s, quiet=quiet)
     return [json.loads((work / f"rank-{rank}.json").read_text()) for rank in range(world_size)]
+
+
+def torchx_train(
+    config_path: str,
+    overrides: List[str],
+    job: str,
+    log_path: Path,
+    timeout_s: float,
+    watch: Optional[Callable[[int], object]] = None,
+) -> int:
+    """``torchx run -s local_cwd components/train.py:train -j JOB --rdzv_port 0 --gpu 0 --config
+    config_path --set overrides`` from the repository root (pinads_rec/train.py on gloo ranks; a free
+    port picked when the job is built, so launches never collide), its combined output in
+    ``log_path``: the launch's exit status. ``watch(pid)``: a context manager held while it runs
+    (a memory meter of the process tree). Past ``timeout_s`` the whole tree is killed and
+    ``TimeoutError`` raised. The one TorchX launcher of the tests and benchmarks."""
+    import signal
+    import subprocess
+    import sys
+    from contextlib import nullcontext
+
+    repo = Path(__file__).resolve().parents[3]
+    exe = Path(sys.executable).parent / "torchx"
+    exe = str(exe) if exe.exists() else shutil.which("torchx")
+    if not exe:
+        raise FileNotFoundError("the torchx CLI is not installed (the project's torchx dependency)")
+    env = dict(os.environ)
+    env.pop("TORCHXCONFIG", None)  # no user scheduler defaults
+    # local_cwd runs `bash -c "torchrun ..."`: torchrun must be the one of this interpreter.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        exe,
+        "run",
+        "-s",
+        "local_cwd",
+        "-cfg",
+        f"log_dir={log_path.parent / 'torchx_logs'}",
+        "components/train.py:train",
+    ]
+    cmd += ["-j", job, "--rdzv_port", "0", "--gpu", "0", "--config", str(config_path), "--set", ",".join(overrides)]
+    with open(log_path, "w") as log:
+        print(" ".join(cmd), file=log, flush=True)
+        proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with watch(proc.pid) if watch is not None else nullcontext():
+            try:
+                return proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # torchx, the torchrun agents and the ranks share the session
+                proc.wait()
+                raise TimeoutError(f"torchx launch exceeded {timeout_s} s (output in {log_path})") from None
