@@ -320,7 +320,8 @@ def test_datasets_benchmark_sets_model_no_sequence_reference_and_oracle_side_by_
     schema = pq.read_schema(next((tmp_path / "data" / "train").glob("*.parquet")))
     assert {"true_click", "true_long_view", "true_like"} <= set(schema.names)
     names = json.loads((tmp_path / "reference_features.json").read_text())
-    assert "video_id~click_video: newest 5" in names and "author_id~click_video.author_id: all" in names
+    assert "video_id~click_video: newest 5" in names and "author_id~click_author: all" in names
+    assert any("~click_video." in n for n in names), names  # an item attribute (tags) through the history
 
     report = json.loads((tmp_path / "report.json").read_text())
     cells = {(r["surface"], r["task"]): r for r in report["rows"]}

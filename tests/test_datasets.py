@@ -236,8 +236,12 @@ def test_kuairand_sequences_match_an_independent_computation(kuairand):
     clicks = log[log.is_click == 1].assign(t=lambda d: d.time_ms / 1000.0)
     by_user = {u: g.sort_values("time_ms", ascending=False) for u, g in clicks.groupby("user_id")}
     shown_at = {(r.user_id, r.time_ms // 1000): r.time_ms / 1000.0 for r in log.itertuples()}
-    users, videos = vocabulary(out, "user"), vocabulary(out, "video")
+    users, videos, authors = vocabulary(out, "user"), vocabulary(out, "video"), vocabulary(out, "author")
     raw_user = {v: int(k) for k, v in users.items()}
+    # A clicked video's author, from video_features_basic (the side table the impression log joins);
+    # a video missing from it has the side table's default, -1.
+    features = pd.read_csv(fixture.raw / "video_features_basic_pure.csv")
+    author_of = dict(zip(features.video_id, features.author_id))
     max_length = cfg.features.sequence_groups[0].max_length
     rows = [r for split in ("train", "calibration", "eval") for r in read_split(out, split)]
     checked = 0
@@ -251,6 +255,7 @@ def test_kuairand_sequences_match_an_independent_computation(kuairand):
         assert r["click_tab"] == (ev.tab + 1).tolist()
         action = 1 + ev.long_view + 2 * ev.is_like + 4 * ev.is_follow + 8 * ev.is_comment + 16 * ev.is_forward
         assert r["click_action"] == action.tolist()
+        assert r["click_author"] == mapped(authors, [author_of.get(v, -1) for v in ev.video_id])
         checked += 1
     assert checked == 80
 

@@ -151,6 +151,9 @@ class Build:
             joins.append(join)
             structs.append(struct)
         joined = "SELECT impressions.*" + "".join(", " + s for s in structs) + " FROM impressions " + " ".join(joins)
+        # A history read from the impression log itself (a sequence source without a path) sees the
+        # side tables too: a clicked video's author is ``video.author_id``, as in build.columns.
+        self.con.execute(f"CREATE TEMP VIEW impressions_joined AS {joined}")
         split_tests = [self.split_test(i) for i in range(len(self.b.splits))]
         split_case = "CASE " + " ".join(f"WHEN {t} THEN {sql_string(s)}" for t, s in zip(split_tests, self.splits))
         keys = self.request_keys()
@@ -323,7 +326,7 @@ class Build:
             raw = RawSource.of(source, self.raw_dir, where)
             scan = f"(SELECT *, filename AS __file FROM {raw.scan()})"
         else:  # the impression log is the event log (KuaiRand: earlier clicks are the history)
-            raw, scan = self.imp_source, "impressions"
+            raw, scan = self.imp_source, "impressions_joined"
         view = f"__events_{name}"
         self.con.execute(f"CREATE TEMP VIEW {view} AS SELECT * FROM {scan}{_where(source.filter)}")
         t = self.seconds(source.time, view, f"{where}.time")
