@@ -55,7 +55,6 @@ import json
 import math
 import os
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -64,13 +63,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import torch
 
 from pinads_rec import config, metrics
 from pinads_rec.data import layout
 from pinads_rec.data.build import build
 from pinads_rec.data.shaped_logs import DATASETS, config_with_truth, truth_overrides
-from pinads_rec.experiments.ablate import children
+from pinads_rec.data.shaped_logs.common import auc
 from pinads_rec.experiments.harness import launch, meters
 from pinads_rec.features import FeatureLayout
 from pinads_rec.training.run_log import read_run_log
@@ -100,12 +98,7 @@ class Stage:
         self.name, self.record = name, record
 
     def __enter__(self) -> "Stage":
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            self.reset = True
-        except OSError:
-            self.reset = False
+        self.reset = meters.reset_peak_rss()
         self.t0 = time.perf_counter()
         print(f"== {self.name}", flush=True)
         return self
@@ -116,45 +109,6 @@ class Stage:
             entry["peak_since_start"] = True
         self.record[self.name] = entry
         print(f"   {self.name}: {entry['wall_s']} s, peak RSS {entry['peak_rss_mib']} MiB", flush=True)
-
-
-class TreePeak:
-    """The largest peak RSS (VmHWM, MiB) among the live descendants of a process (torchx, torchrun,
-    the ranks, their loader workers), polled every ``period_s``: ``watch`` of the launcher, which
-    calls it with the launched process's id."""
-
-    def __init__(self, period_s: float = 0.5):
-        self.period_s, self.peak = period_s, 0.0
-
-    def __call__(self, pid: int) -> "TreePeak":
-        self.pid = pid
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-        return self
-
-    def __enter__(self) -> "TreePeak":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _poll(self) -> None:
-        while not self._stop.wait(self.period_s):
-            todo, seen = [self.pid], set()
-            while todo:
-                p = todo.pop()
-                if p in seen:
-                    continue
-                seen.add(p)
-                todo += children(p)
-                try:
-                    with open(f"/proc/{p}/status") as f:
-                        hwm = next((int(line.split()[1]) for line in f if line.startswith("VmHWM:")), 0)
-                    self.peak = max(self.peak, hwm / 1024.0)
-                except (OSError, ValueError):
-                    pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,7 +132,7 @@ def torchx_train(config_path: str, overrides: Sequence[str], run_dir: Path, time
     summary and the launch's wall time and peak RSS. A failed launch raises with the end of its output."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "torchx.log"
-    peak = TreePeak()
+    peak = meters.TreePeak()
     start = time.perf_counter()
     rc = launch.torchx_train(
         config_path, list(overrides) + [f"train.run_dir={run_dir}"], "1x2", log_path, timeout_s, peak
@@ -475,16 +429,6 @@ def fit_references(cfg: config.ExperimentConfig, data: Path, work: Path) -> Dict
 # --------------------------------------------------------------------------------------------
 
 
-def lift(a: Optional[float], oracle: Optional[float]) -> Optional[float]:
-    if a is None or oracle is None or math.isnan(a) or math.isnan(oracle) or oracle <= 0.5:
-        return None
-    return (a - 0.5) / (oracle - 0.5)
-
-
-def _auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    return metrics.auc(torch.from_numpy(scores.astype(np.float64)), torch.from_numpy(labels.astype(np.float64)))
-
-
 def report_rows(cfg: config.ExperimentConfig, runs: Dict[str, dict], refs: Dict[str, dict]) -> List[dict]:
     """One row per surface (with eval rows) and "all", x task: examples, positives, each AUC, lifts."""
     f = cfg.features
@@ -498,14 +442,14 @@ def report_rows(cfg: config.ExperimentConfig, runs: Dict[str, dict], refs: Dict[
         for t, task in enumerate(f.tasks):
             y = ev["labels"][on, t]
             row = {"surface": surface, "task": task.name, "examples": int(on.sum()), "positives": int(y.sum())}
-            row["oracle"] = _auc(ev["truth"][on, t], y)
+            row["oracle"] = auc(ev["truth"][on, t], y)
             for name, run in by_run.items():
                 r = run.get((surface, task.name), {})
                 row[name] = r.get("auc")
                 row[f"{name} oracle (run)"] = r.get("oracle_auc")
             for name, ref in refs.items():
                 if name != "eval":
-                    row[name] = _auc(ref["scores"][on, t], y)
+                    row[name] = auc(ref["scores"][on, t], y)
             rows.append(row)
     return rows
 
@@ -522,7 +466,10 @@ def format_table(rows: List[dict], models: Sequence[str]) -> str:
     shown = [r for r in rows if min(r["positives"], r["examples"] - r["positives"]) >= MIN_CLASS]
     for r in shown or rows:
         cells = [r["surface"], r["task"], f"{r['examples']:,}", f"{r['positives']:,}"]
-        cells += [f"{cell(r.get(m))} ({cell(lift(r.get(m), r['oracle']), '.2f')})" for m in models]
+        cells += [
+            f"{cell(r.get(m))} ({cell(metrics.oracle_lift({'auc': r.get(m), 'oracle_auc': r['oracle']}), '.2f')})"
+            for m in models
+        ]
         lines.append("| " + " | ".join(cells + [cell(r["oracle"])]) + " |")
     if shown and len(shown) < len(rows):
         lines.append(

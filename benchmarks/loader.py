@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from pinads_rec import config
 from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader
-from pinads_rec.experiments.harness import peak_rss_mib, rss_mib
+from pinads_rec.experiments.harness import meters, peak_rss_mib, rss_mib
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,16 +55,6 @@ def max_rss_mb() -> float:
     """The lifetime maximum RSS (ru_maxrss), which VmHWM's reset does not touch."""
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return kb / 1024
-
-
-def reset_hwm() -> bool:
-    """Resets VmHWM (the kernel's peak RSS) for this process; False when not supported."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,7 +158,7 @@ def memory_stream(cfg, data_dir: str, sample_every: int) -> dict:
 
     ds.reader.read_requests = tracked_read
     max_alive = 0
-    can_reset = reset_hwm()
+    can_reset = meters.reset_peak_rss()
     baseline = rss_mib()
     marks = {0.1: None, 0.5: None, 1.0: None}
     peak_sampled = baseline

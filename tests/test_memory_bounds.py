@@ -162,7 +162,7 @@ import json, sys, torch
 torch.set_num_threads(1)
 from pinads_rec import config, parallel
 from pinads_rec.experiments.harness import quiet_library_logs
-from pinads_rec.experiments.harness.meters import peak_rss_mib, rss_mib
+from pinads_rec.experiments.harness.meters import peak_rss_mib, reset_peak_rss, rss_mib
 from pinads_rec.serve.cli import main as serve
 from pinads_rec.training.trainer import Trainer
 quiet_library_logs()
@@ -170,8 +170,7 @@ jobs, demo, score_batch, out_path = json.loads(sys.argv[1]), sys.argv[2], sys.ar
 env = parallel.init_distributed()
 peaks = {}
 def reset():
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+    reset_peak_rss()
     return rss_mib()
 for name, overrides, data_dir in jobs:
     start = reset()

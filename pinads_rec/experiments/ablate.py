@@ -69,7 +69,6 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -84,6 +83,7 @@ import yaml
 from pinads_rec import config
 from pinads_rec.data import synth
 from pinads_rec.experiments.ablate_report import COST_NAMES, METRIC_NAMES, slug, write_report
+from pinads_rec.experiments.harness import meters
 from pinads_rec.training.run_log import METRICS_FILE, read_run_log
 
 REPO = Path(__file__).resolve().parents[2]
@@ -327,43 +327,12 @@ class RankMemory:
 
     def _poll(self) -> None:
         while True:
-            for child in children(self.pid):
-                hwm = _vm_hwm_mib(child)
+            for child in meters.children(self.pid):
+                hwm = meters.vm_hwm_mib(child)
                 if hwm is not None:
                     self._peaks[child] = max(self._peaks.get(child, 0.0), hwm)
             if self._stop.wait(self.period_s):
                 return
-
-
-def children(pid: int) -> List[int]:
-    """The live direct children of ``pid`` (any of its threads'), from ``/proc``."""
-    found = set()
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                found.update(int(c) for c in f.read().split())
-    except OSError:  # gone, or a kernel without the children files: the parent ids of every process
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat") as f:
-                        # pid (comm) state ppid ...: comm may hold spaces, the last ")" ends it
-                        if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                            found.add(int(entry))
-                except (OSError, IndexError, ValueError):
-                    pass
-    return sorted(found)
-
-
-def _vm_hwm_mib(pid: int) -> Optional[float]:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return None  # exited (a zombie has no address space left)
 
 
 def request_tables(features: config.FeaturesConfig, data_dir: str, candidates: int, count: int) -> list:

@@ -1,5 +1,5 @@
 """What the shaped-log generators share: Beijing wall-clock times, popularity weights, the
-sigmoid, and the oracle's AUC (the summary each writes)."""
+sigmoid, and the oracle's AUC per day (the summary each writes)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from typing import Dict, Sequence
 from zoneinfo import ZoneInfo
 
 import numpy as np
+import torch
+
+from pinads_rec import metrics
 
 BEIJING = ZoneInfo("Asia/Shanghai")
 
@@ -28,20 +31,10 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """ROC AUC by ranks (ties averaged); NaN when one class is absent."""
-    labels = np.asarray(labels)
-    pos = int(labels.sum())
-    neg = len(labels) - pos
-    if pos == 0 or neg == 0:
-        return float("nan")
-    order = np.argsort(scores, kind="mergesort")
-    ranks = np.empty(len(scores))
-    sorted_scores = np.asarray(scores)[order]
-    # Average ranks over ties.
-    _, first, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
-    avg = first + (counts - 1) / 2.0 + 1.0
-    ranks[order] = np.repeat(avg, counts)
-    return float((ranks[labels == 1].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
+    """ROC AUC of numpy arrays (``pinads_rec.metrics.auc``, the project's one)."""
+    return metrics.auc(
+        torch.from_numpy(np.asarray(scores, np.float64)), torch.from_numpy(np.asarray(labels, np.float64))
+    )
 
 
 def daily_oracle_auc(

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import resource
+import threading
 import time
-from typing import Dict
+from typing import Dict, List, Optional
 
 
 class CpuMeter:
@@ -76,3 +77,79 @@ def rss_mib(field: str = "VmRSS") -> float:
 
 def peak_rss_mib() -> float:
     return rss_mib("VmHWM")
+
+
+def reset_peak_rss() -> bool:
+    """Resets VmHWM (the kernel's peak RSS) for this process, so ``peak_rss_mib`` measures from now
+    (``/proc/self/clear_refs``, Linux >= 4.0); False where that is not supported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def children(pid: int) -> List[int]:
+    """The live direct children of ``pid`` (any of its threads'), from ``/proc``."""
+    found = set()
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found.update(int(c) for c in f.read().split())
+    except OSError:  # gone, or a kernel without the children files: the parent ids of every process
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        # pid (comm) state ppid ...: comm may hold spaces, the last ")" ends it
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                            found.add(int(entry))
+                except (OSError, IndexError, ValueError):
+                    pass
+    return sorted(found)
+
+
+def vm_hwm_mib(pid: int) -> Optional[float]:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None  # exited (a zombie has no address space left)
+
+
+class TreePeak:
+    """The largest peak RSS (VmHWM, MiB) among the live descendants of a process (torchx, torchrun,
+    the ranks, their loader workers), polled every ``period_s``: a ``watch`` for
+    ``harness.launch.torchx_train``, which calls it with the launched process's id."""
+
+    def __init__(self, period_s: float = 0.5):
+        self.period_s, self.peak = period_s, 0.0
+
+    def __call__(self, pid: int) -> "TreePeak":
+        self.pid = pid
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        return self
+
+    def __enter__(self) -> "TreePeak":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.period_s):
+            todo, seen = [self.pid], set()
+            while todo:
+                p = todo.pop()
+                if p in seen:
+                    continue
+                seen.add(p)
+                todo += children(p)
+                self.peak = max(self.peak, vm_hwm_mib(p) or 0.0)
