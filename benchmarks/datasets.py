@@ -199,7 +199,18 @@ class Split:
         return _padded(flat) if pa.types.is_list(flat.type) else flat.to_numpy(zero_copy_only=False)[:, None]
 
     def request_padded(self, column: str) -> np.ndarray:
-        return _padded(self.table.column(column))
+        """A request-level list column as [requests, L]; a list of bags (a multi-valued event
+        attribute) as [requests, L, K]; -1 padded."""
+        col = self.table.column(column).combine_chunks()
+        if not pa.types.is_list(col.type.value_type):
+            return _padded(col)
+        events = _padded(pc.list_flatten(col))  # [all events, K]
+        lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy().astype(np.int64)
+        out = np.full((len(lengths), max(int(lengths.max(initial=0)), 1), events.shape[1]), -1, dtype=np.int64)
+        starts = np.cumsum(lengths) - lengths
+        rows = np.repeat(np.arange(len(lengths)), lengths)
+        out[rows, np.arange(len(events)) - starts[rows]] = events
+        return out
 
 
 def _signed_log(x: np.ndarray) -> np.ndarray:
@@ -334,7 +345,8 @@ class Reference:
     def _match_features(split, cand, events, g, t_req, of_item) -> np.ndarray:
         """Per row: matches of the candidate's ids (0 = unknown, never a match) among the newest
         5 / 20 / all events (log1p), and log1p(seconds since the newest match). ``of_item``: the
-        events are items, compared through this attribute map."""
+        events are items, compared through this attribute map. Events of bags ([U, L, K]: a
+        multi-valued attribute) match when a bag holds one of the candidate's ids."""
         ts = split.request_padded(g.timestamp_column)
         out = np.empty((split.n, len(RECENT) + 2))
         for lo in range(0, split.n, CHUNK_ROWS):
@@ -346,6 +358,8 @@ class Reference:
                 known = (ev >= 0) & (ev < len(of_item))
                 ev_attr = np.where(known[:, :, None], of_item[np.where(known, ev, 0)], -1)  # [r, L, k']
                 hit = (ev_attr[:, :, :, None] == c[:, None, None, :]).any((2, 3))
+            elif ev.ndim == 3:
+                hit = (ev[:, :, :, None] == c[:, None, None, :]).any((2, 3))
             else:
                 hit = (ev[:, :, None] == c[:, None, :]).any(2)
             for i, k in enumerate(RECENT):

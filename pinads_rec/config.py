@@ -37,8 +37,11 @@ CANDIDATE_PREFIX = "candidate."
 class TableConfig:
     """One embedding table; several features may share it."""
 
+    # The table's name, as the features using it give it in their table key.
     name: str
+    # Rows of the table: ids 0..num_embeddings - 1 (hash says what happens to larger ones).
     num_embeddings: int
+    # Width of each row (the embedding of one id).
     embedding_dim: int
     # Ids >= num_embeddings are hashed into range (id mod size); without it they are an error.
     hash: bool = False
@@ -47,13 +50,18 @@ class TableConfig:
 @dataclass
 class SparseFeatureConfig:
     """A categorical feature of the candidate row: an int64 column (one id) or list<int64> column
-    (multi-hot), pooled by an EmbeddingBagCollection. A single-id feature whose table is also used by
-    sequence features is looked up by the EmbeddingCollection instead, so the candidate and the
-    user's events share one embedding space (e.g. the candidate's topic and the events' topics)."""
+    (multi-hot), pooled by an EmbeddingBagCollection. A candidate-side feature whose table is also
+    used by sequence features is looked up by the EmbeddingCollection instead (and pooled the same
+    way), so the candidate and the user's events share one embedding space (e.g. the candidate's
+    topic and the events' topics, a video's tags and the clicked videos' tags)."""
 
+    # The feature's name (unique among features.sparse).
     name: str
+    # The Parquet column: int64 (one id) or list<int64> (several ids).
     column: str
+    # The features.tables entry its ids are looked up in.
     table: str
+    # How several ids become one embedding: their sum or mean.
     pooling: Literal["sum", "mean"] = "sum"
     # True for the user-side features (same for every candidate of a request): these may be
     # computed once per request and broadcast.
@@ -64,13 +72,18 @@ class SparseFeatureConfig:
 class DenseFeatureConfig:
     """A float column (dim 1) or a fixed-size list<float> column (dim > 1)."""
 
+    # The feature's name (unique among features.dense).
     name: str
+    # The Parquet column: float (dim 1) or fixed_size_list<float, dim>.
     column: str
+    # Values per row: 1, a float column; more, a fixed-size list of that many.
     dim: int = 1
     # Per-feature normalization before the dense arch: signed log, min-max clip, layer norm, plain
     # BatchNorm1d, or Resilient Batch Norm (hyper-parameters in model.resilient_bn).
     norm: Literal["none", "log", "minmax", "layer_norm", "batch_norm", "resilient_bn"] = "none"
+    # norm minmax: [clip_min, clip_max] maps to [0, 1], values outside it are clipped.
     clip_min: float = 0.0
+    # The top of the minmax range (must exceed clip_min).
     clip_max: float = 1.0
     # Same value for every candidate of a request (e.g. the user's activity): the two-tower model
     # puts it in the user tower.
@@ -79,30 +92,52 @@ class DenseFeatureConfig:
 
 @dataclass
 class SequenceFeatureConfig:
-    """One id attribute of a sequence event (item id, action type, taxonomy id...)."""
+    """One id attribute of a sequence event (item id, action type, taxonomy id...), or a bag of ids
+    per event (a movie's genres, a video's tags, a query's tokens): ``max_values`` > 1, the column a
+    list<list<int64>> (a list of ids per event), each event's bag pooled to one embedding."""
 
+    # The attribute's name (unique in its group; model.sequence.retrieval.attribute names one).
     name: str
+    # The Parquet column: list<int64>, one id per event (list<list<int64>> for a bag).
     column: str
+    # The features.tables entry its ids are looked up in.
     table: str
+    # Ids per event: 1, one id (the column a list<int64>); more, a bag of at most this many (longer
+    # bags are an error, or keep their first max_values under data.overlong_sequence: truncate).
+    max_values: int = 1
+    # How a bag becomes the event's attribute embedding (an empty bag is zeros).
+    pooling: Literal["sum", "mean"] = "mean"
+
+    @property
+    def multi_valued(self) -> bool:
+        return self.max_values > 1
 
 
 @dataclass
 class SequenceGroupConfig:
     """Aligned list columns describing the user's recent engagement events, newest first."""
 
+    # The group's name (model.sequence_groups and build.sequences name groups by it).
     name: str
+    # List column: each event's time in seconds, aligned with the attributes' lists.
     timestamp_column: str
+    # The events' id attributes (at least one of them a single id per event).
     features: List[SequenceFeatureConfig]
+    # Events kept per request, the newest (data.overlong_sequence: what happens to more).
     max_length: int = 100
     # Optional list<fixed_size_list<float, dim>> column: a pretrained embedding per event.
     embedding_column: Optional[str] = None
+    # Width of embedding_column's vectors (used only with it).
     embedding_dim: int = 0
 
 
 @dataclass
 class TaskConfig:
+    # The task's name (metrics, logs and train.early_stop.task use it).
     name: str
+    # The task's label column (1 positive, 0 negative).
     label_column: str
+    # The task's weight in the training loss (a weighted sum over tasks).
     weight: float = 1.0
     # Column holding the probability the label was drawn from (synthetic data): enables oracle metrics.
     true_probability_column: Optional[str] = None
@@ -110,17 +145,25 @@ class TaskConfig:
 
 @dataclass
 class ColumnsConfig:
+    # The request id column: a request's candidate rows share it.
     request_id: str = "request_id"
+    # The user id column.
     user_id: str = "user_id"
+    # The candidate (ad) id column.
     item_id: str = "item_id"
+    # The surface column: a name in features.surfaces, or its index.
     surface: str = "surface"
+    # The request time column, in seconds (events' time deltas are taken from it).
     timestamp: str = "timestamp"
 
 
 @dataclass
 class FeaturesConfig:
+    # Names of the identity columns every row has.
     columns: ColumnsConfig = field(default_factory=ColumnsConfig)
+    # Surface names: the heads' logits, calibration and metrics are per surface.
     surfaces: List[str] = field(default_factory=lambda: ["home_feed", "related_pins", "search"])
+    # The prediction tasks (at least one), each a label column.
     tasks: List[TaskConfig] = field(default_factory=list)
     tables: List[TableConfig] = field(default_factory=list)
     sparse: List[SparseFeatureConfig] = field(default_factory=list)
@@ -138,17 +181,23 @@ class FeaturesConfig:
 
 @dataclass
 class RowFilterConfig:
+    # An int64 column of the contract (a sparse feature's, surface, user_id or item_id).
     column: str
+    # The values kept.
     values: List[int]
 
 
 @dataclass
 class DataConfig:
+    # Directory of the training Parquet files (the contract: docs/data_build.md).
     train_dir: str = "data/demo/train"
+    # Directory of the evaluation Parquet files (the final evaluation's).
     eval_dir: str = "data/demo/eval"
+    # Candidate rows per rank per step: the global batch is batch_size x the world size.
     batch_size: int = 512
     # Rows held for shuffling (whole requests are shuffled, never split by the buffer).
     shuffle_buffer_rows: int = 16384
+    # DataLoader worker processes per rank reading row groups (0: read in the training process).
     num_workers: int = 1
     # Batches each loader worker keeps ready (DataLoader's prefetch_factor; unused without workers).
     prefetch_factor: int = 4
@@ -180,11 +229,15 @@ class FaultsConfig:
 
     # Dense column zero-filled for requests whose time falls in [start, end) (fractions of the span).
     zero_fill_column: Optional[str] = None
+    # [start, end) of the zero-fill, as fractions of the data's time span.
     zero_fill_window: List[float] = field(default_factory=lambda: [0.4, 0.5])
     # Dense column whose distribution shifts (scale x shift_scale + shift_offset) after a time point.
     shift_column: Optional[str] = None
+    # The time point (a fraction of the span) from which shift_column is shifted.
     shift_after: float = 0.7
+    # The shift's factor.
     shift_scale: float = 5.0
+    # The shift's offset (added after the scaling).
     shift_offset: float = 3.0
     # Fraction of rows whose dense values are stale (copied from an earlier row of the user).
     stale_fraction: float = 0.0
@@ -195,21 +248,29 @@ class LongHistoryConfig:
     """Long pins histories and a planted dormant interest (docs/synthetic_data.md, "Long histories
     and a dormant interest"). Off: the data are exactly those of the generator without it."""
 
+    # Plant long histories and the dormant interest (false: the plain generator's data).
     enabled: bool = False
     # Each user's total pins events over the 90-day log: LogNormal with this median and 90th
     # percentile, rounded and clipped to [1, max_length]; max_length is also the pins cap a request
     # carries (sequence_caps()["pins"]).
     median: float = 200.0
+    # The 90th percentile of that LogNormal.
     p90: float = 1500.0
+    # The clip of a user's event count, and the pins cap a request carries.
     max_length: int = 4000
     # Users with at least min_history pins events have a dormant topic outside their mixture: a burst
     # of burst_share of their events on it in the log's first burst_days days, candidates of it with
     # probability candidate_share and dormant_coef on the click logit, on the surfaces listed.
     min_history: int = 300
+    # Fraction of a dormant user's events in the burst on the dormant topic.
     burst_share: float = 0.1
+    # The burst falls in the log's first burst_days days.
     burst_days: float = 15.0
+    # Probability that a candidate of such a user is of the dormant topic.
     candidate_share: float = 0.1
+    # Added to the click logit of a candidate of the user's dormant topic.
     dormant_coef: float = 3.0
+    # The surfaces where the dormant topic's candidates appear.
     surfaces: List[str] = field(default_factory=lambda: ["home_feed", "related_pins"])
 
 
@@ -217,23 +278,34 @@ class LongHistoryConfig:
 class SynthConfig:
     """Sizes and seed of the planted-truth synthetic data (see docs/synthetic_data.md)."""
 
+    # Seeds every random draw of the generator: same seed and sizes, same data.
     seed: int = 0
+    # Requests in the train split.
     train_requests: int = 20000
+    # Requests in the eval split (after every training one in time).
     eval_requests: int = 4000
     # Requests of the training period's latest part (after every train request, before every eval
     # one), written to calibration/ (fit the calibration layers on them with data.calibration_dir).
     # 0: no calibration split.
     calibration_requests: int = 0
+    # Mean candidate rows per request: 1 + Poisson(candidates_per_request - 1).
     candidates_per_request: float = 12.0
+    # Users the requests are drawn from (a user makes several).
     num_users: int = 200000
+    # Candidate items (ads): item_id in [0, num_items).
     num_items: int = 50000
+    # Advertisers; each item belongs to one.
     num_advertisers: int = 2000
+    # Topics of the planted world (items, interests, queries).
     num_topics: int = 32
+    # L: the pins group's cap (L / 2 for ads and queries), also the background events' scale.
     sequence_length: int = 100
     # Width of the pretrained per-event embedding of the pins group (a noisy topic vector). It is
     # repeated on every candidate row of a request, so it dominates the file size.
     event_embedding_dim: int = 32
+    # Train files (eval and calibration get proportionally fewer, at least 2).
     num_files: int = 4
+    # Rows per Parquet row group, at most (row groups hold whole requests).
     row_group_size: int = 8192
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     long_history: LongHistoryConfig = field(default_factory=LongHistoryConfig)
@@ -251,11 +323,17 @@ class RawSourceConfig:
 
     # Files or globs, relative to the build's --raw directory (or absolute). CSV or Parquet.
     path: List[str] = field(default_factory=list)
+    # auto: told from the file names' extensions.
     format: Literal["auto", "csv", "parquet"] = "auto"
     # CSV: the delimiter and the strings read as null (blank fields always are). Header names are
     # stripped of surrounding spaces (Taobao's user_profile.csv ends its header with one).
     delimiter: str = ","
+    # CSV: the strings read as null (besides blank fields).
     null_values: List[str] = field(default_factory=lambda: ["", "NULL"])
+    # CSV without a header line (MovieLens' u.data, u.item): its column names, in file order.
+    names: List[str] = field(default_factory=list)
+    # CSV text encoding: utf-8, utf-16 or latin-1 (MovieLens-100K's u.item).
+    encoding: str = "utf-8"
     # SQL predicate over the file's columns: only matching rows are used.
     filter: Optional[str] = None
 
@@ -270,6 +348,7 @@ class ImpressionsConfig(RawSourceConfig):
     # SQL expression of the request id; empty: derived from request_key (a request = one value of
     # those expressions, numbered in time order).
     request: Optional[str] = None
+    # SQL expressions whose values together make a request (used when request is empty).
     request_key: List[str] = field(default_factory=list)
     # SQL expression ordering a request's candidates (its slot or position); default: the item.
     order: Optional[str] = None
@@ -284,6 +363,7 @@ class SideTableConfig(RawSourceConfig):
     """A table joined to impressions by key: item attributes, user profile, daily item statistics.
     Its columns are named ``<name>.<column>`` in build.columns."""
 
+    # Its name: build.columns and the sequence sources read its columns as <name>.<column>.
     name: str = ""
     # side table column -> SQL expression over the impression row it must equal.
     key: Dict[str, str] = field(default_factory=dict)
@@ -310,6 +390,11 @@ class SequenceSourceConfig(RawSourceConfig):
     min_gap_s: float = 0.0
     # Events whose user expression is null: stop with an error naming file and row, or drop and count.
     missing_user: Literal["error", "drop"] = "error"
+    # Side tables (build.side_tables, by name) joined to the events of a source with a path, so
+    # ``columns`` can read them as ``<name>.<column>``: side table name -> {side table column: SQL
+    # expression over the event row}; a dated side table joins the row of the event's own date. A
+    # source without a path (the impression log) sees every side table, joined as the impressions are.
+    side_tables: Dict[str, Dict[str, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -317,8 +402,11 @@ class SplitConfig:
     """One output split: impressions with start <= time < end (dates or datetimes in
     build.timezone; either side open when empty) that match ``filter``."""
 
+    # The split's name: its output directory (<out>/<name>/), and what fit_split and splits name.
     name: str
+    # Impressions at or after this date or datetime; empty: from the first.
     start: Optional[str] = None
+    # Impressions before this date or datetime; empty: to the last.
     end: Optional[str] = None
     filter: Optional[str] = None  # SQL predicate over the impression row (KuaiRand: is_rand = 1)
 
@@ -329,9 +417,13 @@ class NegativeDownsamplingConfig:
     (1.0 for surfaces not listed); the rates go to the manifest. Only ``splits`` are sampled: fit the
     calibration layers on an unsampled split and they correct the sampled model's bias."""
 
+    # The task whose negatives (label 0) are sampled.
     task: str = ""
+    # surface -> the probability that a negative of it is kept (1.0 for surfaces not listed).
     rates: Dict[str, float] = field(default_factory=dict)
+    # The splits sampled (the others are written whole).
     splits: List[str] = field(default_factory=lambda: ["train"])
+    # Seeds the keep/drop draw (a hash of request and item: reproducible).
     seed: int = 0
 
 
@@ -342,8 +434,11 @@ class VocabularyConfig:
     num_embeddings - 1; ids seen fewer than min_count times are out of vocabulary. Saved as
     <out>/vocabularies/<table>.parquet for serving."""
 
+    # The features.tables entry whose raw ids are mapped.
     table: str
+    # Ids seen fewer times than this on fit_split are out of vocabulary (0).
     min_count: int = 1
+    # The build.splits entry the frequencies are counted on.
     fit_split: str = "train"
 
 
@@ -361,6 +456,7 @@ class BuildConfig:
     vocabularies: List[VocabularyConfig] = field(default_factory=list)
     # Output: requests per Parquet row group, and per file (files are in time order).
     requests_per_row_group: int = 2048
+    # Requests per output Parquet file.
     requests_per_file: int = 200000
 
 
@@ -381,7 +477,9 @@ class SequenceProjectionConfig:
     with a Transformer)."""
 
     dim: int = 0  # 0: off
+    # DCNv2 cross layers before the linear map to dim (0: the linear map alone).
     num_layers: int = 2
+    # Rank of the cross layers' weights (0: full rank).
     low_rank: int = 16
 
 
@@ -390,11 +488,15 @@ class HSTUConfig:
     """The HSTU encoder (modules/hstu.py): pointwise SiLU attention with relative position and time
     biases, run per request without padding waste."""
 
+    # Stacked HSTU layers.
     num_layers: int = 2
+    # Attention heads; they divide the event width.
     num_heads: int = 2
+    # Dropout rate in the HSTU layers.
     dropout: float = 0.0
     # Relative attention biases: log2 buckets of |i - j| positions and of |t_i - t_j| seconds.
     position_buckets: int = 32
+    # Buckets of the time bias (log2 of |t_i - t_j| seconds).
     time_buckets: int = 24
 
 
@@ -402,10 +504,12 @@ class HSTUConfig:
 class RetrievalConfig:
     """Target-aware retrieval from a long history (SIM's hard search; modules/retrieval.py): per
     candidate, the newest ``max_events`` events whose ``attribute`` equals the candidate's
-    ``candidate`` feature, encoded with target attention."""
+    ``candidate`` feature, encoded with target attention. With bags on either side (a multi-valued
+    attribute, a multi-hot candidate feature) an event matches when the two share an id."""
 
     attribute: str = "topic"  # a feature of the group
     candidate: str = "item_topic"  # a candidate-side sparse feature on the attribute's table
+    # Events retrieved per candidate: the newest that match.
     max_events: int = 32
 
 
@@ -417,6 +521,7 @@ class SequenceEncoderConfig:
     # summed ("sum"), or concatenated at their own widths ("concat": the event is as wide as the sum
     # of its attributes' widths, and so is the Transformer).
     combine: Literal["sum", "concat"] = "sum"
+    # Width of an event with combine: sum (each attribute is projected to it).
     d_model: int = 32
     # Time-delta position embedding: bucket = floor(log2(1 + seconds)), clamped to num_buckets - 1.
     time_buckets: int = 24
@@ -438,9 +543,13 @@ class SequenceEncoderConfig:
     # outputs; docs/long_sequences.md measures both.
     padding: Literal["max_length", "buckets"] = "max_length"
     # Transformer.
+    # Its encoder layers.
     num_layers: int = 1
+    # Attention heads; they divide the event width (d_model, or the concatenated width).
     num_heads: int = 1
+    # Hidden width of each layer's feed-forward network.
     ffn_dim: int = 64
+    # Dropout rate in the Transformer layers.
     dropout: float = 0.0
     # What the Transformer's encoded events become: "summary" (a prepended summary token's output),
     # "mean" (masked mean) -- once per request -- "transact" (TransAct-style: max-pool plus the latest
@@ -448,6 +557,7 @@ class SequenceEncoderConfig:
     poolings: List[Literal["summary", "mean", "transact", "target"]] = field(
         default_factory=lambda: ["summary", "mean", "target"]
     )
+    # Latest encoded events the transact pooling keeps beside its max-pool.
     transact_recent: int = 4
     # Period sum pooling: period boundaries in seconds of time delta (request time - event time);
     # [a, b, c] makes the periods [0, a), [a, b), [b, c), [c, inf). Future events are left out.
@@ -456,6 +566,7 @@ class SequenceEncoderConfig:
     din_hidden: List[int] = field(default_factory=lambda: [32])
     # Long/short interest: the short-term part's window and attention MLP.
     short_length: int = 8
+    # Hidden widths of the short-term part's attention MLP.
     short_hidden: List[int] = field(default_factory=lambda: [16])
     early_interaction: EarlyInteractionConfig = field(default_factory=EarlyInteractionConfig)
     projection: SequenceProjectionConfig = field(default_factory=SequenceProjectionConfig)
@@ -465,6 +576,7 @@ class SequenceEncoderConfig:
 
 @dataclass
 class DCNConfig:
+    # DCNv2 cross layers over the concatenated input features (the ranker's, or a tower's).
     num_layers: int = 2
     # Low-rank cross layers (DCNv2 "mixture" style matrix factorization); 0 = full-rank.
     low_rank: int = 32
@@ -472,8 +584,11 @@ class DCNConfig:
 
 @dataclass
 class MMoEConfig:
+    # Shared expert MLPs, mixed by one softmax gate per task.
     num_experts: int = 4
+    # Hidden widths of each expert MLP (the last is the experts' output width).
     expert_dims: List[int] = field(default_factory=lambda: [128, 64])
+    # Hidden widths of each task's tower before its output layer (empty: a linear map).
     tower_dims: List[int] = field(default_factory=lambda: [32])
 
 
@@ -486,7 +601,9 @@ class ResilientBNConfig:
     # A column whose batch variance differs from the running variance by more than this factor
     # (either way) is left out of the update.
     variance_shift_threshold: float = 10.0
+    # Running-statistics update rate, as BatchNorm1d's momentum.
     momentum: float = 0.1
+    # Added to the variance before dividing by its root, as BatchNorm1d's eps.
     eps: float = 1e-5
 
 
@@ -497,7 +614,9 @@ class TwoTowerConfig:
 
     # Width of each task's user and ad vectors.
     embedding_dim: int = 32
+    # Each tower's DCNv2 cross network.
     dcn: DCNConfig = field(default_factory=lambda: DCNConfig(num_layers=1, low_rank=16))
+    # Each tower's MMoE (its per-task outputs are the embedding_dim-wide vectors).
     mmoe: MMoEConfig = field(default_factory=lambda: MMoEConfig(num_experts=2, expert_dims=[64], tower_dims=[]))
 
 
@@ -506,6 +625,7 @@ class PrecisionConfig:
     """Mixed precision: the large layers (Transformer, DCNv2 cross network, MMoE experts) run in
     this dtype; embeddings, small layers, calibration and the loss stay float32."""
 
+    # The large layers' dtype in training.
     train: Literal["fp32", "bf16", "fp16"] = "fp32"
     # auto: BF16 where the serving device has fast BF16 (CUDA with native BF16, a CPU with AMX or
     # avx512_bf16), FP32 elsewhere, where BF16 is emulated and slower (modules/precision.py resolve).
@@ -517,12 +637,16 @@ class PrecisionConfig:
 
 @dataclass
 class ModelConfig:
+    # The model: the unified ranker, or the two-tower ranker (model.two_tower).
     kind: Literal["ranker", "two_tower"] = "ranker"
     # Every sequence group's encoder; sequence_groups.<group> changes some keys for one group
     # (the unset ones are model.sequence's).
     sequence: SequenceEncoderConfig = field(default_factory=SequenceEncoderConfig)
+    # Per-group encoders: sequence group name -> the keys that differ from model.sequence.
     sequence_groups: Dict[str, SequenceEncoderConfig] = field(default_factory=dict)
+    # The ranker's DCNv2 cross network.
     dcn: DCNConfig = field(default_factory=DCNConfig)
+    # The ranker's MMoE: shared experts, a gate and a tower per task, a logit per surface.
     mmoe: MMoEConfig = field(default_factory=MMoEConfig)
     # Calibration on top of the logits: one affine map per (surface, task), one per task shared by
     # all surfaces ("global"), or none; fit after training on data.calibration_holdout.
@@ -543,7 +667,9 @@ class EvalEveryConfig:
     """How often training pauses to evaluate (train.eval_every): every ``epochs`` epochs (at the
     epoch's end) or every ``steps`` steps; set exactly one."""
 
+    # Evaluate every this many epochs, at the epoch's end (0: by steps).
     epochs: int = 0
+    # Evaluate every this many steps (0: by epochs).
     steps: int = 0
 
 
@@ -578,25 +704,35 @@ class EarlyStopConfig:
 
 @dataclass
 class TrainConfig:
+    # Seeds the model's initialization, the row-group deal and the request shuffle.
     seed: int = 0
+    # Passes over data.train_dir (train.max_steps may stop earlier).
     epochs: int = 1
     # Stop after this many steps (0: run the epochs).
     max_steps: int = 0
+    # Peak learning rate of the dense layers' AdamW (after the warm-up, before the decay).
     lr: float = 1e-3
+    # Steps of linear warm-up to lr (dense layers).
     warmup_steps: int = 50
     # Linear decay to lr * final_lr_ratio at the last step.
     final_lr_ratio: float = 0.1
+    # AdamW weight decay of the dense layers.
     weight_decay: float = 0.0
     # The dense AdamW's implementation in torch.optim: "fused" (one kernel for all parameters),
     # "foreach" (multi-tensor kernels) or "for_loop" (per parameter). Same update up to rounding;
     # the choice is speed (benchmarks/train_throughput.py compares them).
     dense_optimizer_kernel: Literal["fused", "foreach", "for_loop"] = "fused"
+    # Learning rate of the embedding tables' optimizer (constant: the schedule is the dense layers').
     embedding_lr: float = 0.05
     # Fused embedding optimizer; on CPU only the exact SGD/Adagrad family is available.
     embedding_optimizer: Literal["rowwise_adagrad", "adagrad", "sgd", "adam"] = "rowwise_adagrad"
+    # Where the run writes metrics.jsonl, config.json, checkpoints and TensorBoard events.
     run_dir: str = "runs/demo"
+    # Steps between checkpoints (0: none but the run's last and the best evaluation's).
     checkpoint_every: int = 0
+    # Newest checkpoints kept (older ones are pruned; the best evaluation's is spared).
     keep_checkpoints: int = 3
+    # Steps between step records (metrics.jsonl, console, TensorBoard).
     log_every: int = 20
     # Sharding types the planner may use (subset of table_wise, row_wise, column_wise,
     # table_row_wise, table_column_wise, data_parallel); empty = all that suit the device on CUDA,
@@ -812,9 +948,16 @@ def _validate_features(f: FeaturesConfig) -> None:
         if not g.features:
             raise ConfigError(f"features.sequence_groups[{i}].features: a group needs at least one id feature")
         for j, sf in enumerate(g.features):
-            where = f"features.sequence_groups[{i}].features[{j}].table"
+            where = f"features.sequence_groups[{i}].features[{j}]"
             if sf.table not in tables:
-                raise ConfigError(f"{where}: no table named {sf.table!r} in features.tables")
+                raise ConfigError(f"{where}.table: no table named {sf.table!r} in features.tables")
+            positive(f"{where}.max_values", sf.max_values)
+        if all(sf.multi_valued for sf in g.features):
+            # Its per-request event counts are read off a single-id attribute's lengths.
+            raise ConfigError(
+                f"features.sequence_groups[{i}].features: every feature of group {g.name!r} is a bag "
+                f"(max_values > 1); give the events one single-id attribute too (the item, the query, the action)"
+            )
         if g.name + "." == CANDIDATE_PREFIX:
             raise ConfigError(f"features.sequence_groups[{i}].name: 'candidate' is reserved")
         if g.embedding_column is not None:

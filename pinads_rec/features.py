@@ -11,7 +11,12 @@ checkpoints name them):
   request, the sequence features (``<group>.<feature>``, ``event_keys``) and then ``candidate.<name>``:
   the ids of the request's candidate rows of each single-id feature whose table is a sequence table
   (``shared_keys``), so the candidate and the user's events share one embedding space and the
-  lookups come back as [B, D] in row order.
+  lookups come back, pooled per row, as [B, D] in row order.
+
+Bags in the sequence KJT (``bag_keys``): a multi-valued event attribute (``max_values`` > 1) holds
+a bag of ids per event, a candidate key a bag per row (one id, or a multi-hot feature's several).
+The batch carries each bag's size (``Batch.sequence_bag_sizes``); the models pool each bag into
+one embedding by the feature's pooling, so an event (a row) gets one vector per attribute.
 
 Any of the three may have no keys (no per-row pooled features, no user-side ones, no sequence
 groups): the models then have no such collection (None) and the batch's KJT for it is empty.
@@ -43,6 +48,10 @@ class FeatureLayout:
     shared_keys: List[str]  # candidate features looked up in a sequence table (EC "ec"), config order
     sequence_keys: List[str]  # the EC's KJT keys: event_keys, then "candidate.<name>" per shared key
     sequence_tables: List[str]  # names of the tables a sequence feature uses, sorted
+    # sequence keys holding a bag per event (multi-valued attributes) or per row (candidate keys)
+    bag_keys: List[str]
+    bag_pooling: Dict[str, str]  # bag key -> "sum" | "mean"
+    group_offsets_keys: Dict[str, str]  # group -> a single-id key of it: its lengths are events per request
     sparse_keys: List[str]  # every sparse feature, config order
     candidate_keys: List[str]  # sparse features not marked user_side, config order
     user_side_keys: List[str]  # sparse features marked user_side, config order
@@ -59,6 +68,15 @@ class FeatureLayout:
         row_tables = {s.table for s in features.sparse if not s.user_side}
         user = [s.name for s in pooled if s.user_side and s.table not in row_tables]
         event_keys = [f"{g.name}.{f.name}" for g in features.sequence_groups for f in g.features]
+        bag_pooling = {
+            f"{g.name}.{f.name}": f.pooling for g in features.sequence_groups for f in g.features if f.multi_valued
+        }
+        bag_pooling.update((CANDIDATE_PREFIX + s.name, s.pooling) for s in shared)
+        offsets_keys = {
+            g.name: next(f"{g.name}.{f.name}" for f in g.features if not f.multi_valued)
+            for g in features.sequence_groups
+            if any(not f.multi_valued for f in g.features)  # config validation refuses the others
+        }
         return cls(
             features=features,
             row_keys=[s.name for s in pooled if s.name not in user],
@@ -67,6 +85,9 @@ class FeatureLayout:
             shared_keys=[s.name for s in shared],
             sequence_keys=event_keys + [CANDIDATE_PREFIX + s.name for s in shared],
             sequence_tables=sequence_tables,
+            bag_keys=list(bag_pooling),
+            bag_pooling=bag_pooling,
+            group_offsets_keys=offsets_keys,
             sparse_keys=[s.name for s in features.sparse],
             candidate_keys=[s.name for s in features.sparse if not s.user_side],
             user_side_keys=[s.name for s in features.sparse if s.user_side],

@@ -321,7 +321,7 @@ def test_datasets_benchmark_sets_model_no_sequence_reference_and_oracle_side_by_
     assert {"true_click", "true_long_view", "true_like"} <= set(schema.names)
     names = json.loads((tmp_path / "reference_features.json").read_text())
     assert "video_id~click_video: newest 5" in names and "author_id~click_author: all" in names
-    assert any("~click_video." in n for n in names), names  # an item attribute (tags) through the history
+    assert any("~click_video." in n for n in names), names  # an item attribute (its type, music...) through the history
 
     report = json.loads((tmp_path / "report.json").read_text())
     cells = {(r["surface"], r["task"]): r for r in report["rows"]}
@@ -337,3 +337,16 @@ def test_datasets_benchmark_sets_model_no_sequence_reference_and_oracle_side_by_
     assert "features.sequence_groups=[]" in report["commands"]["no sequences"]
     table = (tmp_path / "report.md").read_text()
     assert "| all | click |" in table and "oracle AUC" in table and table in out
+
+
+def test_kuairand_ceiling_reports_the_oracle_and_what_the_logs_reveal():
+    out = _run("kuairand_ceiling.py", "--users 300", timeout=300)
+    lines = {line.split(" AUC ")[0].strip(): _numbers(line) for line in out.splitlines() if " AUC " in line}
+    assert list(lines) == [
+        "oracle",
+        "oracle without current interest",
+        "non-history logit alone",
+        "ceiling: non-history logit + history features",
+    ]
+    assert lines["oracle"][-1] == 1.0  # lift of the oracle itself
+    assert all(0.5 < auc < 1.0 for auc, _ in lines.values())

@@ -761,16 +761,17 @@ def test_a_list_column_as_pooled_ids_and_a_sequence_is_accepted(base):
             ": a label read as a model input would leak the answer",
         ),
         (
-            {"sequence": {"name": "candidate_item", "column": "item_id", "table": "item"}},
-            "config uses column 'item_id' as both single id .* \\(sparse feature 'item_id'\\) and sequence id list "
-            "\\(sequence group 'pins' feature 'candidate_item'\\): one needs int64, the other list<int64>",
+            {"sequence": {"name": "pin_bag", "column": "seq_pin_topic", "table": "topic", "max_values": 4}},
+            "config uses column 'seq_pin_topic' as both sequence id list \\(sequence group 'pins' feature 'topic'\\) "
+            "and sequence id bag list \\(sequence group 'pins' feature 'pin_bag'\\): one needs list<int64>, the other "
+            "list<list<int64>>",
         ),
         (
             {"dense": {"name": "when", "column": "seq_pin_emb", "dim": 8}},
             "config uses column 'seq_pin_emb' as both .*: a dense vector column feeds dense vectors of one width only",
         ),
     ],
-    ids=["label-as-dense", "single-id-as-sequence", "embedding-as-dense"],
+    ids=["label-as-dense", "id-list-as-bags", "embedding-as-dense"],
 )
 def test_incompatible_uses_of_a_column_are_refused_naming_both(base, edit, pattern):
     from pinads_rec.data.contract import contract_columns

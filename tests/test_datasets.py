@@ -242,6 +242,11 @@ def test_kuairand_sequences_match_an_independent_computation(kuairand):
     # a video missing from it has the side table's default, -1.
     features = pd.read_csv(fixture.raw / "video_features_basic_pure.csv")
     author_of = dict(zip(features.video_id, features.author_id))
+    # Its tags, a bag per click: "12,65" -> [13, 66]; blank or missing -> [0].
+    tags_of = {
+        v: [int(x) + 1 for x in str(t).split(",")] if isinstance(t, str) and t.strip() else [0]
+        for v, t in zip(features.video_id, features.tag)
+    }
     max_length = cfg.features.sequence_groups[0].max_length
     rows = [r for split in ("train", "calibration", "eval") for r in read_split(out, split)]
     checked = 0
@@ -256,6 +261,7 @@ def test_kuairand_sequences_match_an_independent_computation(kuairand):
         action = 1 + ev.long_view + 2 * ev.is_like + 4 * ev.is_follow + 8 * ev.is_comment + 16 * ev.is_forward
         assert r["click_action"] == action.tolist()
         assert r["click_author"] == mapped(authors, [author_of.get(v, -1) for v in ev.video_id])
+        assert r["click_tags"] == [tags_of.get(v, [0]) for v in ev.video_id]
         checked += 1
     assert checked == 80
 

@@ -38,6 +38,9 @@ class Batch(Pipelineable):
     sequences: KeyedJaggedTensor
     sequence_time_deltas: Dict[str, torch.Tensor]  # group -> [events] float32 seconds before the request
     sequence_embeddings: Dict[str, torch.Tensor]  # group -> [events, E] pretrained per-event embedding
+    # bag key of the sequence KJT (FeatureLayout.bag_keys) -> [events] int64 ids per event (a
+    # multi-valued attribute), or [B] ids per row (a candidate key); the KJT's lengths count ids
+    sequence_bag_sizes: Dict[str, torch.Tensor]
     request_index: torch.Tensor  # [B] int64: row -> its request's slot in [0, U)
     surface: torch.Tensor  # [B] int64 index into features.surfaces
     labels: torch.Tensor  # [B, T] float32
@@ -245,6 +248,15 @@ class BatchBuilder:
         offsets = pa.array(block.offsets.astype(np.int32))
         seq_cols += [pa.ListArray.from_arrays(offsets, block.row_column(c)) for c in self.shared_columns]
         sequences = _kjt(layout.sequence_keys, seq_cols, U)
+        bag_sizes = {}
+        for key in layout.bag_keys:
+            column = seq_cols[layout.sequence_keys.index(key)]
+            bags = column.flatten()  # per event (per row, for a candidate key): its id or its ids
+            if pa.types.is_integer(bags.type):
+                bag_sizes[key] = torch.ones(len(bags), dtype=torch.int64)
+            else:
+                sizes = pc.list_value_length(bags).to_numpy(zero_copy_only=False)
+                bag_sizes[key] = torch.from_numpy(sizes.astype(np.int64))
 
         request_time = block.request_column(f.columns.timestamp).to_numpy().astype(np.float64)
         deltas, embeddings = {}, {}
@@ -273,6 +285,7 @@ class BatchBuilder:
             sequences=sequences,
             sequence_time_deltas=deltas,
             sequence_embeddings=embeddings,
+            sequence_bag_sizes=bag_sizes,
             request_index=request_index,
             surface=surface,
             labels=labels,
@@ -291,8 +304,15 @@ def _kjt(keys: List[str], columns: List[pa.ChunkedArray], stride: int) -> KeyedJ
             values.append(col.to_numpy(zero_copy_only=False))
             lengths.append(np.ones(len(col), np.int32))
         else:
-            values.append(col.flatten().to_numpy(zero_copy_only=False))
-            lengths.append(pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int32))
+            counts = pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64)
+            flat = col.flatten()
+            if not pa.types.is_integer(flat.type):  # bags (a list per event, per row): count their ids
+                inner = pc.list_value_length(flat).to_numpy(zero_copy_only=False).astype(np.int64)
+                starts = np.concatenate([[0], np.cumsum(inner)])  # per event, where its ids start
+                counts = np.diff(starts[np.concatenate([[0], np.cumsum(counts)])])
+                flat = flat.flatten()
+            values.append(flat.to_numpy(zero_copy_only=False))
+            lengths.append(counts.astype(np.int32))
         lengths.append(np.zeros(stride - len(col), np.int32))
     if not keys:  # e.g. a model without sequence groups
         return KeyedJaggedTensor(

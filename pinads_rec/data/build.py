@@ -50,7 +50,7 @@ from pinads_rec.config import (
     to_dict,
 )
 from pinads_rec.data import layout
-from pinads_rec.data.contract import ID, SHARED_ID, ContractError, contract_columns
+from pinads_rec.data.contract import ID, ContractError, contract_columns
 from pinads_rec.data.raw_sources import RawSource, sql_name, sql_string
 
 # Timestamps outside [1990, 2100) are a mistake (milliseconds read as seconds, a zero): an error.
@@ -146,8 +146,10 @@ class Build:
         self.con.execute(f"CREATE TEMP VIEW impressions AS SELECT * FROM {base}")
         self.imp_time = self.seconds(imp.time, "impressions", "build.impressions.time")
         joins, structs = [], []
+        self.side_sources = {}  # side table name -> what its joins need (side_table)
         for i, side in enumerate(self.b.side_tables):
-            join, struct = self.side_join(i, side)
+            self.side_sources[side.name] = self.side_table(i, side)
+            join, struct = self.side_join(side.name, side.key, self.imp_time)
             joins.append(join)
             structs.append(struct)
         joined = "SELECT impressions.*" + "".join(", " + s for s in structs) + " FROM impressions " + " ".join(joins)
@@ -217,9 +219,8 @@ class Build:
             f"FROM imp JOIN __request_ids r ON {same}",
         )
 
-    def side_join(self, i: int, side) -> Tuple[str, str]:
-        """The LEFT JOIN of one side table and the struct its columns are read through
-        (``<name>.<column>`` in build.columns: a struct field), defaults applied."""
+    def side_table(self, i: int, side) -> dict:
+        """One side table read and checked (one row per key, and date if dated) into a temp table."""
         where = f"build.side_tables[{i}]"
         if side.name in self.imp_columns:
             raise ConfigError(
@@ -234,11 +235,8 @@ class Build:
         keys = list(side.key)
         key_select = ", ".join(f"{sql_name(k)} AS __k{j}" for j, k in enumerate(keys))
         dated = ""
-        on = " AND ".join(f"{alias}.__k{j} = ({side.key[k]})" for j, k in enumerate(keys))
         if side.as_of:
             key_select += f", {self.date_sql(sql_name(side.as_of), source, where + '.as_of')} AS __date"
-            imp_date = f"CAST(timezone({sql_string(self.b.timezone)}, to_timestamp({self.imp_time})) AS DATE)"
-            on += f" AND {alias}.__date = {imp_date}"
             keys.append(side.as_of)
             dated = ", __date"
         filtered = f"(SELECT * FROM {source.scan()}{_where(side.filter)})"
@@ -260,7 +258,19 @@ class Build:
         for col in side.defaults:
             if col not in columns:
                 raise ContractError(f"{where}.defaults.{col}: {source.files[0]} has no such column ({columns})")
-        values = {c: f"{alias}.__fields.{sql_name(c)}" for c in fields}
+        return {"alias": alias, "side": side, "fields": fields, "where": where}
+
+    def side_join(self, name: str, key: Dict[str, str], time: str) -> Tuple[str, str]:
+        """The LEFT JOIN of side table ``name`` on ``key`` (side column -> SQL expression over the
+        joining row; a dated table also on the date of ``time``, seconds) and the struct its columns
+        are read through (``<name>.<column>``: a struct field), defaults applied."""
+        info = self.side_sources[name]
+        alias, side = info["alias"], info["side"]
+        on = " AND ".join(f"{alias}.__k{j} = ({key[k]})" for j, k in enumerate(side.key))
+        if side.as_of:
+            date = f"CAST(timezone({sql_string(self.b.timezone)}, to_timestamp({time})) AS DATE)"
+            on += f" AND {alias}.__date = {date}"
+        values = {c: f"{alias}.__fields.{sql_name(c)}" for c in info["fields"]}
         packed = ", ".join(
             f"{sql_name(c)} := " + (f"coalesce({v}, {side.defaults[c]})" if c in side.defaults else v)
             for c, v in values.items()
@@ -325,6 +335,16 @@ class Build:
         if source.path:
             raw = RawSource.of(source, self.raw_dir, where)
             scan = f"(SELECT *, filename AS __file FROM {raw.scan()})"
+            if source.side_tables:  # the events' own keys into the side tables (as of their own date)
+                plain = f"__events_raw_{name}"
+                self.con.execute(f"CREATE TEMP VIEW {plain} AS SELECT * FROM {scan}")
+                t = self.seconds(source.time, plain, f"{where}.time")
+                joins, structs = [], []
+                for side, key in source.side_tables.items():
+                    join, struct = self.side_join(side, key, t)
+                    joins.append(join)
+                    structs.append(struct)
+                scan = f"(SELECT {plain}.*, {', '.join(structs)} FROM {plain} {' '.join(joins)})"
         else:  # the impression log is the event log (KuaiRand: earlier clicks are the history)
             raw, scan = self.imp_source, "impressions_joined"
         view = f"__events_{name}"
@@ -359,13 +379,34 @@ class Build:
         self.con.execute(f"DELETE FROM {events} WHERE __no_user")
         self.check_times(events, "__t", raw, t, f"{where}.time")
         self.check_no_nulls(events, cols, f"{where}.columns", raw, source.columns)
-        for c in ids:
-            if not self.is_integer_column(events, c):
+        for f in group.features:
+            c = f.column
+            vocabulary = any(v.table == f.table for v in self.b.vocabularies)
+            if vocabulary:
+                continue
+            if f.multi_valued and not self.column_type(events, c).endswith("[]"):
                 raise ContractError(
-                    f"{where}.columns.{c}: gives {self.column_type(events, c)} values; a sequence id must be an "
-                    f"integer (map it, or declare a vocabulary for table "
-                    f"{next(f.table for f in group.features if f.column == c)!r})"
+                    f"{where}.columns.{c}: gives {self.column_type(events, c)} values; feature {f.name!r} is "
+                    f"multi-valued (max_values {f.max_values}): give a list of ids per event (e.g. "
+                    f"string_split(...) cast to BIGINT[])"
                 )
+            if not self.is_integer_column(events, c, lists_ok=f.multi_valued):
+                what = "a list of integers" if f.multi_valued else "an integer"
+                raise ContractError(
+                    f"{where}.columns.{c}: gives {self.column_type(events, c)} values; a sequence id must be "
+                    f"{what} (map it, or declare a vocabulary for table {f.table!r})"
+                )
+        for f in group.features:
+            if f.multi_valued:  # a counted repair, as the loader's overlong_sequence: truncate does
+                col = sql_name(f.column)
+                over = self.scalar(f"SELECT count(*) FROM {events} WHERE len({col}) > {f.max_values}")
+                if over:
+                    self.counts[
+                        f"sequence group {group.name} feature {f.name}: bags cut to their first {f.max_values} ids"
+                    ] = over
+                    self.con.execute(
+                        f"UPDATE {events} SET {col} = {col}[1:{f.max_values}] WHERE len({col}) > {f.max_values}"
+                    )
         self.group_sources[group.name] = (events, source, group)
 
     def vocabulary(self, vocab) -> None:
@@ -382,11 +423,18 @@ class Build:
         end = self.scalar(f"SELECT max(__t) FROM imp WHERE __split = {sql_string(vocab.fit_split)}")
         if end is None:
             raise ContractError(f"build.vocabularies: split {vocab.fit_split!r} has no impression to fit on")
+
+        def raw_values(table: str, column: str) -> str:  # a list column (multi-hot, bags) counts each id
+            col = sql_name(column)
+            return (
+                f"CAST(unnest({col}) AS VARCHAR)" if self.is_list_column(table, column) else f"CAST({col} AS VARCHAR)"
+            )
+
         values = [
-            f"SELECT CAST({sql_name(c)} AS VARCHAR) AS v FROM imp WHERE __split = {sql_string(vocab.fit_split)}"
+            f"SELECT {raw_values('imp', c)} AS v FROM imp WHERE __split = {sql_string(vocab.fit_split)}"
             for c in imp_cols
         ]
-        values += [f"SELECT CAST({sql_name(c)} AS VARCHAR) AS v FROM {e} WHERE __t <= {end}" for e, c in event_cols]
+        values += [f"SELECT {raw_values(e, c)} AS v FROM {e} WHERE __t <= {end}" for e, c in event_cols]
         name = f"vocab_{_ident(vocab.table)}"
         self.sql(
             f"fitting the vocabulary of table {vocab.table!r}",
@@ -410,9 +458,21 @@ class Build:
 
     def remap(self, table: str, column: str, vocab: str) -> None:
         col = sql_name(column)
+        if not self.is_list_column(table, column):
+            self.con.execute(
+                f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT {table}.* REPLACE (coalesce(__v.idx, 0) AS {col}) "
+                f"FROM {table} LEFT JOIN {vocab} AS __v ON __v.raw = CAST({table}.{col} AS VARCHAR)"
+            )
+            return
+        # A list per row: each id mapped in place (its position kept), an empty list stays empty.
         self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT {table}.* REPLACE (coalesce(__v.idx, 0) AS {col}) "
-            f"FROM {table} LEFT JOIN {vocab} AS __v ON __v.raw = CAST({table}.{col} AS VARCHAR)"
+            f"""CREATE OR REPLACE TEMP TABLE {table} AS
+            WITH numbered AS (SELECT *, row_number() OVER () AS __row FROM {table}),
+            ids AS (SELECT __row, unnest({col}) AS __id, generate_subscripts({col}, 1) AS __pos FROM numbered),
+            mapped AS (SELECT __row, list(coalesce(__v.idx, 0) ORDER BY __pos) AS __ids
+                       FROM ids LEFT JOIN {vocab} AS __v ON __v.raw = CAST(ids.__id AS VARCHAR) GROUP BY __row)
+            SELECT numbered.* EXCLUDE (__row) REPLACE (coalesce(mapped.__ids, []) AS {col})
+            FROM numbered LEFT JOIN mapped USING (__row)"""
         )
 
     def sequences(self, events: str, source: SequenceSourceConfig, group: SequenceGroupConfig) -> None:
@@ -569,7 +629,7 @@ class Build:
 
     def check_id_types(self) -> None:
         for name, c in self.columns.items():
-            if name not in self.computed or c.role not in (ID, SHARED_ID):
+            if name not in self.computed or c.role != ID:
                 continue
             if not self.is_integer_column("imp", name, lists_ok=True) and not self.vocab_for(name):
                 raise ContractError(
@@ -691,6 +751,9 @@ class Build:
     def column_type(self, table: str, column: str) -> str:
         row = self.one(f"SELECT typeof({sql_name(column)}) FROM {table} LIMIT 1")
         return row[0] if row else "BIGINT"
+
+    def is_list_column(self, table: str, column: str) -> bool:
+        return self.column_type(table, column).endswith("[]")
 
     def is_integer_column(self, table: str, column: str, lists_ok: bool = False) -> bool:
         kind = self.column_type(table, column)
@@ -907,6 +970,21 @@ def check_build(cfg: ExperimentConfig) -> None:
                 raise ConfigError(f"build.sequences[{i}].columns.{c}: not a column of group {s.group!r} ({need})")
         if s.min_gap_s < 0:
             raise ConfigError(f"build.sequences[{i}].min_gap_s: must be >= 0, got {s.min_gap_s}")
+        sides = {t.name: t for t in b.side_tables}
+        for name, key in s.side_tables.items():
+            where = f"build.sequences[{i}].side_tables.{name}"
+            if not s.path:
+                raise ConfigError(
+                    f"{where}: the events come from the impression log, which sees every side table already "
+                    f"(joined as the impressions are); remove side_tables"
+                )
+            if name not in sides:
+                raise ConfigError(f"{where}: no side table {name!r} in build.side_tables ({sorted(sides)})")
+            if sorted(key) != sorted(sides[name].key):
+                raise ConfigError(
+                    f"{where}: give an event expression for each key column of {name!r} "
+                    f"({sorted(sides[name].key)}), got {sorted(key)}"
+                )
     for g in f.sequence_groups:
         if g.name not in sourced:
             raise ConfigError(f"build.sequences: no source for sequence group {g.name!r}")

@@ -9,11 +9,14 @@ documented, counted repair instead of an error, chosen in config:
   its newest ``max_length`` events (sequences are stored newest first, so the head of the list).
 
 Ids at or beyond their table's size are hashed into range (id mod size) when the table says
-``hash: true``, and are an error otherwise.
+``hash: true``, and are an error otherwise. A multi-valued event attribute (``max_values`` > 1)
+holds a bag of ids per event: a bag longer than ``max_values`` is an error, or keeps its first
+``max_values`` ids under ``overlong_sequence: truncate`` (counted the same way).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -25,7 +28,6 @@ import pyarrow.compute as pc
 
 from pinads_rec.config import DataConfig, FeaturesConfig
 from pinads_rec.data.layout import Requests, request_level_columns
-from pinads_rec.features import FeatureLayout
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +37,12 @@ class ContractError(ValueError):
 
 
 # Column roles: what the loader does with each column and which Arrow types it accepts.
-ID, SHARED_ID, FLOAT, FLOAT_LIST, SEQ_ID, SEQ_TS, SEQ_EMB, LABEL, PROB, SURFACE, TIME, REQUEST = (
+ID, FLOAT, FLOAT_LIST, SEQ_ID, SEQ_BAG, SEQ_TS, SEQ_EMB, LABEL, PROB, SURFACE, TIME, REQUEST = (
     "id",
-    "single id (its table is shared with sequences)",
     "float",
     "fixed-size float list",
     "sequence id list",
+    "sequence id bag list",
     "sequence timestamp list",
     "sequence embedding list",
     "0/1 label",
@@ -51,8 +53,8 @@ ID, SHARED_ID, FLOAT, FLOAT_LIST, SEQ_ID, SEQ_TS, SEQ_EMB, LABEL, PROB, SURFACE,
 )
 
 
-ID_ROLES = (ID, SHARED_ID, SEQ_ID)
-SEQUENCE_ROLES = (SEQ_ID, SEQ_TS, SEQ_EMB)
+ID_ROLES = (ID, SEQ_ID, SEQ_BAG)
+SEQUENCE_ROLES = (SEQ_ID, SEQ_BAG, SEQ_TS, SEQ_EMB)
 # Roles whose column feeds nothing else: a label or true probability read as an input would leak the
 # answer; the surface column is read as a name into features.surfaces; vectors are only vectors.
 _EXCLUSIVE = {
@@ -65,11 +67,11 @@ _EXCLUSIVE = {
 # The kinds of stored values each other role accepts: two uses of a column must share one.
 _KINDS = {
     ID: {"integer", "list of integers"},
-    SHARED_ID: {"integer"},
     REQUEST: {"integer"},
     TIME: {"integer", "float"},
     FLOAT: {"integer", "float"},
     SEQ_ID: {"list of integers"},
+    SEQ_BAG: {"list of integer lists"},
     SEQ_TS: {"list of integers"},
 }
 
@@ -86,14 +88,16 @@ class Use:
     dim: int = 1  # float lists / sequence embeddings
     group: Optional[str] = None  # sequence roles: the group
     max_length: int = 0
+    max_values: int = 0  # SEQ_BAG: ids per event at most
 
     @property
-    def view(self) -> Tuple[int, int]:
+    def view(self) -> Tuple[int, int, int]:
         """What the loader does to the column's values for this use: (ids mod this, 0: none;
-        sequences cut to their newest this many, 0: none)."""
+        sequences cut to their newest this many, 0: none; bags cut to their first this many, 0: none)."""
         return (
             self.table_size if self.hashed and self.role in ID_ROLES else 0,
             self.max_length if self.role in SEQUENCE_ROLES else 0,
+            self.max_values if self.role == SEQ_BAG else 0,
         )
 
 
@@ -153,7 +157,7 @@ class Column:
         """The checked table's column holding ``use``'s values: the column itself, its values hashed
         and cut in place, when every use agrees on that; otherwise, for a use that hashes or cuts, a
         derived column beside it (the column keeps its values as read)."""
-        if len(self.views) == 1 or use.view == (0, 0):
+        if len(self.views) == 1 or use.view == (0, 0, 0):
             return self.name
         return view_name(self.name, use.view)
 
@@ -162,11 +166,11 @@ class Column:
         """The derived columns the checker adds beside this one (see ``column_for``)."""
         if len(self.views) == 1:
             return []
-        return [view_name(self.name, v) for v in self.views if v != (0, 0)]
+        return [view_name(self.name, v) for v in self.views if v != (0, 0, 0)]
 
 
-def view_name(column: str, view: Tuple[int, int]) -> str:
-    return f"__view_{column}__mod{view[0]}_newest{view[1]}"
+def view_name(column: str, view: Tuple[int, int, int]) -> str:
+    return f"__view_{column}__mod{view[0]}_newest{view[1]}_values{view[2]}"
 
 
 def contract_columns(features: FeaturesConfig) -> List[Column]:
@@ -181,12 +185,10 @@ def contract_columns(features: FeaturesConfig) -> List[Column]:
     add(names.request_id, Use(REQUEST, "columns.request_id", ("request",)))
     add(names.surface, Use(SURFACE, "columns.surface", ("surface",)))
     add(names.timestamp, Use(TIME, "columns.timestamp", ("timestamp",)))
-    shared = set(FeatureLayout.of(features).shared_keys)
     for s in features.sparse:
         t = features.table(s.table)
-        # ID: one id or a list (decided by the file's type); SHARED_ID: exactly one id per row.
-        role = SHARED_ID if s.name in shared else ID
-        add(s.column, Use(role, f"sparse feature {s.name!r}", ("sparse", s.name), t.num_embeddings, t.hash))
+        # One id or a list (decided by the file's type).
+        add(s.column, Use(ID, f"sparse feature {s.name!r}", ("sparse", s.name), t.num_embeddings, t.hash))
     for d in features.dense:
         add(
             d.column,
@@ -198,7 +200,11 @@ def contract_columns(features: FeaturesConfig) -> List[Column]:
         for f in g.features:
             t = features.table(f.table)
             what = f"sequence group {g.name!r} feature {f.name!r}"
-            add(f.column, Use(SEQ_ID, what, ("sequence", g.name, f.name), t.num_embeddings, t.hash, **seq))
+            if f.multi_valued:
+                use = Use(SEQ_BAG, what, ("sequence", g.name, f.name), t.num_embeddings, t.hash, **seq)
+                add(f.column, dataclasses.replace(use, max_values=f.max_values))
+            else:
+                add(f.column, Use(SEQ_ID, what, ("sequence", g.name, f.name), t.num_embeddings, t.hash, **seq))
         if g.embedding_column:
             what = f"sequence group {g.name!r} embeddings"
             add(g.embedding_column, Use(SEQ_EMB, what, ("embedding", g.name), dim=g.embedding_dim, **seq))
@@ -246,7 +252,7 @@ def _is_list(t: pa.DataType) -> bool:
 
 
 def _type_ok(role: str, t: pa.DataType) -> bool:
-    if role in (ID, REQUEST, SHARED_ID):
+    if role in (ID, REQUEST):
         return _is_int(t) or (role == ID and _is_list(t) and _is_int(t.value_type))
     if role in (FLOAT, LABEL, PROB, TIME):
         return _is_num(t)
@@ -254,6 +260,8 @@ def _type_ok(role: str, t: pa.DataType) -> bool:
         return _is_list(t) and _is_num(t.value_type)
     if role in (SEQ_ID, SEQ_TS):
         return _is_list(t) and _is_int(t.value_type)
+    if role == SEQ_BAG:
+        return _is_list(t) and _is_list(t.value_type) and _is_int(t.value_type.value_type)
     if role == SEQ_EMB:
         return _is_list(t) and _is_list(t.value_type) and _is_num(t.value_type.value_type)
     if role == SURFACE:
@@ -263,7 +271,6 @@ def _type_ok(role: str, t: pa.DataType) -> bool:
 
 _EXPECTED = {
     ID: "int64 or list<int64>",
-    SHARED_ID: "int64",
     REQUEST: "integer",
     FLOAT: "float",
     LABEL: "integer or float 0/1",
@@ -271,6 +278,7 @@ _EXPECTED = {
     TIME: "integer or float seconds",
     FLOAT_LIST: "list<float>",
     SEQ_ID: "list<int64>",
+    SEQ_BAG: "list<list<int64>>",
     SEQ_TS: "list<int64>",
     SEQ_EMB: "list<fixed_size_list<float>>",
     SURFACE: "string (or integer index)",
@@ -419,8 +427,9 @@ class RowGroupChecker:
         if col.null_count:
             row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
             raise ContractError(f"{place}: null value at {locate(row)} (nulls are not allowed)")
-        if _is_list(col.type):
-            inner = col.flatten()
+        inner = col
+        while _is_list(inner.type):
+            inner = inner.flatten()
             if inner.null_count:
                 i = int(np.flatnonzero(inner.is_null().to_numpy(zero_copy_only=False))[0])
                 raise ContractError(f"{place}: null inside a list (value #{i}; nulls are not allowed)")
@@ -436,6 +445,17 @@ class RowGroupChecker:
                 raise ContractError(
                     f"{place}: {locate(row)} has a sequence of {lengths[row]} events, "
                     f"more than {group} max_length {u.max_length}"
+                )
+        bag_uses = [u for u in c.uses if u.role == SEQ_BAG]
+        if bag_uses and self.data.overlong_sequence == "error":
+            u = min(bag_uses, key=lambda u: u.max_values)
+            sizes = pc.list_value_length(col.flatten()).to_numpy(zero_copy_only=False)
+            if sizes.size and sizes.max() > u.max_values:
+                event = int(np.argmax(sizes > u.max_values))
+                row = int(np.searchsorted(_offsets(col).to_numpy(), event, side="right")) - 1
+                raise ContractError(
+                    f"{place}: {locate(row)} has an event (#{event} of the row group) with {sizes[event]} ids, "
+                    f"more than {u.what}'s max_values {u.max_values}"
                 )
         id_uses = [u for u in c.uses if u.role in ID_ROLES]
         if id_uses:
@@ -464,7 +484,7 @@ class RowGroupChecker:
                 raise ContractError(f"{place}: non-finite timestamp at {locate(int(np.argmax(~np.isfinite(t))))}")
         views = c.views
         for view in views:
-            if view != (0, 0):
+            if view != (0, 0, 0):
                 name = c.name if len(views) == 1 else view_name(c.name, view)
                 out[name] = _apply_view(col, view)
         return out
@@ -472,19 +492,19 @@ class RowGroupChecker:
     def _check_ids(self, c: Column, col: pa.Array, uses: List[Use], place: str, locate) -> None:
         """Ids >= 0, and below the smallest table that does not hash; only the values some use
         reads: sequences only as far as the longest group keeps them."""
-        if all(u.role == SEQ_ID for u in uses):
+        if all(u.role in (SEQ_ID, SEQ_BAG) for u in uses):
             keep = max(u.max_length for u in uses)
+            values = max(u.max_values for u in uses)
             if self.data.overlong_sequence == "truncate":
-                col = _apply_view(col, (0, keep))
-        flat = col.flatten() if _is_list(col.type) else col
-        ids = flat.to_numpy(zero_copy_only=False)
+                col = _apply_view(col, (0, keep, values))
+        ids = _leaves(col).to_numpy(zero_copy_only=False)
         if not ids.size:
             return
 
         def where_is(value: int) -> str:
             if not _is_list(col.type):
                 return f"{locate(value)}, value #{value}"
-            row = int(np.searchsorted(_offsets(col).to_numpy(), value, side="right")) - 1
+            row = int(np.searchsorted(_leaf_offsets(col), value, side="right")) - 1
             return f"{locate(row)}, value #{value} of the row group"
 
         if ids.min() < 0:
@@ -560,6 +580,20 @@ class RowGroupChecker:
                     f"{where}, column {name!r}",
                     logging.INFO,
                 )
+            for f in g.features:
+                if not f.multi_valued:
+                    continue
+                col = column(f.column)
+                col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+                events = pc.list_slice(col, 0, g.max_length).flatten()
+                sizes = pc.list_value_length(events).to_numpy(zero_copy_only=False)
+                n = int((sizes > f.max_values).sum())
+                if n:
+                    self._count(
+                        f"sequence group {g.name} feature {f.name}: bags cut to their first {f.max_values} ids",
+                        n,
+                        f"{where}, column {f.column!r}",
+                    )
 
     def _check_aligned(self, column: Callable[[str], pa.ChunkedArray], where: str, locate) -> None:
         for g in self.features.sequence_groups:
@@ -591,21 +625,49 @@ class RowGroupChecker:
         log.log(level, "%s: repaired %d value(s): %s", place, n, what)
 
 
-def _apply_view(col: pa.Array, view: Tuple[int, int]) -> pa.Array:
-    """``col`` cut to its newest ``view[1]`` events (sequences are newest first; 0: uncut), then its
-    ids mod ``view[0]`` (0: as they are). The same array when neither changes a value."""
-    mod, keep = view
+def _apply_view(col: pa.Array, view: Tuple[int, int, int]) -> pa.Array:
+    """``col`` cut to its newest ``view[1]`` events (sequences are newest first; 0: uncut), each
+    event's bag to its first ``view[2]`` ids (0: uncut), then its ids mod ``view[0]`` (0: as they
+    are). The same array when none changes a value."""
+    mod, keep, values = view
     if keep:
         lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
         if lengths.size and lengths.max() > keep:
             col = pc.list_slice(col, 0, keep)
+    if values:
+        events = col.flatten()
+        sizes = pc.list_value_length(events).to_numpy(zero_copy_only=False)
+        if sizes.size and sizes.max() > values:
+            col = pa.ListArray.from_arrays(_offsets(col), pc.list_slice(events, 0, values))
     if mod:
-        flat = col.flatten() if _is_list(col.type) else col
-        ids = flat.to_numpy(zero_copy_only=False)
+        ids = _leaves(col).to_numpy(zero_copy_only=False)
         if ids.size and ids.max() >= mod:
-            hashed = pa.array(ids % mod)
-            col = pa.ListArray.from_arrays(_offsets(col), hashed) if _is_list(col.type) else hashed
+            col = _with_leaves(col, pa.array(ids % mod))
     return col
+
+
+def _leaves(col: pa.Array) -> pa.Array:
+    """The ids of a column: itself, or its lists' (and their lists') values, flattened."""
+    while _is_list(col.type):
+        col = col.flatten()
+    return col
+
+
+def _with_leaves(col: pa.Array, leaves: pa.Array) -> pa.Array:
+    """``col``'s nesting around other ids (as many as ``_leaves(col)``)."""
+    if not _is_list(col.type):
+        return leaves
+    return pa.ListArray.from_arrays(_offsets(col), _with_leaves(col.flatten(), leaves))
+
+
+def _leaf_offsets(col: pa.Array) -> np.ndarray:
+    """Per row of a (nested) list column, where its ids start among ``_leaves(col)``, and the end."""
+    offsets = _offsets(col).to_numpy()
+    inner = col.flatten()
+    while _is_list(inner.type):
+        offsets = _offsets(inner).to_numpy()[offsets]
+        inner = inner.flatten()
+    return offsets
 
 
 def _put(table: pa.Table, name: str, array: pa.Array) -> pa.Table:

@@ -46,9 +46,9 @@ from pinads_rec.data.contract import (
     LABEL,
     PROB,
     REQUEST,
+    SEQ_BAG,
     SEQ_EMB,
     SEQ_ID,
-    SHARED_ID,
     SURFACE,
     TIME,
     Column,
@@ -207,11 +207,27 @@ def column_checks(c: Column, t: pa.DataType, data: DataConfig, features: Feature
         out.append(
             Check("null inside a list", c.name, "values", ERROR, f"coalesce(len({flat}) - list_count({flat}), 0)")
         )
-    if c.role in (ID, SHARED_ID, SEQ_ID):
+    if c.role in (ID, SEQ_ID, SEQ_BAG):
         # The loader truncates a sequence before it checks the ids: only the kept head is seen.
         vals = x
-        if c.role == SEQ_ID and data.overlong_sequence == "truncate":
+        if c.role in (SEQ_ID, SEQ_BAG) and data.overlong_sequence == "truncate":
             vals = f"{x}[1:{c.max_length}]"
+        if c.role == SEQ_BAG:
+            max_values = min(u.max_values for u in c.uses if u.role == SEQ_BAG)
+            if data.overlong_sequence == "truncate":
+                vals = f"flatten(list_transform({vals}, lambda b: b[1:{max_values}]))"
+            else:
+                out.append(
+                    Check(
+                        "bag longer than max_values",
+                        c.name,
+                        "events",
+                        ERROR,
+                        _count_in(x, f"len(e) > {max_values}"),
+                        f"max_values {max_values} (set data.overlong_sequence: truncate to keep the first ids)",
+                    )
+                )
+                vals = f"flatten({vals})"
         neg = _count_in(vals, "e < 0", f"list_min({vals}) < 0") if depth else _count_if(f"{x} < 0")
         out.append(Check("negative id", c.name, "values", ERROR, neg))
         if not c.hashed:
@@ -607,7 +623,7 @@ class GroupScanner:
                 sel.append(f"count(*) FILTER (WHERE {x} IS NULL)")
                 keys.append((n, "nulls"))
                 role = c.role if c else ID  # the item column, when it is no feature
-                if role in (ID, SHARED_ID, SEQ_ID, REQUEST):
+                if role in (ID, SEQ_ID, SEQ_BAG, REQUEST):
                     if _is_list(t):
                         sel += [f"min(list_min({x}))", f"max(list_max({x}))"]
                         keys += [(n, "min"), (n, "max")]

@@ -41,6 +41,8 @@ class RawSource:
     format: str  # csv | parquet
     delimiter: str
     null_values: Tuple[str, ...]
+    names: Tuple[str, ...] = ()  # a CSV without a header: its column names
+    encoding: str = "utf-8"
 
     @classmethod
     def of(cls, cfg: RawSourceConfig, raw_dir: str, where: str) -> "RawSource":
@@ -62,7 +64,7 @@ class RawSource:
                     f"set format: csv or parquet"
                 )
             fmt = kinds.pop()
-        return cls(where, tuple(files), fmt, cfg.delimiter, tuple(cfg.null_values))
+        return cls(where, tuple(files), fmt, cfg.delimiter, tuple(cfg.null_values), tuple(cfg.names), cfg.encoding)
 
     def scan(self, files: Optional[Tuple[str, ...]] = None) -> str:
         """The SQL table expression reading the files (all of them by default)."""
@@ -70,9 +72,12 @@ class RawSource:
         if self.format == "parquet":
             return f"read_parquet({names}, union_by_name = true)"
         nulls = "[" + ", ".join(sql_string(v) for v in self.null_values) + "]"
+        header = "header = true"
+        if self.names:
+            header = "header = false, names = [" + ", ".join(sql_string(n) for n in self.names) + "]"
         return (
-            f"read_csv({names}, header = true, delim = {sql_string(self.delimiter)}, nullstr = {nulls}, "
-            f"union_by_name = true)"
+            f"read_csv({names}, {header}, delim = {sql_string(self.delimiter)}, nullstr = {nulls}, "
+            f"encoding = {sql_string(self.encoding)}, union_by_name = true)"
         )
 
     def columns(self, con: duckdb.DuckDBPyConnection) -> List[str]:
@@ -103,7 +108,7 @@ class RawSource:
         row = self.locate(path, condition)
         if row is None:
             return path
-        line = f" (line {row + 2})" if self.format == "csv" else ""
+        line = f" (line {row + 1 + (not self.names)})" if self.format == "csv" else ""
         return f"{path}, row {row}{line}"
 
 

@@ -27,11 +27,11 @@ from typing import Tuple
 import torch
 from torch import nn
 
-from pinads_rec.config import CANDIDATE_PREFIX, FeaturesConfig, ModelConfig
+from pinads_rec.config import FeaturesConfig, ModelConfig
 from pinads_rec.data.batch import Batch
 from pinads_rec.features import FeatureLayout
 from pinads_rec.models.objective import engagement_loss
-from pinads_rec.models.sparse_arch import sparse_collections
+from pinads_rec.models.sparse_arch import candidate_lookups, sparse_collections
 from pinads_rec.modules.calibration import Calibration
 from pinads_rec.modules.cross_network import cross_network
 from pinads_rec.modules.dense_norm import DenseNormalization
@@ -66,7 +66,7 @@ class UnifiedRanker(nn.Module):
         if missing:
             raise ValueError(
                 f"retrieval reads the ids of {missing}, which the sequence EmbeddingCollection does not look up "
-                f"(a retrieval candidate feature must hold one id per row, on the attribute's table)"
+                f"(a retrieval candidate feature must be candidate-side, on the attribute's table)"
             )
 
         width = (
@@ -109,8 +109,8 @@ class UnifiedRanker(nn.Module):
                 user = torch.cat([users[k] for k in layout.user_keys], dim=1)  # [S, D] per request slot
         if self.ec is not None:
             events = self.ec(batch.sequences)
-            for k in layout.shared_keys:  # candidate ids looked up in a sequence table: [B, D] in row order
-                pooled[k] = events[CANDIDATE_PREFIX + k].values()
+            # Candidate ids looked up in a sequence table: [B, D] in row order.
+            pooled.update(candidate_lookups(layout, events, batch.sequence_bag_sizes, layout.shared_keys))
         parts = [self.dense_norm(batch.dense)] + [pooled[k] for k in layout.sparse_keys]
         if self.sequence_arch is not None:
             query = (
@@ -120,7 +120,14 @@ class UnifiedRanker(nn.Module):
             ids = {k: batch.sequences[k].values() for k in self.sequence_arch.id_keys}
             parts.append(
                 self.sequence_arch(
-                    events, batch.sequence_time_deltas, batch.sequence_embeddings, batch.request_index, query, user, ids
+                    events,
+                    batch.sequence_time_deltas,
+                    batch.sequence_embeddings,
+                    batch.request_index,
+                    query,
+                    user,
+                    ids,
+                    bag_sizes=batch.sequence_bag_sizes,
                 )
             )
         x = self.cross(torch.cat(parts, dim=1))

@@ -7,12 +7,17 @@ table is None (TorchRec fails on an empty collection) and every model skips it; 
 for it is then empty.
 """
 
-from typing import NamedTuple, Optional
+from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional
 
 import torch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
+from pinads_rec.config import CANDIDATE_PREFIX
 from pinads_rec.features import FeatureLayout
+from pinads_rec.modules.jagged import pool_bags
+
+if TYPE_CHECKING:
+    from torchrec.sparse.jagged_tensor import JaggedTensor
 
 
 class SparseCollections(NamedTuple):
@@ -31,3 +36,16 @@ def sparse_collections(layout: FeatureLayout, device: Optional[torch.device] = N
     seq_tables = layout.embedding_configs()
     ec = EmbeddingCollection(tables=seq_tables, device=device) if seq_tables else None
     return SparseCollections(ebc, user_ebc, ec, sequence_dim)
+
+
+def candidate_lookups(
+    layout: FeatureLayout, looked_up: Dict[str, "JaggedTensor"], bag_sizes: Dict[str, torch.Tensor], keys: List[str]
+) -> Dict[str, torch.Tensor]:
+    """The candidate features ``keys`` (of ``layout.shared_keys``) that ``ec`` looked up: [B, D]
+    each, in row order, every row's ids pooled by the feature's pooling (a row of one id: its
+    embedding)."""
+    out = {}
+    for k in keys:
+        key = CANDIDATE_PREFIX + k
+        out[k] = pool_bags(looked_up[key].values(), bag_sizes[key], mean=layout.bag_pooling[key] == "mean")
+    return out

@@ -44,11 +44,11 @@ from typing import Dict, Tuple
 import torch
 from torch import nn
 
-from pinads_rec.config import CANDIDATE_PREFIX, DCNConfig, FeaturesConfig, MMoEConfig, ModelConfig
+from pinads_rec.config import DCNConfig, FeaturesConfig, MMoEConfig, ModelConfig
 from pinads_rec.data.batch import Batch
 from pinads_rec.features import FeatureLayout
 from pinads_rec.models.objective import engagement_loss
-from pinads_rec.models.sparse_arch import sparse_collections
+from pinads_rec.models.sparse_arch import candidate_lookups, sparse_collections
 from pinads_rec.modules.calibration import Calibration
 from pinads_rec.modules.cross_network import cross_network
 from pinads_rec.modules.dense_norm import DenseNormalization
@@ -206,12 +206,19 @@ class TwoTowerRanker(nn.Module):
         parts += [looked_up["users"][k].index_select(0, slots) for k in self.layout.user_keys]
         parts += [looked_up["bags"][k].index_select(0, first) for k in self.user_row_keys]
         if self.ec is not None:
-            events = looked_up["events"]
-            parts += [events[CANDIDATE_PREFIX + k].values().index_select(0, first) for k in self.user_shared_keys]
+            shared = candidate_lookups(
+                self.layout, looked_up["events"], batch.sequence_bag_sizes, self.user_shared_keys
+            )
+            parts += [shared[k].index_select(0, first) for k in self.user_shared_keys]
         if self.sequence_arch is not None:  # per request: "broadcast" to the slots themselves
             parts.append(
                 self.sequence_arch(
-                    looked_up["events"], batch.sequence_time_deltas, batch.sequence_embeddings, slots, None
+                    looked_up["events"],
+                    batch.sequence_time_deltas,
+                    batch.sequence_embeddings,
+                    slots,
+                    None,
+                    bag_sizes=batch.sequence_bag_sizes,
                 )
             )
         return self.user_tower(torch.cat(parts, dim=1))
@@ -220,6 +227,6 @@ class TwoTowerRanker(nn.Module):
         parts = [self.ad_dense_norm(batch.dense.index_select(1, self.ad_dense_cols))]
         parts += [looked_up["bags"][k] for k in self.ad_bag_keys]
         if self.ad_shared_keys:  # candidate ids looked up in a sequence table: [B, D] in row order
-            events = looked_up["events"]
-            parts += [events[CANDIDATE_PREFIX + k].values() for k in self.ad_shared_keys]
+            shared = candidate_lookups(self.layout, looked_up["events"], batch.sequence_bag_sizes, self.ad_shared_keys)
+            parts += [shared[k] for k in self.ad_shared_keys]
         return self.ad_tower(torch.cat(parts, dim=1))

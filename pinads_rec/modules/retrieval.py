@@ -11,13 +11,17 @@ the output.
 
 The search runs on ids (the events' attribute ids and the candidate's, from one table), on the
 request-level events broadcast to rows by ``request_index`` -- nothing is copied per row but the K
-retrieved events. Events are newest first, so the first K matches are the newest.
+retrieved events. Events are newest first, so the first K matches are the newest. Either side may
+hold a bag of ids (a video's tags, the clicked videos' tags): an event matches when it shares an id
+with the candidate.
 
-In: events [U, L, W] (content + time-delta positions), event ids [U, L], mask [U, L], candidate ids
-[B], query [B, Dq], request_index [B]. Out: [B, W + 1] (attention output ++ log(1 + matches)).
+In: events [U, L, W] (content + time-delta positions), event ids [U, L] (or bags [U, L, K], padded
+with -1), mask [U, L], candidate ids [B] (or the ids of bags [Mc] and the row of each, [Mc]),
+query [B, Dq], request_index [B]. Out: [B, W + 1] (attention output ++ log(1 + matches)).
 """
 
 import math
+from typing import NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -25,15 +29,35 @@ from torch import nn
 from pinads_rec.modules.target_attention import masked_softmax_with_empty_slot
 
 
+class Search(NamedTuple):
+    """The ids a retrieval compares: the events' ([N], or bags [N, K] padded with -1) and the
+    candidates' ([B] one per row, or [Mc] with ``candidate_rows`` [Mc] the row of each)."""
+
+    event_ids: torch.Tensor
+    candidate_ids: torch.Tensor
+    candidate_rows: Optional[torch.Tensor] = None
+
+
 def hard_search(
-    event_ids: torch.Tensor, mask: torch.Tensor, candidate_ids: torch.Tensor, request_index: torch.Tensor, k: int
+    event_ids: torch.Tensor,
+    mask: torch.Tensor,
+    candidate_ids: torch.Tensor,
+    request_index: torch.Tensor,
+    k: int,
+    candidate_rows: Optional[torch.Tensor] = None,
 ):
-    """Per row: the positions [B, K] of the newest ``k`` events matching its candidate id (in
-    [0, L)), which of them are real matches [B, K], and the number of matches in the history [B]."""
+    """Per row: the positions [B, K] of the newest ``k`` events matching its candidate (in [0, L)),
+    which of them are real matches [B, K], and the number of matches in the history [B]. Event ids
+    [U, L] or bags [U, L, Ke]; candidate ids [B], or [Mc] ids of the rows ``candidate_rows``."""
     L = event_ids.shape[1]
-    match = (event_ids.index_select(0, request_index) == candidate_ids.unsqueeze(1)) & mask.index_select(
-        0, request_index
-    )  # [B, L]
+    bags = event_ids if event_ids.dim() == 3 else event_ids.unsqueeze(2)  # [U, L, Ke]
+    if candidate_rows is None:
+        hit = (bags.index_select(0, request_index) == candidate_ids[:, None, None]).any(2)  # [B, L]
+    else:  # per candidate id, the events holding it; a row's events match when any of its ids does
+        of_id = bags.index_select(0, request_index.index_select(0, candidate_rows))  # [Mc, L, Ke]
+        per_id = (of_id == candidate_ids[:, None, None]).any(2).to(torch.int32)  # [Mc, L]
+        hit = per_id.new_zeros(request_index.shape[0], L).index_add(0, candidate_rows, per_id) > 0
+    match = hit & mask.index_select(0, request_index)  # [B, L]
     count = match.sum(dim=1)
     k = min(k, L)
     # Earlier (newer) matches score higher: topk keeps the first k matches in order.
@@ -59,9 +83,12 @@ class TargetRetrieval(nn.Module):
         candidate_ids: torch.Tensor,
         query: torch.Tensor,
         request_index: torch.Tensor,
+        candidate_rows: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         U, L, W = events.shape
-        position, found, count = hard_search(event_ids, mask, candidate_ids, request_index, self.max_events)
+        position, found, count = hard_search(
+            event_ids, mask, candidate_ids, request_index, self.max_events, candidate_rows
+        )
         flat = (request_index.unsqueeze(1) * L + position).reshape(-1)
         retrieved = events.reshape(U * L, W).index_select(0, flat).view(position.shape[0], -1, W)  # [B, K, W]
         q = self.query(query) * self.scale  # [B, W]

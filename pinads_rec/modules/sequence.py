@@ -24,8 +24,10 @@ short-term) are per row but light. A group with candidate early interaction is e
 One module for all groups so that TorchRec's pipeline tracer treats it as one leaf (it holds no
 sharded module): nothing inside needs to be FX-traceable.
 
-In: the EmbeddingCollection's output (``<group>.<feature>`` -> JaggedTensor over U requests),
-time deltas and pretrained embeddings per group, request_index [B], the candidate query
+In: the EmbeddingCollection's output (``<group>.<feature>`` -> JaggedTensor over U requests; a
+multi-valued attribute's holds every id of every event, pooled here into one row per event by its
+``pooling``, with the bag sizes by key), time deltas and pretrained embeddings per group, the bag
+sizes (``Batch.sequence_bag_sizes``), request_index [B], the candidate query
 [B, query_dim] (None: no candidate-dependent parts, as in the two-tower user tower), the user
 representation [U, user_dim] (or None). Out: [B, output_dim].
 """
@@ -40,10 +42,10 @@ from pinads_rec.modules.din import DINAttention
 from pinads_rec.modules.early_interaction import EarlyInteraction
 from pinads_rec.modules.event_representation import EventRepresentation
 from pinads_rec.modules.hstu import HSTUEncoder
-from pinads_rec.modules.jagged import pad_jagged_torch
+from pinads_rec.modules.jagged import bag_segments, pad_bags, pad_jagged_torch, pool_bags
 from pinads_rec.modules.long_short import ShortTermInterest
 from pinads_rec.modules.pooling import PeriodSumPooling, sum_pooling
-from pinads_rec.modules.retrieval import TargetRetrieval
+from pinads_rec.modules.retrieval import Search, TargetRetrieval
 from pinads_rec.modules.sequence_projection import SequenceProjection
 from pinads_rec.modules.target_attention import TargetAttention
 from pinads_rec.modules.transformer import TransformerEncoder
@@ -58,6 +60,12 @@ class GroupEncoder(nn.Module):
     ):
         super().__init__()
         self.keys = [f"{group.name}.{f.name}" for f in group.features]
+        # Multi-valued attributes: key -> (mean pooling?, max ids per event).
+        self.bags = {
+            f"{group.name}.{f.name}": (f.pooling == "mean", f.max_values) for f in group.features if f.multi_valued
+        }
+        # A single-id attribute: its lengths are the events per request (config validation ensures one).
+        self.offsets_key = next(k for k, f in zip(self.keys, group.features) if not f.multi_valued)
         self.has_pretrained = group.embedding_column is not None
         self.events = EventRepresentation(
             [attr_dim] * len(group.features),
@@ -173,15 +181,29 @@ class GroupEncoder(nn.Module):
         query: Optional[torch.Tensor],
         user: Optional[torch.Tensor],
         ids: Optional[Dict[str, torch.Tensor]] = None,
+        bag_sizes: Optional[Dict[str, torch.Tensor]] = None,
     ) -> torch.Tensor:
         """``encode`` of the group's events as the EmbeddingCollection returns them (``<group>.<feature>``
-        -> JaggedTensor over U requests); ``ids``: the sequence KJT's ids by key (those in
-        ``id_keys``); the rest as ``encode`` takes them."""
-        attributes = [events[k].values() for k in self.keys]
-        search = (ids[self.id_keys[0]], ids[self.id_keys[1]]) if self.id_keys else None
-        return self.encode(
-            attributes, events[self.keys[0]].offsets(), time_deltas, pretrained, request_index, query, user, search
-        )
+        -> JaggedTensor over U requests), each bag of a multi-valued attribute pooled into its event's
+        row; ``ids``: the sequence KJT's ids by key (those in ``id_keys``); ``bag_sizes``: ids per
+        bag by key (``Batch.sequence_bag_sizes``: needed with bags or a retrieval); the rest as
+        ``encode`` takes them."""
+        attributes = []
+        for k in self.keys:
+            values = events[k].values()
+            if k in self.bags:
+                values = pool_bags(values, bag_sizes[k], mean=self.bags[k][0])
+            attributes.append(values)
+        search = None
+        if self.id_keys:
+            event_key, candidate_key = self.id_keys
+            event_ids, candidate_ids = ids[event_key], ids[candidate_key]
+            if event_key in self.bags:
+                event_ids = pad_bags(event_ids, bag_sizes[event_key], self.bags[event_key][1], fill=-1)
+            rows = bag_segments(bag_sizes[candidate_key], candidate_ids.shape[0])
+            search = Search(event_ids, candidate_ids, rows)
+        offsets = events[self.offsets_key].offsets()
+        return self.encode(attributes, offsets, time_deltas, pretrained, request_index, query, user, search)
 
     def encode(
         self,
@@ -192,21 +214,26 @@ class GroupEncoder(nn.Module):
         request_index: torch.Tensor,
         query: Optional[torch.Tensor],
         user: Optional[torch.Tensor],
-        search: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+        search: Optional[Tuple[torch.Tensor, ...]] = None,
     ) -> torch.Tensor:
         """The group's features [B, output_dim] from plain tensors: each attribute's event embeddings
         [N, D] (in ``self.keys`` order), the events' offsets [U + 1] per request, time deltas [N],
         pretrained event embeddings [N, E] (or None), request_index [B], the candidate query [B, Dq],
-        the user representation [U, Du] (each None when absent) and, for the retrieval, the events'
-        attribute ids [N] and the candidates' ids [B]."""
+        the user representation [U, Du] (each None when absent) and, for the retrieval, the ids it
+        compares (``retrieval.Search``: the events' attribute ids [N] or bags [N, K], the candidates'
+        ids [B], or [Mc] with the row of each)."""
         content, mask, deltas = self.events(
             attributes, offsets, time_deltas, pretrained if self.has_pretrained else None
         )
         retrieved = None
         if self.retrieval is not None:  # searches the whole history, before the window
-            event_ids = pad_jagged_torch(search[0].unsqueeze(1), offsets, content.shape[1]).squeeze(2)
+            search = Search(*search)
+            per_event = search.event_ids if search.event_ids.dim() == 2 else search.event_ids.unsqueeze(1)
+            event_ids = pad_jagged_torch(per_event, offsets, content.shape[1])  # [U, L, K]
             full = content + self.events.positions(deltas)
-            retrieved = self.retrieval(full, event_ids, mask, search[1], query, request_index)
+            retrieved = self.retrieval(
+                full, event_ids, mask, search.candidate_ids, query, request_index, search.candidate_rows
+            )
         if self.window:  # newest first: the window is the first positions
             content, mask, deltas = (t[:, : self.window].contiguous() for t in (content, mask, deltas))
         index = request_index
@@ -279,11 +306,12 @@ class SequenceArch(nn.Module):
         query: Optional[torch.Tensor],
         user: Optional[torch.Tensor] = None,
         ids: Optional[Dict[str, torch.Tensor]] = None,
+        bag_sizes: Optional[Dict[str, torch.Tensor]] = None,
     ) -> torch.Tensor:
         ids = ids if ids is not None else {}
         return torch.cat(
             [
-                encoder(events, time_deltas[name], pretrained.get(name), request_index, query, user, ids)
+                encoder(events, time_deltas[name], pretrained.get(name), request_index, query, user, ids, bag_sizes)
                 for name, encoder in self.groups.items()
             ],
             dim=1,

@@ -41,6 +41,7 @@ EXPORT_INPUTS = (
     "sequence_lengths",
     "sequence_time_deltas",
     "sequence_embeddings",
+    "sequence_bag_sizes",
     "request_index",
     "surface",
 )
@@ -57,6 +58,7 @@ def flat_inputs(batch: Batch) -> tuple:
         batch.sequences.lengths(),
         dict(batch.sequence_time_deltas),
         dict(batch.sequence_embeddings),
+        dict(batch.sequence_bag_sizes),
         batch.request_index,
         batch.surface,
     )
@@ -90,6 +92,7 @@ class FlatScorer(nn.Module):
         sequence_lengths,
         sequence_time_deltas: Dict[str, torch.Tensor],
         sequence_embeddings: Dict[str, torch.Tensor],
+        sequence_bag_sizes: Dict[str, torch.Tensor],
         request_index,
         surface,
     ) -> torch.Tensor:
@@ -101,6 +104,7 @@ class FlatScorer(nn.Module):
             sequences=_kjt(self.layout.sequence_keys, sequence_values, sequence_lengths, rows),
             sequence_time_deltas=sequence_time_deltas,
             sequence_embeddings=sequence_embeddings,
+            sequence_bag_sizes=sequence_bag_sizes,
             request_index=request_index,
             surface=surface,
             labels=dense.new_empty(0),

@@ -3,7 +3,8 @@ planted-truth world of its own, with the true probabilities kept aside (``truth.
 project's model was not designed on, to measure it against the oracle and a simple reference
 (``benchmarks/datasets.py``; docs/datasets.md).
 
-``python -m pinads_rec.data.shaped_logs taobao --out RAW [--users N] [--seed S]`` (or ``kuairand``).
+``python -m pinads_rec.data.shaped_logs taobao --out RAW [--users N] [--seed S]`` (or ``kuairand``,
+``movielens``).
 
 ``config_with_truth`` is the dataset's config with ``truth.csv`` joined as one more side table, so
 that every built split carries a ``true_<task>`` column and the evaluation reports the oracle
@@ -40,6 +41,11 @@ DATASETS = {
         "configs/datasets/kuairand.yaml",
         {"user_id": "user_id", "video_id": "video_id", "time_ms": "time_ms"},
         {"click": "p_click", "long_view": "p_long_view", "like": "p_like"},
+    ),
+    "movielens": ShapedDataset(
+        "configs/datasets/movielens_100k.yaml",
+        {"user_id": "user_id", "item_id": "item_id", "timestamp": "timestamp"},
+        {"like": "p_like"},
     ),
 }
 

@@ -1,4 +1,4 @@
-"""``python -m pinads_rec.data.shaped_logs {taobao,kuairand} --out RAW``: write one dataset's raw
+"""``python -m pinads_rec.data.shaped_logs {taobao,kuairand,movielens} --out RAW``: write one dataset's raw
 logs (and truth.csv, summary.json) into RAW."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import time
 from pathlib import Path
 
-DATASETS = ("taobao", "kuairand")
+DATASETS = ("taobao", "kuairand", "movielens")
 
 
 def main(argv=None) -> None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 import pandas as pd
@@ -94,10 +94,12 @@ LOG_COLUMNS = [
 ONEHOT_RANGES = [2, 7, 50, 1471, 15, 34, 3, 118, 454, 7, 5, 5, 2, 2, 2, 2, 2, 2]  # values 0..n-1
 
 
-def write(raw: Path, users: int = 8000, seed: int = 0) -> Dict:
+def write(raw: Path, users: int = 8000, seed: int = 0, world: Optional[Dict] = None) -> Dict:
     """Writes log_standard_4_08_to_4_21_pure.csv, log_standard_4_22_to_5_08_pure.csv,
     log_random_4_22_to_5_08_pure.csv, user_features_pure.csv, video_features_basic_pure.csv and
-    truth.csv into ``raw``; returns the summary (also written as summary.json)."""
+    truth.csv into ``raw``; returns the summary (also written as summary.json). ``world``: a dict
+    that receives the hidden state, one array per impression in log order (benchmarks/
+    kuairand_ceiling.py: what the logs reveal of it)."""
     rng = np.random.default_rng(seed)
     raw = Path(raw)
     raw.mkdir(parents=True, exist_ok=True)
@@ -342,6 +344,21 @@ def write(raw: Path, users: int = 8000, seed: int = 0) -> Dict:
         },
     }
     (raw / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if world is not None:
+        world.update(
+            user=usr,
+            time_ms=time_ms,
+            video=video,
+            click=click,
+            is_rand=is_rand,
+            video_tags=tags,  # [videos, 3], -1 padded: tag indices 0..29
+            video_author=author,
+            tag_popularity=tag_pop,
+            p_click=p_click,
+            # the click logit without the history's terms (base, tab, activity, user, quality,
+            # duration, freshness): what a model learns from the ids and the other features
+            logit_without_history=shared,
+        )
     return summary
 
 

@@ -1,0 +1,83 @@
+"""Multi-valued event attributes on MovieLens-shaped files (pinads_rec.data.shaped_logs.movielens,
+configs/datasets/movielens_100k.yaml): the history's genres come from the movie table, joined by
+each event's own movie, as a bag per event, and the config learns the planted taste from them."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from conftest import torchx_train
+
+from pinads_rec import config
+from pinads_rec.data.build import build
+from pinads_rec.data.shaped_logs import DATASETS, config_with_truth, movielens, truth_overrides
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / DATASETS["movielens"].config
+USERS = 400  # ~40k ratings: written and built in a few seconds
+TRAINING = ["data.batch_size=128", "data.num_workers=0", "train.log_every=20", "train.tensorboard=false"]
+LAUNCH_TIMEOUT_S = 300
+FIRST_GENRE = "features.sequence_groups.liked.features.genres.max_values=1"
+
+
+def _paths(out: Path) -> list:
+    return [f"data.{s}_dir={out / s}" for s in ("train", "calibration", "eval")]
+
+
+def _first_genre_config(overrides: list) -> config.ExperimentConfig:
+    """The config with each liked movie's first genre (u.item's column order) instead of its bag."""
+    cfg = config_with_truth("movielens", overrides + [FIRST_GENRE])
+    source = cfg.build.sequences[0]
+    source.columns["liked_genres"] = f"({source.columns['liked_genres']})[1]"
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def movielens_built(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("movielens")
+    movielens.write(tmp / "raw", users=USERS)
+    bags, first = tmp / "bags", tmp / "first"
+    build(config_with_truth("movielens", _paths(bags)), str(tmp / "raw"), str(bags))
+    build(_first_genre_config(_paths(first)), str(tmp / "raw"), str(first))
+    return tmp / "raw", bags, first
+
+
+def test_history_genres_are_the_liked_movies_bags(movielens_built):
+    raw, bags, first = movielens_built
+    names = yaml.safe_load(CONFIG.read_text())["build"]["side_tables"][0]["names"]
+    items = pd.read_csv(raw / "u.item", sep="|", header=None, names=names, encoding="latin-1")
+    flags = items[names[5:]].to_numpy()
+    genres_of = {m: [g + 1 for g in range(19) if row[g]] or [0] for m, row in zip(items.movie_id, flags)}
+    ratings = pd.read_csv(raw / "u.data", sep="\t", header=None, names=["user_id", "item_id", "rating", "timestamp"])
+    liked = ratings[ratings.rating >= 4].sort_values("timestamp", ascending=False)
+    by_user = dict(tuple(liked.groupby("user_id")))
+    rows = pq.read_table(next((bags / "eval").glob("*.parquet"))).to_pylist()
+    first_rows = {r["request_id"]: r for r in pq.read_table(next((first / "eval").glob("*.parquet"))).to_pylist()}
+    for r in random.Random(0).sample(rows, 60):
+        ev = by_user.get(r["user_id"], liked.iloc[:0])
+        ev = ev[ev.timestamp < r["timestamp"]].head(50)
+        assert r["liked_movie"] == ev.item_id.tolist()
+        assert r["liked_genres"] == [genres_of[m] for m in ev.item_id]  # a list of ids per event
+        assert first_rows[r["request_id"]]["liked_genres"] == [genres_of[m][0] for m in ev.item_id]
+        assert r["genres"] == [genres_of[r["item_id"][0]]]  # the candidate's own bag (one candidate)
+
+
+def test_the_config_learns_the_planted_taste(movielens_built, tmp_path):
+    # The config as shipped (batch size and paths changed) closes most of the oracle's lift: 0.74
+    # measured at 400 users (eval ~6,600 ratings); each liked movie's first genre instead of its bag
+    # reached 0.73 -- the movie ids carry most of what the genres add (docs/datasets.md, MovieLens-shaped).
+    from pinads_rec.metrics import oracle_lift
+    from pinads_rec.training.run_log import read_run_log
+
+    _, bags, _ = movielens_built
+    run, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()
+    overrides = _paths(bags) + truth_overrides("movielens") + TRAINING + [f"train.run_dir={run}"]
+    torchx_train(logs, "1x2", CONFIG.relative_to(REPO), overrides, LAUNCH_TIMEOUT_S)
+    (row,) = [r for r in read_run_log(run).summary["eval"] if r["surface"] == "movielens"]
+    assert oracle_lift(row) >= 0.6, row
