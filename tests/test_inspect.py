@@ -330,3 +330,20 @@ def test_command_line_exit_codes_and_json(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         insp.main([])
     assert e.value.code == 2
+
+
+def test_unknown_items_of_a_built_vocabulary_are_not_duplicates(tmp_path):
+    """A build maps ids its vocabulary left out to 0: two such candidates of one request are two
+    items. Without a vocabulary beside the data, 0 is an id like any other."""
+    rows = clean_rows(requests=4)
+    for row in rows[:2]:  # request 0: two candidates of item 0
+        row["item_id"] = 0
+    split = tmp_path / "build" / "eval"
+    split.mkdir(parents=True)
+    write_rows(split / "part-00000.parquet", rows)
+    assert ("duplicated (request, item) row", "item_id") in found(insp.inspect(cfg_of(), str(split)))
+    (tmp_path / "build" / "vocabularies").mkdir()
+    pq.write_table(
+        pa.table({"raw": ["a"], "idx": [1], "count": [3]}), tmp_path / "build" / "vocabularies" / "item.parquet"
+    )
+    assert ("duplicated (request, item) row", "item_id") not in found(insp.inspect(cfg_of(), str(split)))

@@ -30,6 +30,7 @@ import shutil
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import duckdb
@@ -594,10 +595,13 @@ class GroupScanner:
         if view is None:
             return
         r, i = _q(req), _q(item)
+        # A build maps the ids its vocabulary left out to 0 (unknown): two unknown candidates of a
+        # request are two items, not one shown twice.
+        unknown = f" AND {i} != 0" if self._item_has_vocabulary() else ""
         row = self.con.execute(
             f"SELECT sum(n - 1), min(p2) FROM (SELECT count(*) AS n, "
             f"list_sort(list({{'f': __f, 'r': __r, 'k': __k}}))[2] AS p2 FROM {view} "
-            f"WHERE {r} IS NOT NULL AND {i} IS NOT NULL GROUP BY {r}, {i} HAVING count(*) > 1)"
+            f"WHERE {r} IS NOT NULL AND {i} IS NOT NULL{unknown} GROUP BY {r}, {i} HAVING count(*) > 1)"
         ).fetchone()
         self.found(
             "duplicated (request, item) row",
@@ -607,6 +611,14 @@ class GroupScanner:
             row[1],
             UNCHECKED,
             f"rows repeating an earlier ({req}, {item}) pair",
+        )
+
+    def _item_has_vocabulary(self) -> bool:
+        """The item column's ids come through a build vocabulary (``<build>/vocabularies/<table>.parquet``
+        beside the split directory), so 0 is its unknown id."""
+        tables = {s.table for s in self.features.sparse if s.column == self.item}
+        return any(
+            (Path(f.path).parent.parent / "vocabularies" / f"{t}.parquet").exists() for f in self.files for t in tables
         )
 
     def stats(self) -> None:
@@ -629,7 +641,7 @@ class GroupScanner:
                         keys += [(n, "min"), (n, "max")]
                         lists.append(n)
                     else:
-                        sel += [f"min({x})", f"max({x})", f"approx_count_distinct({x})"]
+                        sel += [f"min({x})", f"max({x})", f"count(DISTINCT {x})"]
                         keys += [(n, "min"), (n, "max"), (n, "distinct")]
                 elif role in (FLOAT, TIME, PROB):
                     sel += [
@@ -658,7 +670,7 @@ class GroupScanner:
                 _merge_stat(scan.columns.setdefault(name, {}), what, v)
             if lists:
                 distinct = self.con.execute(
-                    f"SELECT {', '.join(f'approx_count_distinct(u{i})' for i in range(len(lists)))} FROM "
+                    f"SELECT {', '.join(f'count(DISTINCT u{i})' for i in range(len(lists)))} FROM "
                     f"(SELECT {', '.join(f'unnest({_q(n)}) AS u{i}' for i, n in enumerate(lists))} FROM {view})"
                 ).fetchone()
                 for n, v in zip(lists, distinct):
@@ -928,7 +940,7 @@ def format_report(r: Report, features: FeaturesConfig) -> str:
                 [name, role, st.get("nulls"), st.get("min"), st.get("max"), st.get("mean", st.get("rate"))]
             )
     if id_rows:
-        out.append("Id columns (distinct: approximate, HyperLogLog, ~2% error)")
+        out.append("Id columns (distinct: exact)")
         out.append(text_table(["column", "role", "nulls", "min", "max", "distinct", "table size", "hash"], id_rows))
         out.append("")
     if value_rows:
@@ -1024,7 +1036,7 @@ def _draft_stats(files: List[FileInfo]) -> Tuple[str, Dict[str, pa.DataType], Di
             st = stats.setdefault(name, {"signature": sig.get(name) if name not in candidate else None})
             if pa.types.is_integer(t) or pa.types.is_boolean(t):
                 row = con.execute(
-                    f"SELECT min({x}::BIGINT), max({x}::BIGINT), approx_count_distinct({x}), "
+                    f"SELECT min({x}::BIGINT), max({x}::BIGINT), count(DISTINCT {x}), "
                     f"count(*) FILTER (WHERE {x}::BIGINT NOT IN (0, 1)) FROM {v}"
                 ).fetchone()
                 st.update(min=row[0], max=row[1], distinct=row[2], binary=row[3] == 0)
@@ -1045,7 +1057,7 @@ def _draft_stats(files: List[FileInfo]) -> Tuple[str, Dict[str, pa.DataType], Di
                 st.update(min_len=row[0], max_len=row[1])
                 if pa.types.is_integer(inner):
                     row = con.execute(
-                        f"SELECT min(u), max(u), approx_count_distinct(u) FROM (SELECT unnest({x}) AS u FROM {v})"
+                        f"SELECT min(u), max(u), count(DISTINCT u) FROM (SELECT unnest({x}) AS u FROM {v})"
                     ).fetchone()
                     st.update(min=row[0], max=row[1], distinct=row[2])
                 elif _is_list(inner):
