@@ -47,6 +47,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pinads_rec.data import build_output
+
 REPO = Path(__file__).resolve().parents[1]
 MB = 2**20
 
@@ -491,9 +493,10 @@ def disk_bytes(path: Path) -> int:
     return total
 
 
-def measure(cmd: List[str], temp: Optional[Path] = None, env=None, rss_guard_mb: float = 0, timeout_s: float = 0):
-    """Runs cmd, polling its peak RSS (VmHWM) and the size of ``temp``. Stops it when its RSS passes
-    rss_guard_mb or it runs past timeout_s (0: no limit); ``stopped`` then says why."""
+def measure(cmd: List[str], temp=None, env=None, rss_guard_mb: float = 0, timeout_s: float = 0):
+    """Runs cmd, polling its peak RSS (VmHWM) and the size of ``temp`` (a directory, or a function of
+    the process id giving it). Stops it when its RSS passes rss_guard_mb or it runs past timeout_s
+    (0: no limit); ``stopped`` then says why."""
     started = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     peak = {"rss_kib": 0, "temp": 0, "stopped": None}
@@ -504,8 +507,9 @@ def measure(cmd: List[str], temp: Optional[Path] = None, env=None, rss_guard_mb:
             hwm = _status_kib(proc.pid, "VmHWM")
             if hwm:
                 peak["rss_kib"] = max(peak["rss_kib"], hwm)
-            if temp is not None and temp.exists():
-                peak["temp"] = max(peak["temp"], disk_bytes(temp))
+            spill = temp(proc.pid) if callable(temp) else temp
+            if spill is not None and spill.exists():
+                peak["temp"] = max(peak["temp"], disk_bytes(spill))
             why = None
             if rss_guard_mb and (_status_kib(proc.pid, "VmRSS") or 0) > rss_guard_mb * 1024:
                 why = f"RSS past the {rss_guard_mb / 1024:.0f} GiB guard"
@@ -545,14 +549,16 @@ def _env(threads: int) -> dict:
 def run_builder(raw: Path, out: Path, config: Path, cap: str, threads: int, module: str, **guards) -> dict:
     cmd = [sys.executable, "-m", module, "--config", str(config), "--raw", str(raw), "--out", str(out)]
     cmd += ["--memory-limit", cap, "--threads", str(threads)]
-    r = measure(cmd, temp=out / ".build_tmp", env=_env(threads), **guards)
+    # The build writes (and spills) into its temporary directory beside --out, named by its pid.
+    spill = lambda pid: build_output.work_dir(out.resolve(), pid) / ".build_tmp"  # noqa: E731
+    r = measure(cmd, temp=spill, env=_env(threads), **guards)
     if r["ok"]:
         r["summary"] = json.loads((out / "summary.json").read_text())
     return r
 
 
 def output_mb(out: Path) -> float:
-    return sum(f.stat().st_size for f in out.rglob("*.parquet") if ".build_tmp" not in f.parts) / MB
+    return sum(f.stat().st_size for f in out.rglob("*.parquet")) / MB
 
 
 def equal_outputs(a: Path, b: Path, splits: List[str], columns: Optional[List[str]] = None) -> str:

@@ -356,6 +356,9 @@ class ImpressionsConfig(RawSourceConfig):
     # The same (request, item) twice: stop with an error naming both rows, or keep the first (by
     # order, then highest labels) and count the others.
     duplicates: Literal["error", "drop"] = "drop"
+    # An impression whose surface is not one of features.surfaces: stop with an error naming its
+    # file and row, or drop it (counted in the summary).
+    unknown_surface: Literal["error", "drop"] = "error"
 
 
 @dataclass

@@ -290,6 +290,22 @@ def test_vocabulary_fitted_on_train(tmp_path):
     assert mapped.column("cate").to_pylist() == [1, 2]  # no vocabulary for its table
 
 
+def test_vocabulary_counts_an_event_once_whatever_the_groups_reading_it(tmp_path):
+    # Item 51 shows once, in a cart event: the "all" group and the "buys" group (carts and buys)
+    # both read it, and it must not pass min_count 2 by being counted twice. Item 52 (a buy) and
+    # item 50 (a page view) likewise show once; an item shown twice in impressions passes.
+    both = CONFIG.replace("columns: {buy_cate: cate}", "columns: {buy_cate: cate, buy_item: item}").replace(
+        "        - {name: cate, column: buy_cate, table: cate}",
+        "        - {name: cate, column: buy_cate, table: cate}\n        - {name: item, column: buy_item, table: item}",
+    )
+    raw, path = write_raw(tmp_path, config_text=both)
+    cfg = config.load(path, ["build.vocabularies=[{table: item, min_count: 2}]"])
+    build(cfg, str(raw), str(tmp_path / "out"))
+    kept = {v["raw"]: v["count"] for v in pq.read_table(tmp_path / "out" / "vocabularies" / "item.parquet").to_pylist()}
+    assert "51" not in kept and "52" not in kept and "50" not in kept, kept
+    assert kept["10"] == 2  # ad 10 shown twice in the training split
+
+
 def test_negative_downsampling_counts_and_records(tmp_path):
     raw, path = write_raw(tmp_path)
     cfg = config.load(path, ["build.negative_downsampling={task: click, rates: {feed: 0.000001}}"])
@@ -331,6 +347,28 @@ def test_as_of_side_table_and_timezone(tmp_path):
     raw, path = write_raw(tmp_path, impressions=impressions, config_text=daily.replace("Asia/Shanghai", "UTC"))
     build(config.load(path), str(raw), str(tmp_path / "utc"))
     assert requests_of(tmp_path / "utc", "eval")[(3, T0 + 14 * 3600)]["price"] == [1.0]
+
+
+def test_events_read_a_dated_side_table_by_their_own_key_and_date(tmp_path):
+    """A history with a path of its own reads a side table joined by the event's item, on the
+    event's own date (build.sequences[].side_tables): the buys' categories from a daily catalog."""
+    dated = CONFIG.replace(
+        '      defaults: {cate: "0", price: "0.0"}\n',
+        '      defaults: {cate: "0", price: "0.0"}\n'
+        "    - name: catalog\n      path: [catalog.csv]\n      key: {item: ad}\n      as_of: day\n"
+        '      defaults: {cate: "0"}\n',
+    ).replace(
+        "      columns: {buy_cate: cate}",
+        "      side_tables: {catalog: {item: item}}\n      columns: {buy_cate: catalog.cate}",
+    )
+    raw, path = write_raw(tmp_path, config_text=dated)
+    (raw / "catalog.csv").write_text("item,day,cate\n51,20170714,16\n52,20170714,17\n53,20170714,18\n51,20170713,9\n")
+    build(config.load(path), str(raw), str(tmp_path / "out"))
+    train = requests_of(tmp_path / "out", "train")
+    assert train[(1, T0 + 200)]["buy_cate"] == [17, 16, 18]  # items 52, 51, 53 on 2017-07-14 (51's 07-13 row unused)
+    assert requests_of(tmp_path / "out", "eval")[(3, T0 + 5000)]["buy_cate"] == [0]  # item 57: no row, its default
+    with pytest.raises(config.ConfigError, match=r"build.sequences\[1\].side_tables.catalog: give an event expression"):
+        build(config.load(path, ["build.sequences.1.side_tables={catalog: {day: ts}}"]), str(raw), str(tmp_path / "x"))
 
 
 def test_id_beyond_its_table_is_found_at_build_time(tmp_path):

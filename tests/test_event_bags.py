@@ -59,6 +59,9 @@ def test_hard_search_on_bags_matches_events_sharing_an_id():
         assert position[b][found[b]].tolist() == expected[:4]
 
 
+T0 = 880_000_000  # 1997-11-20 (epoch seconds)
+
+
 @pytest.fixture
 def movielens_features():
     return load(os.path.join(REPO, "configs", "datasets", "movielens_100k.yaml")).features
@@ -71,7 +74,7 @@ def _table(genres, candidate_genres=None):
         {
             "request_id": pa.array([1, 2], pa.int64()),
             "user_id": pa.array([1, 2], pa.int64()),
-            "timestamp": pa.array([1000, 2000], pa.int64()),
+            "timestamp": pa.array([T0 + 1000, T0 + 2000], pa.int64()),
             "surface": pa.array(["movielens"] * 2),
             "like": pa.array([1, 0], pa.int64()),
             "item_id": pa.array([3, 4], pa.int64()),
@@ -80,7 +83,7 @@ def _table(genres, candidate_genres=None):
             "occupation": pa.array([1, 2], pa.int64()),
             "age_bucket": pa.array([2, 3], pa.int64()),
             "movie_age_years": pa.array([1.0, 2.0]),
-            "liked_ts": pa.array([list(range(900, 900 - k, -1)) for k in n], pa.list_(pa.int64())),
+            "liked_ts": pa.array([list(range(T0 + 900, T0 + 900 - k, -1)) for k in n], pa.list_(pa.int64())),
             "liked_movie": pa.array([list(range(1, k + 1)) for k in n], pa.list_(pa.int64())),
             "liked_genres": pa.array(genres, pa.list_(pa.list_(pa.int64()))),
         }

@@ -18,6 +18,7 @@ from pinads_rec.data import inspect as insp
 from pinads_rec.data.reader import list_files
 
 R, C, RG = 40, 4, 16  # requests, candidates each, rows per row group (4 whole requests)
+T0 = 1_700_000_000  # the first request's time (epoch seconds)
 
 FEATURES = {
     "columns": {"request_id": "request_id", "user_id": "user_id", "item_id": "item_id"},
@@ -82,7 +83,7 @@ def clean_rows(first_request=0, requests=R):
     """Per-row dicts: C candidates per request, sequences newest first and strictly before the request."""
     rows = []
     for r in range(first_request, first_request + requests):
-        t, n = 1000 + 10 * r, r % 6
+        t, n = T0 + 10 * r, r % 6
         for k in range(C):
             rows.append(
                 {
@@ -250,7 +251,10 @@ def test_per_request_layout_clean_and_planted(tmp_path):
     requests[9]["surface"][1:3] = ["zzz", "zzz"]
     requests[12]["price"] = requests[12]["price"][:3]  # 3 prices for 4 candidates
     requests[14].update(
-        {c: list(range(90, 83, -1)) if c == "hist_ts" else [1] * 7 for c in ("hist_ts", "hist_item", "hist_cat")}
+        {
+            c: list(range(T0 + 90, T0 + 83, -1)) if c == "hist_ts" else [1] * 7
+            for c in ("hist_ts", "hist_item", "hist_cat")
+        }
     )
     requests[15]["user_id"] = None
     requests[20]["item_id"][1] = requests[20]["item_id"][0]

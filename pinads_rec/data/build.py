@@ -18,8 +18,11 @@ The build runs as SQL on DuckDB, which streams the files, uses every core and sp
 3. **Vocabularies** (optional): raw ids -> 1..V by frequency on the fitting split, 0 out of vocabulary.
 4. **Output**: one row per request (the per-request layout, data/layout.py): the request-level columns
    once, the candidates' columns as lists, requests in time order, in ``<out>/<split>/part-*.parquet``;
-   ``manifest.json`` (inputs, config, outputs) and ``summary.json`` (rows per split and surface, label
-   rates, sequence lengths, join misses, every repair counted).
+   ``summary.json`` (rows per split and surface, label rates, sequence lengths, join misses, every
+   repair counted) and, last, ``manifest.json`` (inputs, config, outputs, every file's sha256, the
+   completion marker). All of it goes to a temporary directory beside ``<out>`` that replaces
+   ``<out>`` in one step once complete (data/build_output.py): a failed or killed build leaves the
+   previous output as it was.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -49,12 +53,9 @@ from pinads_rec.config import (
     load,
     to_dict,
 )
-from pinads_rec.data import layout
-from pinads_rec.data.contract import ID, ContractError, contract_columns
-from pinads_rec.data.raw_sources import RawSource, sql_name, sql_string
-
-# Timestamps outside [1990, 2100) are a mistake (milliseconds read as seconds, a zero): an error.
-EARLIEST, LATEST = 631152000.0, 4102444800.0
+from pinads_rec.data import build_output, layout, rules
+from pinads_rec.data.contract import ID, ID_ROLES, ContractError, contract_columns
+from pinads_rec.data.raw_sources import RawSource, configured, explain, first_line, sql_name, sql_string
 
 
 def build(
@@ -64,9 +65,10 @@ def build(
     memory_limit: Optional[str] = None,
     threads: Optional[int] = None,
 ) -> dict:
-    """Builds every split of ``cfg.build`` from the files under ``raw_dir`` into ``out_dir``;
-    returns the summary (also written to ``out_dir/summary.json``)."""
-    return Build(cfg, raw_dir, out_dir, memory_limit, threads).run()
+    """Builds every split of ``cfg.build`` from the files under ``raw_dir`` into ``out_dir``, which
+    it replaces whole, or not at all on an error; returns the summary (also ``out_dir/summary.json``)."""
+    with build_output.replacing(out_dir) as work:
+        return Build(cfg, raw_dir, str(work), memory_limit, threads).run()
 
 
 def _time_of_day(text: str, tz: str, where: str) -> float:
@@ -85,11 +87,10 @@ class Build:
     ):
         self.cfg, self.b, self.features = cfg, cfg.build, cfg.features
         check_build(cfg)
-        self.raw_dir, self.out = raw_dir, Path(out_dir)
+        self.raw_dir, self.out = raw_dir, Path(out_dir)  # build() gives it its temporary directory
         self.threads = threads or os.cpu_count() or 1
         self.memory_limit = memory_limit
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.out / ".build_tmp"
+        self.tmp = self.out / ".build_tmp"  # DuckDB's spill files
         self.con = duckdb.connect()
         self.con.execute(f"SET threads = {int(self.threads)}")
         self.con.execute(f"SET temp_directory = {sql_string(str(self.tmp))}")
@@ -129,13 +130,16 @@ class Build:
                 self.sequences(events, source, group)
             self.candidates()
             outputs = {split: self.write(split) for split in self.splits}
-        except duckdb.Error as e:
-            raise ContractError(f"build: {str(e).strip().splitlines()[0]}") from None
+        except duckdb.Error as e:  # a raw file DuckDB refused: its file, line, column and value
+            raise ContractError(self.explain(e) or f"build: {first_line(e)}") from None
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
         summary = self.summarize(outputs, time.time() - start)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        (self.out / "manifest.json").write_text(json.dumps(self.manifest(outputs, summary), indent=2) + "\n")
+        manifest = self.manifest(outputs, summary)
+        self.con.close()  # no query left that could spill again into the files the manifest lists
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        build_output.write_manifest(self.out, manifest, self.splits)
         return summary
 
     def impressions(self) -> None:
@@ -143,7 +147,13 @@ class Build:
         self.imp_source = RawSource.of(imp, self.raw_dir, "build.impressions")
         self.imp_columns = self.imp_source.columns(self.con)
         base = f"(SELECT *, filename AS __file FROM {self.imp_source.scan()}{_where(imp.filter)})"
-        self.con.execute(f"CREATE TEMP VIEW impressions AS SELECT * FROM {base}")
+        try:
+            self.con.execute(f"CREATE TEMP VIEW impressions AS SELECT * FROM {base}")
+        except duckdb.Error:
+            self.check_binds(
+                f"(SELECT * FROM {self.imp_source.scan()})", {"build.impressions.filter": imp.filter}, self.imp_source
+            )
+            raise
         self.imp_time = self.seconds(imp.time, "impressions", "build.impressions.time")
         joins, structs = [], []
         self.side_sources = {}  # side table name -> what its joins need (side_table)
@@ -155,7 +165,10 @@ class Build:
         joined = "SELECT impressions.*" + "".join(", " + s for s in structs) + " FROM impressions " + " ".join(joins)
         # A history read from the impression log itself (a sequence source without a path) sees the
         # side tables too: a clicked video's author is ``video.author_id``, as in build.columns.
-        self.con.execute(f"CREATE TEMP VIEW impressions_joined AS {joined}")
+        try:
+            self.con.execute(f"CREATE TEMP VIEW impressions_joined AS {joined}")
+        except duckdb.Error as e:
+            raise ContractError(self.explain(e) or f"build: joining the side tables: {first_line(e)}") from None
         split_tests = [self.split_test(i) for i in range(len(self.b.splits))]
         split_case = "CASE " + " ".join(f"WHEN {t} THEN {sql_string(s)}" for t, s in zip(split_tests, self.splits))
         keys = self.request_keys()
@@ -163,15 +176,29 @@ class Build:
         order = imp.order or imp.item
         outputs = ", ".join(f"({self.b.columns[c]}) AS {sql_name(c)}" for c in self.computed)
         hits = "".join(f", {sql_name(s.name)}.__hit AS {sql_name('__hit_' + s.name)}" for s in self.b.side_tables)
-        self.sql(
-            "building the impressions",
-            f"""CREATE TEMP TABLE imp AS
-            SELECT {key_columns}, {self.imp_time} AS __t, ({imp.user}) AS __user, ({imp.item}) AS __item,
-                   ({order}) AS __order, {split_case} END AS __split,
-                   {" + ".join(f"CAST(coalesce({t}, false) AS INTEGER)" for t in split_tests)} AS __n_splits,
-                   __file, {outputs}{hits}
-            FROM ({joined})""",
-        )
+        try:
+            self.sql(
+                "building the impressions",
+                f"""CREATE TEMP TABLE imp AS
+                SELECT {key_columns}, {self.imp_time} AS __t, ({imp.user}) AS __user, ({imp.item}) AS __item,
+                       ({order}) AS __order, {split_case} END AS __split,
+                       {" + ".join(f"CAST(coalesce({t}, false) AS INTEGER)" for t in split_tests)} AS __n_splits,
+                       __file, {outputs}{hits}
+                FROM ({joined})""",
+            )
+        except ContractError:
+            exprs = {f"build.columns.{c}": self.b.columns[c] for c in self.computed}
+            exprs.update({"build.impressions.user": imp.user, "build.impressions.item": imp.item})
+            exprs.update({"build.impressions.order": order})
+            key_names = (
+                ["build.impressions.request"]
+                if imp.request
+                else [f"build.impressions.request_key[{i}]" for i in range(len(keys))]
+            )
+            exprs.update(zip(key_names, keys))
+            exprs.update({f"build.splits[{i}].filter": s.filter for i, s in enumerate(self.b.splits) if s.filter})
+            self.check_binds("impressions_joined", exprs, self.imp_source)
+            raise
         self.check_times("imp", "__t", self.imp_source, self.imp_time, "build.impressions.time")
         self.check_not_null("imp", "__user", self.imp_source, imp.user, "build.impressions.user", "user")
         for task in self.features.tasks:
@@ -188,6 +215,7 @@ class Build:
         self.sql("dropping the impressions outside every split", "DELETE FROM imp WHERE __split IS NULL")
         if not self.scalar("SELECT count(*) FROM imp"):
             raise ContractError(f"build.splits: no impression of {self.imp_source.files[0]}... falls in any split")
+        self.check_surfaces()
         self.number_requests(keys)
         self.check_id_types()
         self.drop_duplicates()
@@ -258,7 +286,16 @@ class Build:
         for col in side.defaults:
             if col not in columns:
                 raise ContractError(f"{where}.defaults.{col}: {source.files[0]} has no such column ({columns})")
-        return {"alias": alias, "side": side, "fields": fields, "where": where}
+        self.check_default_types(side, source, where)
+        blank = [c for c in side.defaults if c in fields]
+        if blank:  # a default stands in for a blank value too: counted, as a missing key is (join_misses)
+            counts = self.one(
+                f"SELECT {', '.join(f'count(*) FILTER (WHERE __fields.{sql_name(c)} IS NULL)' for c in blank)} "
+                f"FROM {alias}"
+            )
+            for c, n in zip(blank, counts):
+                self.counts[f"side table {side.name}: rows with a blank {c} (its default {side.defaults[c]} used)"] = n
+        return {"alias": alias, "side": side, "fields": fields, "where": where, "source": source}
 
     def side_join(self, name: str, key: Dict[str, str], time: str) -> Tuple[str, str]:
         """The LEFT JOIN of side table ``name`` on ``key`` (side column -> SQL expression over the
@@ -348,7 +385,11 @@ class Build:
         else:  # the impression log is the event log (KuaiRand: earlier clicks are the history)
             raw, scan = self.imp_source, "impressions_joined"
         view = f"__events_{name}"
-        self.con.execute(f"CREATE TEMP VIEW {view} AS SELECT * FROM {scan}{_where(source.filter)}")
+        try:
+            self.con.execute(f"CREATE TEMP VIEW {view} AS SELECT * FROM {scan}{_where(source.filter)}")
+        except duckdb.Error:
+            self.check_binds(scan, {f"{where}.filter": source.filter}, raw)
+            raise
         t = self.seconds(source.time, view, f"{where}.time")
         ids = [f.column for f in group.features]
         cols = ids + _embedding(group)
@@ -360,13 +401,18 @@ class Build:
             exprs.append(f"({expr}) AS {sql_name(c)}")
         user_type = self.scalar("SELECT typeof(__user) FROM imp LIMIT 1")
         events = f"ev_{name}"
-        self.sql(
-            f"reading the events of sequence group {group.name!r}",
-            f"""CREATE TEMP TABLE {events} AS
-            SELECT TRY_CAST(({source.user}) AS {user_type}) AS __user, ({source.user}) IS NULL AS __no_user,
-                   {t} AS __t, __file, {", ".join(exprs)}
-            FROM {view}""",
-        )
+        try:
+            self.sql(
+                f"reading the events of sequence group {group.name!r}",
+                f"""CREATE TEMP TABLE {events} AS
+                SELECT TRY_CAST(({source.user}) AS {user_type}) AS __user, ({source.user}) IS NULL AS __no_user,
+                       {t} AS __t, __file, {", ".join(exprs)}
+                FROM {view}""",
+            )
+        except ContractError:
+            named = {f"{where}.columns.{c}": source.columns[c] for c in cols}
+            self.check_binds(view, {f"{where}.user": source.user, **named}, raw)
+            raise
         no_user = self.scalar(f"SELECT count(*) FROM {events} WHERE __no_user")
         if no_user and source.missing_user == "error":
             path = self.scalar(f"SELECT any_value(__file) FROM {events} WHERE __no_user")
@@ -434,7 +480,16 @@ class Build:
             f"SELECT {raw_values('imp', c)} AS v FROM imp WHERE __split = {sql_string(vocab.fit_split)}"
             for c in imp_cols
         ]
-        values += [f"SELECT {raw_values(e, c)} AS v FROM {e} WHERE __t <= {end}" for e, c in event_cols]
+        if event_cols:
+            # An event read by several groups (every behaviour, and the carts among them) counts once:
+            # the groups' rows of one raw event are equal in (file, user, time, value); equal events
+            # of one group are told apart by their rank among them.
+            ranked = [
+                f"SELECT __file, __user, __t, v, row_number() OVER (PARTITION BY __file, __user, __t, v) AS __k "
+                f"FROM (SELECT __file, __user, __t, {raw_values(e, c)} AS v FROM {e} WHERE __t <= {end})"
+                for e, c in event_cols
+            ]
+            values.append(f"SELECT v FROM ({' UNION '.join(ranked)})")
         name = f"vocab_{_ident(vocab.table)}"
         self.sql(
             f"fitting the vocabulary of table {vocab.table!r}",
@@ -533,12 +588,11 @@ class Build:
         )
 
     def write(self, split: str) -> dict:
-        """The split's per-request Parquet files, requests in time order; returns their paths and
-        counts. Only the keys are sorted; each file's requests are then read by their rank."""
+        """The split's per-request Parquet files, requests in time order; returns their paths
+        (relative to the output directory: they stay true once it is moved in) and counts. Only the
+        keys are sorted; each file's requests are then read by their rank."""
         out = self.out / split
-        if out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
+        out.mkdir()
         names = self.features.columns
         self.sql(
             f"ordering the requests of split {split!r}",
@@ -569,7 +623,10 @@ class Build:
                     writer.add(batch)
             except duckdb.Error as e:
                 raise ContractError(f"build: writing split {split!r}: {str(e).strip().splitlines()[0]}") from None
-        return writer.close()
+        written = writer.close()
+        written["files"] = [Path(f).relative_to(self.out).as_posix() for f in written["files"]]
+        build_output.kill_point(f"split:{split}")
+        return written
 
     # --- checks ------------------------------------------------------------------------------
 
@@ -581,15 +638,17 @@ class Build:
                 f"{where}: {total} timestamp(s) missing or unparsable, first at "
                 f"{source.place(bad[0], f'({expr}) IS NULL')}"
             )
+        stamp = rules.TIMESTAMP
         bad = self.one(
             f"SELECT __file, count(*), min({column}), max({column}) FROM {table} "
-            f"WHERE {column} < {EARLIEST} OR {column} >= {LATEST} GROUP BY __file LIMIT 1"
+            f"WHERE {stamp.where(column)} GROUP BY __file LIMIT 1"
         )
         if bad:
-            hint = " (milliseconds? divide by 1000 in the expression)" if bad[3] >= LATEST else ""
+            hint = " (milliseconds? divide by 1000 in the expression)" if bad[3] >= rules.LATEST else ""
             raise ContractError(
                 f"{where}: {bad[1]} timestamp(s) outside 1990..2100 in {bad[0]}, first at "
-                f"{source.place(bad[0], f'({expr}) < {EARLIEST} OR ({expr}) >= {LATEST}')}{hint}"
+                f"{source.place(bad[0], stamp.where(f'({expr})'))}{hint}",
+                stamp,
             )
 
     def check_not_null(self, table: str, column: str, source: RawSource, expr: str, where: str, what: str) -> None:
@@ -613,18 +672,21 @@ class Build:
                     f"{where}.{c}: {n} null value(s), first at {source.place(path, f'({exprs[c]}) IS NULL')}; "
                     f"give a value with coalesce(...) in the expression (or a side table's defaults)"
                 )
+        self.count_else(table, columns, where, exprs)
 
     def check_label(self, column: str) -> None:
         col = sql_name(column)
+        label = rules.LABEL
         bad = self.one(
-            f"SELECT __file, count(*), any_value({col}) FROM imp WHERE {col} IS NULL OR {col} NOT IN (0, 1) "
+            f"SELECT __file, count(*), any_value({col}) FROM imp WHERE {col} IS NULL OR {label.where(col)} "
             f"GROUP BY __file LIMIT 1"
         )
         if bad:
-            expr = self.b.columns[column]
+            expr = f"({self.b.columns[column]})"
             raise ContractError(
                 f"build.columns.{column}: {bad[1]} label(s) not 0/1 (e.g. {bad[2]!r}), first at "
-                f"{self.imp_source.place(bad[0], f'({expr}) IS NULL OR ({expr}) NOT IN (0, 1)')}"
+                f"{self.imp_source.place(bad[0], f'{expr} IS NULL OR {label.where(expr)}')}",
+                label if bad[2] is not None else None,
             )
 
     def check_id_types(self) -> None:
@@ -640,6 +702,7 @@ class Build:
     def check_id_ranges(self) -> None:
         """Ids (after the vocabularies) inside their tables, unless the table hashes: found here,
         naming the row, rather than by the loader at training time."""
+        self.count_out_of_vocabulary()  # run() checks the ranges once, after every vocabulary
         places = {c: ("imp", "build.columns", self.imp_source, self.b.columns) for c in self.computed}
         for i, (events, source, group) in enumerate(self.group_sources.values()):
             raw = RawSource.of(source, self.raw_dir, "") if source.path else self.imp_source
@@ -663,10 +726,159 @@ class Build:
                     if is_list
                     else (f"({expr}) < 0 OR ({expr}) >= {c.table_size}")
                 )
+                at = self.side_place(expr, test) or raw.place(bad[0], test)
                 raise ContractError(
-                    f"{where}.{name}: id {value} at {raw.place(bad[0], test)} is outside [0, {c.table_size}), the "
-                    f"table of {c.uses[0].what}; enlarge the table, set hash: true, or declare a vocabulary"
+                    f"{where}.{name}: id {value} at {at} is outside [0, {c.table_size}), the "
+                    f"table of {c.uses[0].what}; enlarge the table, set hash: true, or declare a vocabulary",
+                    rules.NEGATIVE_ID if value < 0 else rules.id_beyond(c.table_size),
                 )
+
+    def check_binds(self, relation: str, exprs: Dict[str, str], source: RawSource) -> None:
+        """After a step failed: the first expression that fails alone over ``relation``, named by its
+        config key (DuckDB's message names no file, and blames an output alias -- "referenced that
+        exists in the SELECT clause" -- for a column the file lacks)."""
+        for key, expr in exprs.items():
+            if not expr:  # an optional expression not given
+                continue
+            try:
+                self.con.execute(f"SELECT ({expr}) FROM {relation} LIMIT 0").fetchall()
+            except duckdb.Error as e:
+                missing = re.search(r'Referenced column "(.+?)" not found', str(e))
+                if not missing:
+                    raise ContractError(self.explain(e) or f"{key}: {expr!r}: {first_line(e)}") from None
+                described = self.con.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()
+                have = [f"{r[0]}.<column>" if r[1].startswith("STRUCT") else r[0] for r in described]
+                files = source.files[0] + (" ..." if len(source.files) > 1 else "")
+                raise ContractError(
+                    f"{key}: {expr!r} reads column {missing.group(1)!r}, which {files} does not have (its columns: "
+                    f"{', '.join(h for h in have if not h.startswith('__'))})"
+                ) from None
+
+    def check_default_types(self, side, source: RawSource, where: str) -> None:
+        """A number for the default of a column DuckDB reads as text (one text value makes it so)
+        names that value; DuckDB would say only "Cannot mix values of type VARCHAR and ..."."""
+        if not side.defaults:
+            return
+        kinds = dict(
+            self.con.execute(
+                f"SELECT column_name, column_type FROM (DESCRIBE SELECT * FROM {source.scan()})"
+            ).fetchall()
+        )
+        for col, default in side.defaults.items():
+            try:
+                kind = self.scalar(f"SELECT typeof({default})")
+            except duckdb.Error:
+                continue
+            if kinds[col] != "VARCHAR" or not (kind in _INTEGERS or kind.startswith(("DECIMAL", "DOUBLE", "FLOAT"))):
+                continue
+            name = sql_name(col)
+            for path in source.files:
+                found = source.find(path, f"{name} IS NOT NULL AND TRY_CAST({name} AS DOUBLE) IS NULL", name)
+                if found:
+                    raise ContractError(
+                        f"{where}.defaults.{col}: {source.at(path, found[0])}, column {col!r}: value {found[1]!r} "
+                        f"makes the column text, and its default {default} is a number; fix the value, or quote the "
+                        f"default"
+                    )
+            raise ContractError(
+                f"{where}.defaults.{col}: column {col!r} of {source.files[0]} is read as text (blank throughout?) "
+                f"but its default {default} is a number; quote the default"
+            )
+
+    def check_surfaces(self) -> None:
+        """Every impression's surface is one of features.surfaces (else the loader refuses the
+        output at training time): an error naming the row, or dropped and counted (unknown_surface)."""
+        name, surfaces = self.features.columns.surface, self.features.surfaces
+        if self.is_integer_column("imp", name):  # surfaces as indices
+
+            def unknown(x: str) -> str:
+                return f"({x}) < 0 OR ({x}) >= {len(surfaces)}"
+        else:
+
+            def unknown(x: str) -> str:
+                return f"CAST(({x}) AS VARCHAR) NOT IN ({', '.join(sql_string(s) for s in surfaces)})"
+
+        bad = unknown(sql_name(name))
+        n = self.scalar(f"SELECT count(*) FROM imp WHERE {bad}")
+        if n and self.b.impressions.unknown_surface == "error":
+            path, value = self.one(f"SELECT __file, {sql_name(name)} FROM imp WHERE {bad} LIMIT 1")
+            raise ContractError(
+                f"build.columns.{name}: {n} impression(s) on a surface not in features.surfaces {surfaces} (e.g. "
+                f"{value!r}), first at {self.imp_source.place(path, unknown(self.b.columns[name]))}; add it to "
+                f"features.surfaces, or set build.impressions.unknown_surface: drop"
+            )
+        self.counts["impressions on a surface not in features.surfaces (dropped)"] = n
+        if n:
+            self.con.execute(f"DELETE FROM imp WHERE {bad}")
+
+    def count_else(self, table: str, columns: List[str], where: str, exprs: Dict[str, str]) -> None:
+        """Counts the rows a CASE gave its ELSE in an id column (a mapping's default: an unknown
+        behaviour type becomes id 0), so the summary shows what no WHEN matched. A label's ELSE is
+        its negative class, and a surface's is checked by check_surfaces: neither is counted."""
+        what = "impressions" if table == "imp" else "events"
+        for c in columns:
+            if self.columns[c].role not in ID_ROLES:
+                continue
+            default = self.else_value(exprs[c])
+            if default is not None and not self.is_list_column(table, c):
+                n = self.scalar(f"SELECT count(*) FROM {table} WHERE {sql_name(c)} = {default}")
+                self.counts[f"{where}.{c}: {what} given the CASE's ELSE value {default}"] = n
+
+    def else_value(self, expr: str) -> Optional[str]:
+        """The ELSE of ``expr`` as SQL when ``expr`` is a CASE whose ELSE is a constant that no THEN
+        gives too (then its rows are exactly the unmatched ones); None otherwise."""
+        tree = json.loads(self.scalar(f"SELECT json_serialize_sql({sql_string('SELECT ' + expr)})"))
+        try:
+            node = tree["statements"][0]["node"]
+            case = node["select_list"][0]
+        except (KeyError, IndexError):
+            return None  # not parsed: the step itself says why
+        otherwise = case.get("else_expr") or {}
+        if case.get("class") != "CASE" or otherwise.get("class") != "CONSTANT":
+            return None
+        if otherwise.get("literal", {}).get("kind") == "NULL_LITERAL":
+            return None
+
+        def sql(e: dict) -> str:
+            node["select_list"] = [e]
+            return self.scalar(f"SELECT json_deserialize_sql({sql_string(json.dumps(tree))})")[len("SELECT ") :]
+
+        value = sql(otherwise)
+        return None if any(sql(check["then_expr"]) == value for check in case["case_checks"]) else value
+
+    def count_out_of_vocabulary(self) -> None:
+        """Counts, per vocabulary table, the ids mapped to 0 (unseen where it was fitted, or rarer
+        than min_count): out of vocabulary is a default too, and the summary shows it."""
+        for vocab in self.b.vocabularies:
+            cols = {("imp", s.column) for s in self.features.sparse if s.table == vocab.table}
+            cols |= {
+                (e, f.column) for e, _, g in self.group_sources.values() for f in g.features if f.table == vocab.table
+            }
+            total = 0
+            for table, column in sorted(cols):
+                c = sql_name(column)
+                zero = (
+                    f"len(list_filter({c}, lambda x: x = 0))"
+                    if self.is_list_column(table, column)
+                    else f"CAST({c} = 0 AS INTEGER)"
+                )
+                total += self.scalar(f"SELECT coalesce(sum({zero}), 0) FROM {table}")
+            self.counts[f"vocabulary {vocab.table}: ids out of vocabulary (mapped to 0)"] = int(total)
+
+    def side_place(self, expr: str, test: str) -> Optional[str]:
+        """Where ``test`` first holds in a side table's file when ``expr`` reads that one side table
+        alone (``profile.cms_segid + 1``): the value is there, not in the impression log."""
+        read = [s.name for s in self.b.side_tables if re.search(rf"\b{re.escape(s.name)}\s*\.", expr)]
+        if len(read) != 1 or read[0] not in self.side_sources:
+            return None
+        source = self.side_sources[read[0]]["source"]
+        fields = set(re.findall(rf"\b{re.escape(read[0])}\s*\.\s*(\w+)", expr))
+        column = f", column {fields.pop()!r}" if len(fields) == 1 else ""
+        for path in source.files:
+            row = source.locate(path, test, row_as=read[0])
+            if row is not None:
+                return f"{source.at(path, row)}{column} (side table {read[0]})"
+        return None
 
     def vocab_for(self, column: str) -> bool:
         tables = {s.table for s in self.features.sparse if s.column == column}
@@ -774,7 +986,11 @@ class Build:
         try:
             self.con.execute(statement)
         except duckdb.Error as e:
-            raise ContractError(f"build: {what}: {str(e).strip().splitlines()[0]}") from None
+            raise ContractError(self.explain(e) or f"build: {what}: {first_line(e)}") from None
+
+    def explain(self, e: duckdb.Error) -> Optional[str]:
+        """DuckDB's error about a raw file as one line naming file, line, column and value."""
+        return explain(e, configured(self.b, self.raw_dir))
 
     # --- reports -----------------------------------------------------------------------------
 
@@ -785,7 +1001,7 @@ class Build:
         for split, o in outputs.items():
             entry = {"requests": o["requests"], "rows": o["rows"], "files": len(o["files"])}
             if o["files"]:
-                scan = "read_parquet([" + ", ".join(sql_string(p) for p in o["files"]) + "])"
+                scan = "read_parquet([" + ", ".join(sql_string(str(self.out / p)) for p in o["files"]) + "])"
                 surface = sql_name(f.columns.surface)
                 labels = ", ".join(
                     f"avg(CAST(unnest_l.{sql_name(t.label_column)} AS DOUBLE)) AS {sql_name(t.name)}" for t in f.tasks
@@ -1051,7 +1267,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pinads_rec.data.build", description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="experiment YAML with a build: section")
     ap.add_argument("--raw", required=True, help="directory the build's file paths are relative to")
-    ap.add_argument("--out", required=True, help="output directory (<split>/, manifest.json, summary.json)")
+    ap.add_argument(
+        "--out",
+        required=True,
+        help="output directory (<split>/, vocabularies/, summary.json, manifest.json), replaced whole once the "
+        "build is complete",
+    )
     ap.add_argument("--memory-limit", default=None, help="DuckDB memory cap, e.g. 2GB (spills to disk beyond it)")
     ap.add_argument("--threads", type=int, default=None, help="worker threads (default: every core)")
     add_overrides_flag(ap, "override a config field, e.g. --set build.timezone=UTC (repeatable)")

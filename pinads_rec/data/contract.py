@@ -27,13 +27,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pinads_rec.config import DataConfig, FeaturesConfig
+from pinads_rec.data import rules
 from pinads_rec.data.layout import Requests, request_level_columns
 
 log = logging.getLogger(__name__)
 
 
 class ContractError(ValueError):
-    """Input data that breaks the contract; the message says where (file, row group, column)."""
+    """Input data that breaks the contract; the message says where (file, row group, column), and
+    ``rule`` which data rule failed (``pinads_rec.data.rules``), where one did."""
+
+    def __init__(self, message: str, rule: Optional[rules.Rule] = None):
+        super().__init__(message)
+        self.rule = rule
 
 
 # Column roles: what the loader does with each column and which Arrow types it accepts.
@@ -466,22 +472,30 @@ class RowGroupChecker:
                 out[c.name] = col = fixed
         if LABEL in roles:
             y = col.to_numpy(zero_copy_only=False)
-            bad = (y != 0) & (y != 1)
+            bad = rules.LABEL.broken(y)
             if bad.any():
                 row = int(np.argmax(bad))
-                raise ContractError(f"{place}: label {y[row]} at {locate(row)} is not 0 or 1")
+                raise ContractError(f"{place}: label {y[row]} at {locate(row)} is not 0 or 1", rules.LABEL)
         if PROB in roles:
             p = col.to_numpy(zero_copy_only=False)
-            bad = ~((p >= 0) & (p <= 1))
+            bad = rules.PROBABILITY.broken(p)
             if bad.any():
                 row = int(np.argmax(bad))
-                raise ContractError(f"{place}: probability {p[row]} at {locate(row)} is outside [0, 1]")
+                raise ContractError(
+                    f"{place}: probability {p[row]} at {locate(row)} is outside [0, 1]", rules.PROBABILITY
+                )
         if SURFACE in roles:
             out[c.name] = self._surface_index(col, place, locate)
-        if TIME in roles:
-            t = col.to_numpy(zero_copy_only=False)
-            if not np.isfinite(t).all():
-                raise ContractError(f"{place}: non-finite timestamp at {locate(int(np.argmax(~np.isfinite(t))))}")
+        if TIME in roles or SEQ_TS in roles:
+            t = _leaves(col).to_numpy(zero_copy_only=False).astype(np.float64)
+            bad = rules.TIMESTAMP.broken(t)
+            if bad.any():
+                i = int(np.argmax(bad))
+                row = i if not _is_list(col.type) else int(np.searchsorted(_leaf_offsets(col), i, side="right")) - 1
+                raise ContractError(
+                    f"{place}: timestamp {t[i]:.0f} at {locate(row)} is outside 1990..2100 ({rules.TIMESTAMP.hint})",
+                    rules.TIMESTAMP,
+                )
         views = c.views
         for view in views:
             if view != (0, 0, 0):
@@ -508,18 +522,20 @@ class RowGroupChecker:
             return f"{locate(row)}, value #{value} of the row group"
 
         if ids.min() < 0:
-            bad = int(np.argmax(ids < 0))
-            raise ContractError(f"{place}: negative id {ids[bad]} ({where_is(bad)})")
+            bad = int(np.argmax(rules.NEGATIVE_ID.broken(ids)))
+            raise ContractError(f"{place}: negative id {ids[bad]} ({where_is(bad)})", rules.NEGATIVE_ID)
         bounded = [u for u in uses if not u.hashed]
         if bounded:
             u = min(bounded, key=lambda u: u.table_size)
+            beyond = rules.id_beyond(u.table_size)
             if ids.max() >= u.table_size:
-                bad = int(np.argmax(ids >= u.table_size))
+                bad = int(np.argmax(beyond.broken(ids)))
                 bound = f"its table's size {u.table_size}"
                 if len(c.uses) > 1:
                     bound = f"the table size {u.table_size} of {u.what}"
                 raise ContractError(
-                    f"{place}: id {ids[bad]} is beyond {bound} ({where_is(bad)}); enlarge the table or set hash: true"
+                    f"{place}: id {ids[bad]} is beyond {bound} ({where_is(bad)}); enlarge the table or set hash: true",
+                    beyond,
                 )
 
     def _check_floats(self, c: Column, col: pa.Array, place: str, locate) -> Optional[pa.Array]:

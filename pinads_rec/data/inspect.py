@@ -39,7 +39,7 @@ import yaml
 
 from pinads_rec import config as config_lib
 from pinads_rec.config import DataConfig, ExperimentConfig, FeaturesConfig
-from pinads_rec.data import layout
+from pinads_rec.data import layout, rules
 from pinads_rec.data.contract import (
     FLOAT,
     FLOAT_LIST,
@@ -50,6 +50,7 @@ from pinads_rec.data.contract import (
     SEQ_BAG,
     SEQ_EMB,
     SEQ_ID,
+    SEQ_TS,
     SURFACE,
     TIME,
     Column,
@@ -229,20 +230,25 @@ def column_checks(c: Column, t: pa.DataType, data: DataConfig, features: Feature
                     )
                 )
                 vals = f"flatten({vals})"
-        neg = _count_in(vals, "e < 0", f"list_min({vals}) < 0") if depth else _count_if(f"{x} < 0")
-        out.append(Check("negative id", c.name, "values", ERROR, neg))
+        negative = rules.NEGATIVE_ID
+        if depth:
+            neg = _count_in(vals, negative.where("e"), negative.where(f"list_min({vals})"))
+        else:
+            neg = _count_if(negative.where(x))
+        out.append(Check(negative.kind, c.name, "values", ERROR, neg))
         if not c.hashed:
+            beyond = rules.id_beyond(c.table_size)
             if depth:
-                beyond = _count_in(vals, f"e >= {c.table_size}", f"list_max({vals}) >= {c.table_size}")
+                count = _count_in(vals, beyond.where("e"), beyond.where(f"list_max({vals})"))
             else:
-                beyond = _count_if(f"{x} >= {c.table_size}")
+                count = _count_if(beyond.where(x))
             out.append(
                 Check(
-                    "id beyond its table",
+                    beyond.kind,
                     c.name,
                     "values",
                     ERROR,
-                    beyond,
+                    count,
                     f"table size {c.table_size}, hash: false (enlarge the table or set hash: true)",
                 )
             )
@@ -253,11 +259,9 @@ def column_checks(c: Column, t: pa.DataType, data: DataConfig, features: Feature
         test = f"NOT isfinite(list_sum({x}::DOUBLE[]))"
         out.append(_nonfinite(c, _count_in(x, "NOT isfinite(e::DOUBLE)", test), data))
     elif c.role == LABEL:
-        out.append(Check("label not 0/1", c.name, "rows", ERROR, _count_if(f"NOT ({x} = 0 OR {x} = 1)")))
+        out.append(Check(rules.LABEL.kind, c.name, "rows", ERROR, _count_if(rules.LABEL.where(x))))
     elif c.role == PROB:
-        out.append(
-            Check("probability outside [0, 1]", c.name, "rows", ERROR, _count_if(f"NOT ({x} >= 0 AND {x} <= 1)"))
-        )
+        out.append(Check(rules.PROBABILITY.kind, c.name, "rows", ERROR, _count_if(rules.PROBABILITY.where(x))))
     elif c.role == SURFACE:
         n = len(features.surfaces)
         if pa.types.is_integer(t):
@@ -266,7 +270,24 @@ def column_checks(c: Column, t: pa.DataType, data: DataConfig, features: Feature
             bad = f"{x}::VARCHAR NOT IN ({', '.join(_lit(s) for s in features.surfaces)})"
         out.append(Check("unknown surface", c.name, "rows", ERROR, _count_if(bad), f"surfaces {features.surfaces}"))
     elif c.role == TIME:
-        out.append(Check("non-finite timestamp", c.name, "rows", ERROR, _count_if(f"NOT isfinite({x}::DOUBLE)")))
+        out.append(
+            Check(
+                rules.TIMESTAMP.kind,
+                c.name,
+                "rows",
+                ERROR,
+                _count_if(rules.TIMESTAMP.where(f"{x}::DOUBLE")),
+                rules.TIMESTAMP.hint,
+            )
+        )
+    elif c.role == SEQ_TS:
+        stamp = rules.TIMESTAMP
+        count = _count_in(
+            x,
+            stamp.where("e::DOUBLE"),
+            f"{stamp.where(f'list_min({x})::DOUBLE')} OR {stamp.where(f'list_max({x})::DOUBLE')}",
+        )
+        out.append(Check(stamp.kind, c.name, "events", ERROR, count, stamp.hint))
     elif c.role == SEQ_EMB:
         dim = next(g.embedding_dim for g in features.sequence_groups if g.name == c.group)
         out.append(

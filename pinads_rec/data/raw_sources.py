@@ -6,14 +6,23 @@ lazy SQL (``read_csv`` / ``read_parquet``): DuckDB streams them, in parallel, un
 memory limit. Header names are stripped of surrounding spaces. Every scan exposes DuckDB's virtual
 ``filename`` column, so a check can name the file; ``locate`` then finds the first offending row
 of that file with a single-threaded ordered scan (only on the error path).
+
+What DuckDB would misread is refused up front by name (``RawSource.of``): an empty file, a CSV with
+only its header, a header that is one column at the configured delimiter but holds another.
+``explain`` turns DuckDB's own errors about a raw file (a ragged or truncated line, bytes not in the
+encoding, a value that does not fit the type DuckDB guessed from its sample) into one line naming
+the file, row, line, column and value, re-reading the line where DuckDB does not say it.
 """
 
 from __future__ import annotations
 
+import csv
 import glob
+import gzip
 import os
+import re
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import duckdb
 
@@ -22,6 +31,9 @@ from pinads_rec.data.contract import ContractError
 
 CSV_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".tsv.gz", ".txt")
 PARQUET_SUFFIXES = (".parquet", ".pq")
+# A header that is one field at the configured delimiter but holds one of these: the wrong delimiter.
+OTHER_DELIMITERS = (";", "\t", "|", ",")
+HEAD_BYTES = 1 << 16  # read to tell an empty, header-only or wrongly delimited CSV
 
 
 def sql_string(text: str) -> str:
@@ -64,7 +76,34 @@ class RawSource:
                     f"set format: csv or parquet"
                 )
             fmt = kinds.pop()
-        return cls(where, tuple(files), fmt, cfg.delimiter, tuple(cfg.null_values), tuple(cfg.names), cfg.encoding)
+        source = cls(where, tuple(files), fmt, cfg.delimiter, tuple(cfg.null_values), tuple(cfg.names), cfg.encoding)
+        source.check_files()
+        return source
+
+    def check_files(self) -> None:
+        """Refuses what DuckDB would misread rather than name: an empty file (read as one column
+        ``column0``), a CSV with only its header (every column typed text, no rows), a header that is
+        one column at the configured delimiter (every expression's column 'not found')."""
+        for path in self.files:
+            if os.path.getsize(path) == 0:
+                raise ContractError(f"{self.where}.path: {path} is empty (0 bytes)")
+            if self.format != "csv":
+                continue
+            head, whole = self._head(path)
+            lines = [line for line in head.splitlines() if line.strip()]
+            if not lines:
+                raise ContractError(f"{self.where}.path: {path} holds no line (blank)")
+            first = lines[0]
+            if len(self._fields(first)) == 1 and len(self.names) != 1:
+                found = [d for d in OTHER_DELIMITERS if d != self.delimiter and d in first]
+                if found:
+                    d = max(found, key=first.count)
+                    raise ContractError(
+                        f"{self.where}.delimiter: {path} looks {d!r}-delimited (its first line {first[:80]!r} is one "
+                        f"column at delimiter {self.delimiter!r}): set {self.where}.delimiter: {d!r}"
+                    )
+            if len(lines) == 1 and whole and not self.names:
+                raise ContractError(f"{self.where}.path: {path} has only its header line, no rows")
 
     def scan(self, files: Optional[Tuple[str, ...]] = None) -> str:
         """The SQL table expression reading the files (all of them by default)."""
@@ -84,32 +123,206 @@ class RawSource:
         try:
             return [row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {self.scan()}").fetchall()]
         except duckdb.Error as e:
-            raise ContractError(f"{self.where}: cannot read {self.files[0]}: {_first_line(e)}") from None
+            raise ContractError(
+                explain(e, [self]) or f"{self.where}: cannot read {self.files[0]}: {first_line(e)}"
+            ) from None
 
-    def locate(self, path: str, condition: str) -> Optional[int]:
-        """The 0-based data row (header excluded) of ``path`` where ``condition`` (SQL over the
-        file's columns) first holds, scanning in file order on one thread; None if it never does."""
+    def find(self, path: str, condition: str, values: str = "", row_as: Optional[str] = None) -> Optional[tuple]:
+        """(0-based data row, *values) of the first row of ``path`` where ``condition`` holds,
+        scanning in file order on one thread; None if it never does. ``condition`` and ``values`` are
+        SQL over the file's columns, or with ``row_as`` over a struct of that name holding them (a
+        side table's ``name.column``)."""
         con = duckdb.connect()
         con.execute("SET threads = 1")
         con.execute("SET preserve_insertion_order = true")
+        columns = (
+            f"{sql_name(row_as)} FROM {self.scan((path,))} AS {sql_name(row_as)}"
+            if row_as
+            else f"* FROM {self.scan((path,))}"
+        )
         try:
             row = con.execute(
-                f"SELECT __row FROM (SELECT row_number() OVER () - 1 AS __row, * FROM {self.scan((path,))}) "
-                f"WHERE {condition} ORDER BY __row LIMIT 1"
+                f"SELECT __row{', ' + values if values else ''} FROM (SELECT row_number() OVER () - 1 AS __row, "
+                f"{columns}) WHERE {condition} ORDER BY __row LIMIT 1"
             ).fetchone()
         except duckdb.Error:
             return None
         finally:
             con.close()
-        return None if row is None else int(row[0])
+        return None if row is None else (int(row[0]), *row[1:])
 
-    def place(self, path: str, condition: str) -> str:
+    def locate(self, path: str, condition: str, row_as: Optional[str] = None) -> Optional[int]:
+        """The 0-based data row (header excluded) of ``path`` where ``condition`` (SQL over the
+        file's columns) first holds; None if it never does (``find``)."""
+        found = self.find(path, condition, row_as=row_as)
+        return None if found is None else found[0]
+
+    def place(self, path: str, condition: str, row_as: Optional[str] = None) -> str:
         """``file, row N`` (CSV: also its line) of the first row where condition holds."""
-        row = self.locate(path, condition)
-        if row is None:
-            return path
+        row = self.locate(path, condition, row_as)
+        return path if row is None else self.at(path, row)
+
+    def at(self, path: str, row: int) -> str:
+        """``file, row N`` of a 0-based data row (CSV: also its 1-based line)."""
         line = f" (line {row + 1 + (not self.names)})" if self.format == "csv" else ""
         return f"{path}, row {row}{line}"
+
+    def explain_csv(self, path: str, text: str) -> str:
+        """DuckDB's CSV error ``text`` about ``path`` as one line naming row, line, column and value."""
+        line = re.search(r"CSV Error on Line: (\d+)", text)
+        number = int(line.group(1)) if line else None
+        cast = re.search(r'Error when converting column "(.+?)"\. Could not convert string "(.*)" to \'(\w+)\'', text)
+        if cast and number:
+            column, value, kind = cast.groups()
+            sample = re.search(r"sample_size = (\d+)", text)
+            guessed = f" from the first {sample.group(1)} rows" if sample else ""
+            beyond = ""
+            if re.fullmatch(r"[+-]?\d+", value) and not -(2**63) <= int(value) < 2**63:
+                beyond = " (an integer beyond 2^63 - 1, the largest BIGINT)"
+            return (
+                f"{self.where}: {self.at(path, number - 1 - (not self.names))}, column {column!r}: value {value!r} "
+                f"is not a {kind}, the type DuckDB guessed for the column{guessed}{beyond}"
+            )
+        problem = self.line_problem(path, number) if number else None
+        found = (number, problem) if problem else self.first_bad_line(path)
+        if found:
+            return f"{self.where}: {self.at(path, found[0] - 1 - (not self.names))}: {found[1]}"
+        return f"{self.where}: cannot read {path}: {first_line(text)}"
+
+    def find_value(self, path: str, value: str) -> Optional[Tuple[int, str]]:
+        """(0-based row, column) of the first text field of ``path`` equal to ``value``."""
+        con = duckdb.connect()
+        try:
+            kinds = con.execute(f"DESCRIBE SELECT * FROM {self.scan((path,))}").fetchall()
+        except duckdb.Error:
+            return None
+        finally:
+            con.close()
+        text = [k[0] for k in kinds if k[1] == "VARCHAR"]
+        if not text:
+            return None
+        equal = [f"{sql_name(c)} = {sql_string(value)}" for c in text]
+        found = self.find(path, " OR ".join(equal), "[" + ", ".join(equal) + "]")
+        return None if found is None else (found[0], text[found[1].index(True)])
+
+    # --- a line DuckDB refused, read again --------------------------------------------------
+
+    def header(self, path: str) -> List[str]:
+        """The column names, in file order."""
+        if self.names:
+            return list(self.names)
+        first = next((line for line in self._head(path)[0].splitlines() if line.strip()), "")
+        return [f.strip() for f in self._fields(first)]
+
+    def line_problem(self, path: str, number: int) -> Optional[str]:
+        """What is wrong with 1-based line ``number`` of ``path`` as a row of this source (bytes not
+        in its encoding, a field too many or too few), naming the column and value; None if nothing."""
+        header = self.header(path)
+        for n, raw, last in self._lines(path):
+            if n == number:
+                return self._problem(header, raw, last)
+        return None
+
+    def first_bad_line(self, path: str) -> Optional[Tuple[int, str]]:
+        """(1-based line, what is wrong) of the first line of ``path`` that ``line_problem`` faults."""
+        header = self.header(path)
+        for n, raw, last in self._lines(path):
+            if n == 1 and not self.names:
+                continue
+            problem = self._problem(header, raw, last)
+            if problem:
+                return n, problem
+        return None
+
+    def _problem(self, header: List[str], raw: bytes, last: bool) -> Optional[str]:
+        try:
+            text = raw.decode(self.encoding)
+        except UnicodeDecodeError as e:
+            column = raw[: e.start].decode(self.encoding, "replace").count(self.delimiter)
+            field = raw.split(self.delimiter.encode(self.encoding))[column]
+            name = header[column] if column < len(header) else f"#{column + 1}"
+            hint = f"; set {self.where}.encoding: latin-1 if it is Latin-1" if self.encoding != "latin-1" else ""
+            return (
+                f"column {name!r}: value '{field.decode(self.encoding, 'backslashreplace')}' is not valid "
+                f"{self.encoding}{hint}"
+            )
+        fields = self._fields(text.rstrip("\r\n"))
+        if len(fields) == len(header):
+            return None
+        counted = f"{len(fields)} field(s) where the header has {len(header)}"
+        if len(fields) > len(header):
+            return f"{counted}: an extra value {fields[len(header)]!r} after column {header[-1]!r}"
+        cut = ", at the end of the file with no newline: truncated?" if last and not raw.endswith(b"\n") else ""
+        after = f" (the line ends after {header[len(fields) - 1]!r} = {fields[-1]!r})" if fields else ""
+        return f"{counted}: no value for column {header[len(fields)]!r}{after}{cut}"
+
+    def _fields(self, line: str) -> List[str]:
+        return next(csv.reader([line], delimiter=self.delimiter), [])
+
+    def _open(self, path: str):
+        return gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
+
+    def _head(self, path: str) -> Tuple[str, bool]:
+        """The first HEAD_BYTES of the file as text (decoded leniently: only to look at), and
+        whether that is the whole file."""
+        with self._open(path) as f:
+            head = f.read(HEAD_BYTES + 1)
+        encoding = "utf-8-sig" if self.encoding == "utf-8" else self.encoding
+        return head[:HEAD_BYTES].decode(encoding, "replace"), len(head) <= HEAD_BYTES
+
+    def _lines(self, path: str) -> Iterator[Tuple[int, bytes, bool]]:
+        """(1-based line, its bytes, whether it is the last) of each physical line (none for UTF-16,
+        whose lines are not split at the byte b"\\n")."""
+        if self.encoding.lower().replace("-", "") == "utf16":
+            return
+        with self._open(path) as f:
+            lines = iter(f)
+            previous = next(lines, None)
+            n = 1
+            for line in lines:
+                yield n, previous, False
+                previous, n = line, n + 1
+            if previous is not None:
+                yield n, previous, True
+
+
+def configured(build, raw_dir: str) -> List[RawSource]:
+    """The raw sources of a ``build:`` section (``BuildConfig``), each named by its config key;
+    those that cannot be opened are left out (this is for explaining an error)."""
+    named = [("build.impressions", build.impressions)]
+    named += [(f"build.side_tables[{i}]", s) for i, s in enumerate(build.side_tables)]
+    named += [(f"build.sequences[{i}]", s) for i, s in enumerate(build.sequences) if s.path]
+    sources = []
+    for where, cfg in named:
+        try:
+            sources.append(RawSource.of(cfg, raw_dir, where))
+        except ContractError:
+            pass
+    return sources
+
+
+def explain(error: Exception, sources: Sequence[RawSource]) -> Optional[str]:
+    """One line for a DuckDB error about a raw file of ``sources`` -- its config key, file, row and
+    line, column and value -- instead of DuckDB's first line (``CSV Error on Line: 26447``); None
+    when the error is not about a raw file."""
+    text = str(error)
+    named = re.search(r"^\s*file = (.+?)\s*$", text, re.M) or re.search(r'Error when sniffing file "(.+?)"', text)
+    if named:
+        path = named.group(1)
+        source = next((s for s in sources if path in s.files), None)
+        return (source or RawSource("build", (path,), "csv", ",", ("", "NULL"))).explain_csv(path, text)
+    cast = re.search(r"Could not convert string '(.*?)' to (\w+)", text)
+    if cast:  # an expression's cast of a text value: the first raw field holding it
+        for source in sources:
+            for path in source.files:
+                found = source.find_value(path, cast.group(1))
+                if found:
+                    row, column = found
+                    return (
+                        f"{source.where}: {source.at(path, row)}, column {column!r}: value {cast.group(1)!r} does "
+                        f"not convert to {cast.group(2)} (an expression casts it)"
+                    )
+    return None
 
 
 def _kind(path: str) -> Optional[str]:
@@ -121,5 +334,6 @@ def _kind(path: str) -> Optional[str]:
     return None
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e) -> str:
+    """DuckDB's message (an error, or its text) without the hints and context below it."""
     return str(e).strip().splitlines()[0]

@@ -3,7 +3,8 @@ of row groups to (rank, worker) slots, and reading one row group at a time.
 
 - ``list_files`` / ``list_row_groups``: a directory's ``.parquet`` files (recursively, in name
   order) and their non-empty row groups; every file's schema is checked against the column contract
-  (data/contract.py) when it is listed, so a wrong file fails before training starts.
+  (data/contract.py) when it is listed, so a wrong file fails before training starts. A build's
+  output that is not complete per its manifest is refused (data/build_output.py).
 - ``select_part``: all row groups, the training ones, or the calibration holdout (the last ones).
 - ``assign_row_groups``: one slot's row groups for an epoch; the slots partition the list, so every
   row is read exactly once per epoch by exactly one slot.
@@ -31,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pinads_rec.config import DataConfig, FeaturesConfig
+from pinads_rec.data.build_output import require_complete
 from pinads_rec.data.contract import ContractError, RowGroupChecker, check_schema, contract_columns
 from pinads_rec.data.layout import Requests, is_per_request, request_level_columns, request_starts, stored_request_level
 
@@ -50,7 +52,9 @@ class RowGroup:
 
 
 def list_files(directory: str) -> List[str]:
-    """The ``.parquet`` files under ``directory`` (or the file itself), sorted by path."""
+    """The ``.parquet`` files under ``directory`` (or the file itself), sorted by path; a build's
+    output only when complete (``build_output.require_complete``)."""
+    require_complete(directory)
     if os.path.isfile(directory):
         return [directory]
     if not os.path.isdir(directory):

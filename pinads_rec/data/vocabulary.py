@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pinads_rec.config import FeaturesConfig
+from pinads_rec.data.build_output import require_complete
 from pinads_rec.data.contract import ContractError
 
 OUT_OF_VOCABULARY = 0
@@ -38,6 +39,7 @@ class Vocabularies:
     @classmethod
     def load(cls, build_dir: str, features: FeaturesConfig) -> "Vocabularies":
         """The vocabularies a build wrote under ``build_dir`` (none: nothing is mapped)."""
+        require_complete(build_dir)
         directory = os.path.join(build_dir, "vocabularies")
         tables = {}
         if os.path.isdir(directory):
