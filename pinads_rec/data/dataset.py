@@ -15,6 +15,17 @@ the data section, the seed and ``model.broadcast`` -- never the whole config.
 - Batches have exactly ``batch_size`` rows: sharded embeddings exchange equal-sized blocks between
   ranks. A slot's last, partial batch is dropped in training (``drop_last``: fewer than batch_size
   rows per worker and epoch) or, in evaluation, padded by repeating a row marked ``valid = False``.
+  (Padding it in training too would keep those rows, but a batch of one request's copies takes the
+  candidate attentions' block path through backward, and the golden run would change: not done.)
+- What an epoch trains: every rank must take the same number of steps (the trainer's
+  ``EndTogether``), so a training epoch ends when the rank with the fewest batches runs out, and
+  the other ranks' later batches are not trained. Ranks are dealt whole row groups, so their shares
+  differ: without ``data.max_unique_users_per_batch`` closing batches early, the rows left out of an
+  epoch are at most sum over ranks of (the rank's rows - the smallest share) + world size x
+  max(data.num_workers, 1) x (batch_size - 1) (each worker's dropped partial batch, and a rank's
+  batches number at least its rows / batch_size less one per worker). ``rows_dealt`` gives the
+  shares from the files' footers; the trainer counts the rows each epoch trained (metrics.jsonl's
+  epoch record).
 - ``data.max_unique_users_per_batch`` bounds the requests (unique users) in a batch: a batch that
   reaches it closes early and is padded to ``batch_size`` the same way, so user-side shapes stay
   bounded.
@@ -119,6 +130,26 @@ class ParquetBatches(torch.utils.data.IterableDataset):
                 f"{what} {self.directory}: 0 rows ({len(self.files)} .parquet file(s), none with a row)"
             )
 
+    def slots_of(self, rank: int, num_workers: int) -> List[List[RowGroup]]:
+        """The row groups dealt to each of ``rank``'s loader workers in this epoch (``num_workers``
+        0: the rank reads them itself, one slot)."""
+        workers = max(num_workers, 1)
+        return [
+            assign_row_groups(
+                self.row_groups,
+                rank * workers + w,
+                self.world_size * workers,
+                self.settings.seed,
+                self.epoch,
+                self.shuffle,
+            )
+            for w in range(workers)
+        ]
+
+    def rows_dealt(self, rank: int, num_workers: int) -> int:
+        """The rows dealt to ``rank`` in this epoch (the footers' counts, before data.row_filter)."""
+        return sum(g.num_rows for slot in self.slots_of(rank, num_workers) for g in slot)
+
     def require_a_batch_per_rank(self, what: str, num_workers: int) -> None:
         """ContractError when, from the row counts in the files' footers, some rank cannot make one
         training batch in this epoch: no rows; fewer than batch_size x world size; or a rank dealt
@@ -140,17 +171,7 @@ class ParquetBatches(torch.utils.data.IterableDataset):
             )
         workers = max(num_workers, 1)
         for rank in range(self.world_size):
-            slots = [
-                assign_row_groups(
-                    self.row_groups,
-                    rank * workers + w,
-                    self.world_size * workers,
-                    self.settings.seed,
-                    self.epoch,
-                    self.shuffle,
-                )
-                for w in range(workers)
-            ]
+            slots = self.slots_of(rank, num_workers)
             per_worker = [sum(g.num_rows for g in slot) for slot in slots]
             if max(per_worker) < fewest:
                 raise ContractError(
@@ -163,14 +184,7 @@ class ParquetBatches(torch.utils.data.IterableDataset):
     def my_row_groups(self) -> List[RowGroup]:
         info = torch.utils.data.get_worker_info()
         workers, worker = (info.num_workers, info.id) if info else (1, 0)
-        return assign_row_groups(
-            self.row_groups,
-            self.rank * workers + worker,
-            self.world_size * workers,
-            self.settings.seed,
-            self.epoch,
-            self.shuffle,
-        )
+        return self.slots_of(self.rank, workers)[worker]
 
     def __iter__(self) -> Iterator[Batch]:
         info = torch.utils.data.get_worker_info()

@@ -6,10 +6,12 @@ training starts. ``<run_dir>/run_metadata.json``: what ran where (:func:`run_met
 package versions, config, world size, device, host, command line, start time), written when
 training starts (a resumed run rewrites both with its own). ``<run_dir>/metrics.jsonl``: one JSON
 object a line, a step record every ``train.log_every`` steps (the keys of :meth:`Hook.on_step`'s
-record), a validation record at each evaluation during training (train.eval_every: the keys of
-:meth:`Hook.on_validation`'s record, its ``rows`` the evaluation rows), then the run's summary
-(with its ``eval`` rows, and ``selection`` with train.eval_every) at the end; a resumed run appends
-to the same file, so a file may hold several summaries.
+record), an epoch record at the end of each epoch (the keys of :meth:`Hook.on_epoch_end`'s record:
+``rows_trained`` of the split's ``train_split_rows``, per rank too), a validation record at each
+evaluation during training (train.eval_every: the keys of :meth:`Hook.on_validation`'s record, its
+``rows`` the evaluation rows), then the run's summary (with its ``eval`` rows, and ``selection``
+with train.eval_every) at the end; a resumed run appends to the same file, so a file may hold
+several summaries (and an epoch that train.max_steps cut short, then resumed, two epoch records).
 """
 
 from __future__ import annotations
@@ -124,6 +126,10 @@ class RunLog(Hook):
         if trainer.env.is_main:
             self._append(trainer, json.dumps(record))
 
+    def on_epoch_end(self, trainer: Trainer, record: dict) -> None:
+        if trainer.env.is_main:
+            self._append(trainer, json.dumps(record))
+
     def on_validation(self, trainer: Trainer, record: dict) -> None:
         if trainer.env.is_main:
             self._append(trainer, json.dumps(record, default=float))
@@ -138,12 +144,13 @@ class RunRecords:
     """metrics.jsonl parsed: ``steps`` the step records in file order, ``summary`` the last summary
     (None before a run has finished), ``summaries`` every summary in file order (one per finished
     run that wrote into the directory), ``validations`` the evaluations during training in file
-    order (train.eval_every)."""
+    order (train.eval_every), ``epochs`` the epoch records in file order (the rows each trained)."""
 
     steps: List[dict]
     summary: Optional[dict]
     summaries: List[dict] = field(default_factory=list)
     validations: List[dict] = field(default_factory=list)
+    epochs: List[dict] = field(default_factory=list)
 
 
 def read_run_log(run_dir: Union[str, Path]) -> RunRecords:
@@ -151,7 +158,12 @@ def read_run_log(run_dir: Union[str, Path]) -> RunRecords:
     records = [json.loads(line) for line in (Path(run_dir) / METRICS_FILE).read_text().splitlines() if line.strip()]
     summaries = [r for r in records if "eval" in r]
     validations = [r for r in records if "validation_on" in r]
-    steps = [r for r in records if "eval" not in r and "validation_on" not in r]
+    epochs = [r for r in records if "rows_trained" in r]
+    steps = [r for r in records if not ({"eval", "validation_on", "rows_trained"} & r.keys())]
     return RunRecords(
-        steps=steps, summary=summaries[-1] if summaries else None, summaries=summaries, validations=validations
+        steps=steps,
+        summary=summaries[-1] if summaries else None,
+        summaries=summaries,
+        validations=validations,
+        epochs=epochs,
     )

@@ -68,6 +68,16 @@ class Hook:
         """After every training step (``trainer.state.step`` is the step just done), for per-step
         work such as a profiler's window; keep it cheap."""
 
+    def on_epoch_end(self, trainer: Trainer, record: dict) -> None:
+        """At the end of each epoch of training (also one that train.max_steps or early stopping
+        ends). ``record``: {"epoch", "step" (its last), "rows_trained" (the valid rows its steps
+        trained, summed over the ranks), "rows_trained_per_rank", "train_split_rows" (the rows of
+        the training split, from the files' footers, before data.row_filter), "rows_dealt_per_rank"
+        (those dealt to each rank this epoch, from the footers too), "complete" (the epoch ran until
+        a rank ran out of batches; False when train.max_steps or early stopping ended it)}. Rows are
+        left out of a complete epoch where ranks hold more batches than the one with the fewest
+        (data/dataset.py says by how much at most)."""
+
     def on_validation(self, trainer: Trainer, record: dict) -> None:
         """After each evaluation during training (train.eval_every). ``record``: {"step", "epoch",
         "validation_on" (train.eval_on), "selection" (what picks the best: :func:`selection_name`),
@@ -129,11 +139,16 @@ class StepOutput:
 
 class EndTogether:
     """Stops every rank's iteration at the same step: one rank running out of batches ends the
-    epoch for all, instead of leaving the others blocked in a collective."""
+    epoch for all, instead of leaving the others blocked in a collective (the other ranks' batches
+    after that step are not trained). ``valid_rows``: the valid rows of each batch of the epoch in
+    order, first ``before`` (the batches a resume skipped, trained before it), then each one handed
+    out; the pipeline trains batches in the order it takes them, so after n steps of the epoch it
+    has trained the first n."""
 
-    def __init__(self, batches: Iterator[Batch], group: Optional[dist.ProcessGroup]):
+    def __init__(self, batches: Iterator[Batch], group: Optional[dist.ProcessGroup], before: Sequence[int] = ()):
         self.batches, self.group = batches, group
         self.ran_out_here = False  # this rank's own batches ended (not another rank's)
+        self.valid_rows: List[int] = list(before)
 
     def __iter__(self):
         return self
@@ -146,7 +161,13 @@ class EndTogether:
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
         if not flag.item():
             raise StopIteration
+        self.valid_rows.append(int(batch.valid.sum()))
         return batch
+
+    def trained_rows(self, steps: int) -> int:
+        """The valid rows of the epoch's first ``steps`` batches: what that many steps trained (not
+        the batches still in the pipeline's flight)."""
+        return sum(self.valid_rows[:steps])
 
 
 class Upto:
@@ -479,15 +500,36 @@ class Trainer:
         patience = self.cfg.train.selection.patience
         return self.cfg.train.eval_every is not None and bool(patience) and self.state.evals_since_best >= patience
 
-    def epoch_batches(self, epoch: int) -> Iterator[Batch]:
+    def epoch_batches(self, epoch: int) -> EndTogether:
         """This rank's batches of ``epoch``, from ``state.batches_in_epoch`` on (the resume point),
-        ending on every rank at the same step."""
+        ending on every rank at the same step. The batches skipped were trained before the resume
+        (the same ones when the world size is unchanged): their valid rows count in the epoch's."""
         self.setup()
         self.loader.dataset.set_epoch(epoch)
         batches = iter(self.loader)
-        for _ in range(self.state.batches_in_epoch):
-            next(batches)
-        return EndTogether(batches, self.data_group)
+        before = [int(next(batches).valid.sum()) for _ in range(self.state.batches_in_epoch)]
+        return EndTogether(batches, self.data_group, before)
+
+    def epoch_rows(self, epoch: int, batches: EndTogether, complete: bool) -> dict:
+        """The rows ``epoch`` trained (its steps so far), summed over the ranks with one all_reduce,
+        beside the rows of the training split and each rank's share (the files' footers): the
+        record of :meth:`Hook.on_epoch_end`."""
+        env, dataset = self.env, self.loader.dataset
+        trained = torch.zeros(env.world_size, dtype=torch.int64)
+        trained[env.rank] = batches.trained_rows(self.state.batches_in_epoch)
+        if self.data_group is not None:
+            with self.collectives(f"step {self.state.step}, counting the rows of epoch {epoch}"):
+                dist.all_reduce(trained, op=dist.ReduceOp.SUM, group=self.data_group)
+        workers = self.loader.num_workers
+        return {
+            "epoch": epoch,
+            "step": self.state.step,
+            "rows_trained": int(trained.sum()),
+            "rows_trained_per_rank": trained.tolist(),
+            "train_split_rows": dataset.num_rows,
+            "rows_dealt_per_rank": [dataset.rows_dealt(rank, workers) for rank in range(env.world_size)],
+            "complete": complete,
+        }
 
     def collectives(self, where: str) -> "NamedCollectiveErrors":
         """A context re-raising a collective's timeout or failure as a CollectiveError naming this
@@ -538,7 +580,8 @@ class Trainer:
     def fit(self) -> dict:
         """The epoch loop from ``state`` to ``train.epochs`` or ``train.max_steps``, checkpointing
         every ``train.checkpoint_every`` steps; hooks see on_start, then on_step every
-        ``train.log_every`` steps and on_step_end after every step. With train.eval_every it
+        ``train.log_every`` steps, on_step_end after every step and on_epoch_end after every epoch
+        (the rows it trained: :meth:`epoch_rows`). With train.eval_every it
         evaluates (:meth:`validate`) at every N epochs' end or N steps and after the last step,
         saves a checkpoint at each improvement and stops early on train.early_stop.patience.
         Returns {"step", "train_examples_per_s", "train_seconds", "pipelined_modules"}."""
@@ -591,6 +634,7 @@ class Trainer:
                 if (cfg.train.max_steps and state.step >= cfg.train.max_steps) or self.stopped_early:
                     done = True
                     break
+            rows = self.epoch_rows(epoch, batches, complete=not done)
             if from_start and state.step == steps_before:
                 # The footers promised a batch per rank (setup); the rows read did not make one.
                 who = f"rank {env.rank} had" if batches.ran_out_here else "another rank had"
@@ -603,6 +647,8 @@ class Trainer:
                     raise ContractError(message)
                 if env.is_main:
                     log.warning("%s; training goes on with the next epoch", message)
+            for hook in self.hooks:
+                hook.on_epoch_end(self, rows)
             if not done:
                 state.epoch, state.batches_in_epoch = epoch + 1, 0
                 if every and every.epochs and state.epoch % every.epochs == 0 and state.last_eval_step != state.step:
