@@ -298,6 +298,7 @@ def test_draft_config_loads_and_passes_on_its_data(tmp_path, layout):
         write_requests(data / "part-0.parquet", *to_per_request(clean_rows()))
     draft = tmp_path / "draft.yaml"
     assert insp.main(["--data", str(data), "--draft-config", str(draft), "--json", str(tmp_path / "r.json")]) == 0
+    assert draft.read_text().splitlines()[0].endswith(f"({layout} layout), by python -m pinads_rec.data.inspect.")
     cfg = config.load(draft)
     f = cfg.features
     assert [(t.label_column, t.true_probability_column) for t in f.tasks] == [("click", "true_p_click")]

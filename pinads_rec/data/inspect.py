@@ -386,6 +386,7 @@ class Scan:
     label_rates: Dict[str, dict] = field(default_factory=dict)
     layouts: Dict[str, int] = field(default_factory=dict)
     schema_groups: int = 0
+    file_order: Dict[str, int] = field(default_factory=dict)  # file -> its place in the scan's order
 
     def add_problem(self, p: Problem) -> None:
         key = (p.kind, p.column)
@@ -394,15 +395,13 @@ class Scan:
             self.problems[key] = p
             return
         old.count += p.count
-        if old.place is None or (p.place is not None and _place_key(p.place) < _place_key(old.place)):
+        if old.place is None or (p.place is not None and self.place_key(p.place) < self.place_key(old.place)):
             old.place = p.place
 
-
-_FILE_ORDER: Dict[str, int] = {}
-
-
-def _place_key(p: Place) -> tuple:
-    return (_FILE_ORDER.get(p.file, 0), -1 if p.row_group is None else p.row_group, p.row or 0, p.candidate or -1)
+    def place_key(self, p: Place) -> tuple:
+        """Where ``p`` is in the order the data is read: file, row group, row, candidate."""
+        row_group = -1 if p.row_group is None else p.row_group
+        return (self.file_order.get(p.file, 0), row_group, p.row or 0, p.candidate or -1)
 
 
 class GroupScanner:
@@ -790,10 +789,8 @@ def inspect(cfg: ExperimentConfig, data: Optional[str] = None, memory_limit: Opt
     features = cfg.features
     data = data or cfg.data.train_dir
     files = open_files(data, features)
-    _FILE_ORDER.clear()
-    _FILE_ORDER.update({f.path: i for i, f in enumerate(files)})
     columns = contract_columns(features)
-    scan = Scan()
+    scan = Scan(file_order={f.path: i for i, f in enumerate(files)})
     groups: Dict[tuple, List[Tuple[FileInfo, Dict[str, Column], Dict[str, pa.DataType]]]] = {}
     for f in files:
         scan.layouts[f.layout] = scan.layouts.get(f.layout, 0) + 1
@@ -863,7 +860,7 @@ def inspect(cfg: ExperimentConfig, data: Optional[str] = None, memory_limit: Opt
     for surface, e in sorted(scan.label_rates.items()):
         rates[surface] = {"rows": e["rows"], **{k: v / e["rows"] for k, v in e.items() if k != "rows" and e["rows"]}}
     # In the order the data meets them: file, row group, row (schema problems first in their file).
-    problems = sorted(scan.problems.values(), key=lambda p: (_place_key(p.place) if p.place else (-1,), p.kind))
+    problems = sorted(scan.problems.values(), key=lambda p: (scan.place_key(p.place) if p.place else (-1,), p.kind))
     return Report(
         data=data,
         files=len(files),
@@ -1273,7 +1270,7 @@ def draft_config(data: str) -> str:
         "timestamp": timestamp or "timestamp",
     }
     lines = [
-        f"# Draft config from the data in {data} ({layout} layout), by python -m pinads_rec.data.inspect.",
+        f"# Draft config from the data in {data} ({kind} layout), by python -m pinads_rec.data.inspect.",
         "# Every choice below is a guess from the Parquet schema and statistics: review it.",
         "# Tables: exact size (max id + 1) where ids fit, hashed otherwise; widths 8/16/32/64 by distinct ids;",
         f"# sequence tables share one width ({SEQUENCE_DIM}); max_length = the longest sequence seen.",
