@@ -128,7 +128,7 @@ class Column:
             return self.role
         return " and ".join(f"{u.role} ({u.what})" for u in self.uses)
 
-    # The strictest reading over the uses, for reports of a whole column (data/inspect.py).
+    # The strictest reading over the uses, for reports of a whole column (data/inspect/).
     @property
     def hashed(self) -> bool:
         """Every id use hashes: no id is out of range."""

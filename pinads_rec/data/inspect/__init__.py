@@ -1,0 +1,30 @@
+"""A dataset checked against a config before training: ``python -m pinads_rec.data.inspect``
+(docs/inspect.md).
+
+- ``scan.py``: the scan (``scan_dataset`` -> ``Report``): every contract problem counted and placed,
+  per-column statistics, on DuckDB over the Parquet files
+- ``report.py``: a ``Report`` as text tables (``format_report``) and as JSON (``report_json``)
+- ``draft.py``: a starting config guessed from the data alone (``draft_config``)
+- ``cli.py``: the command line (``main``): flags and exit codes
+
+The names callers use are re-exported here; everything else is imported from its module.
+"""
+
+from pinads_rec.data.inspect.cli import main
+from pinads_rec.data.inspect.draft import draft_config
+from pinads_rec.data.inspect.report import format_report, report_json, text_table
+from pinads_rec.data.inspect.scan import ERROR, UNCHECKED, Place, Problem, Report, scan_dataset
+
+__all__ = [
+    "ERROR",
+    "UNCHECKED",
+    "Place",
+    "Problem",
+    "Report",
+    "draft_config",
+    "format_report",
+    "main",
+    "report_json",
+    "scan_dataset",
+    "text_table",
+]

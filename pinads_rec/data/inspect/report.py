@@ -1,0 +1,132 @@
+"""The report: a scan's ``Report`` as text tables (``format_report``, what the command prints) and
+as JSON (``report_json``, what ``--json`` writes)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Iterable, Sequence
+
+from pinads_rec.config import FeaturesConfig
+from pinads_rec.data.contract import contract_columns
+from pinads_rec.data.inspect.scan import Place, Report
+
+
+def report_json(r: Report) -> dict:
+    """The report as plain data; each problem's place also as one readable ``where`` string."""
+    out = asdict(r)
+    for p in out["problems"]:
+        if p["place"] is not None:
+            p["place"]["where"] = str(Place(**p["place"]))
+    return out
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        return f"{v:,.4g}" if abs(v) < 1e6 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def text_table(header: Sequence[str], rows: Iterable[Sequence]) -> str:
+    rows = [[_fmt(v) for v in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def format_report(r: Report, features: FeaturesConfig) -> str:
+    cpr = r.candidates_per_request
+    layouts = ", ".join(f"{k}: {v}" for k, v in sorted(r.layouts.items()))
+    out = [
+        f"Dataset {r.data}: {r.files} file(s) ({layouts}), {r.rows:,} rows (candidates), {r.requests:,} requests",
+    ]
+    if cpr.get("n"):
+        out.append(
+            f"Candidates per request: mean {cpr['mean']:.2f}, p50 {cpr['p50']}, p90 {cpr['p90']}, "
+            f"min {cpr['min']}, max {cpr['max']}"
+        )
+    out.append("")
+    if r.problems:
+        out.append(f"PROBLEMS: {len(r.problems)} (the loader stops at the first of those marked 'error')")
+        out.append(
+            text_table(
+                ["problem", "column", "count", "first at", "loader", "detail"],
+                [
+                    [
+                        p.kind,
+                        p.column,
+                        f"{p.count:,} {p.unit if p.count != 1 else p.unit[:-1]}",
+                        str(p.place) if p.place else "-",
+                        p.loader,
+                        p.detail,
+                    ]
+                    for p in r.problems
+                ],
+            )
+        )
+    else:
+        out.append("No problem found: the loader reads this data as it is.")
+    out.append("")
+    roles = {c.name: c.role for c in contract_columns(features)}
+    id_rows, value_rows = [], []
+    for name, st in r.columns.items():
+        role = roles.get(name, "item id (duplicates check)")
+        if "distinct" in st or "table_size" in st:
+            id_rows.append(
+                [
+                    name,
+                    role,
+                    st.get("nulls"),
+                    st.get("min"),
+                    st.get("max"),
+                    st.get("distinct"),
+                    st.get("table_size"),
+                    st.get("hash"),
+                ]
+            )
+        else:
+            value_rows.append(
+                [name, role, st.get("nulls"), st.get("min"), st.get("max"), st.get("mean", st.get("rate"))]
+            )
+    if id_rows:
+        out.append("Id columns (distinct: exact)")
+        out.append(text_table(["column", "role", "nulls", "min", "max", "distinct", "table size", "hash"], id_rows))
+        out.append("")
+    if value_rows:
+        out.append("Other columns (min/max/mean of the finite values; a label's mean is its rate)")
+        out.append(text_table(["column", "role", "nulls", "min", "max", "mean"], value_rows))
+        out.append("")
+    if r.sequence_lengths:
+        max_len = {g.name: g.max_length for g in features.sequence_groups}
+        out.append(f"Sequence lengths (per stored {r.sequence_unit[:-1]}, exact)")
+        out.append(
+            text_table(
+                ["group", "mean", "p50", "p90", "p99", "max", "max_length"],
+                [
+                    [g, q.get("mean"), q.get("p50"), q.get("p90"), q.get("p99"), q.get("max"), max_len.get(g)]
+                    for g, q in r.sequence_lengths.items()
+                ],
+            )
+        )
+        out.append("")
+    if r.label_rates:
+        tasks = [t.name for t in features.tasks]
+        out.append("Label rate per surface x task")
+        out.append(
+            text_table(
+                ["surface", "rows"] + tasks,
+                [[s, e["rows"]] + [e.get(t) for t in tasks] for s, e in r.label_rates.items()],
+            )
+        )
+        out.append("")
+    for n in r.notes:
+        out.append(f"Note: {n}")
+    return "\n".join(out).rstrip() + "\n"
