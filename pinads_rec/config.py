@@ -534,9 +534,8 @@ class SequenceEncoderConfig:
     # what the other encoders make of the whole sequence).
     # "hstu" (HSTU over the events, ``hstu``); "retrieval" (per candidate, the events sharing its
     # category from the whole history: ``retrieval``).
-    encoders: List[Literal["transformer", "sum", "period_sum", "din", "long_short", "hstu", "retrieval"]] = field(
-        default_factory=lambda: ["transformer"]
-    )
+    # Any other name registered in modules/encoders.py's registry is accepted too.
+    encoders: List[str] = field(default_factory=lambda: ["transformer"])
     # The newest ``window`` events feed every encoder but "retrieval", which searches the group's
     # whole max_length (0: every encoder reads all of it).
     window: int = 0
@@ -1141,92 +1140,31 @@ def _validate_evaluations(t: TrainConfig, cfg: ExperimentConfig) -> None:
 def _validate_encoder(
     path: str, enc: SequenceEncoderConfig, features: FeaturesConfig, group: Optional[SequenceGroupConfig]
 ) -> None:
+    # The registry holds each encoder's checks (it imports no torch: the data tools load configs too).
+    from pinads_rec.modules import encoders as registry
+
     positive(f"{path}.d_model", enc.d_model)
-    positive(f"{path}.num_layers", enc.num_layers, allow_zero=True)
-    positive(f"{path}.num_heads", enc.num_heads)
     positive(f"{path}.time_buckets", enc.time_buckets)
-    positive(f"{path}.transact_recent", enc.transact_recent)
-    positive(f"{path}.short_length", enc.short_length)
-    for key in ("encoders", "poolings"):
-        values = getattr(enc, key)
-        if len(set(values)) != len(values):
-            raise ConfigError(f"{path}.{key}: listed twice in {values}")
+    if len(set(enc.encoders)) != len(enc.encoders):
+        raise ConfigError(f"{path}.encoders: listed twice in {enc.encoders}")
     if not enc.encoders:
         raise ConfigError(f"{path}.encoders: list at least one (to drop a group's sequence, remove the group)")
-    if "transformer" in enc.encoders and not enc.poolings:
-        raise ConfigError(f"{path}.poolings: the Transformer needs at least one pooling")
-    if enc.combine == "sum" and enc.d_model % enc.num_heads:
-        raise ConfigError(f"{path}.num_heads: {enc.num_heads} does not divide d_model {enc.d_model}")
-    b = enc.period_boundaries_s
-    if not b or any(not x > 0 for x in b) or any(x >= y for x, y in zip(b, b[1:])):
-        raise ConfigError(f"{path}.period_boundaries_s: need increasing positive seconds, got {b}")
-    for key in ("din_hidden", "short_hidden"):
-        if not getattr(enc, key):
-            raise ConfigError(f"{path}.{key}: list at least one hidden width of the attention MLP")
-        for i, w in enumerate(getattr(enc, key)):
-            positive(f"{path}.{key}[{i}]", w)
-    p = enc.projection
-    positive(f"{path}.projection.dim", p.dim, allow_zero=True)
-    positive(f"{path}.projection.num_layers", p.num_layers, allow_zero=True)
-    positive(f"{path}.projection.low_rank", p.low_rank, allow_zero=True)
+    for i, name in enumerate(enc.encoders):
+        if name not in registry.REGISTRY:
+            raise ConfigError(f"{path}.encoders[{i}]: must be one of {registry.names()}, got {name!r}")
     e = enc.early_interaction
     for key in ("cosine", "tokens"):
         if len(set(getattr(e, key))) != len(getattr(e, key)):
             raise ConfigError(f"{path}.early_interaction.{key}: listed twice in {getattr(e, key)}")
-    if group is not None and enc.combine == "concat" and "transformer" in enc.encoders:
-        width = concat_width(features, group)
-        if width % enc.num_heads:
-            raise ConfigError(
-                f"{path}.num_heads: {enc.num_heads} does not divide the concatenated event width "
-                f"{width} of sequence group {group.name!r}"
-            )
     positive(f"{path}.window", enc.window, allow_zero=True)
     if group is not None and enc.window > group.max_length:
         raise ConfigError(
             f"{path}.window: {enc.window} is more than the max_length {group.max_length} of "
             f"sequence group {group.name!r}"
         )
-    h = enc.hstu
-    positive(f"{path}.hstu.num_layers", h.num_layers)
-    positive(f"{path}.hstu.num_heads", h.num_heads)
-    positive(f"{path}.hstu.position_buckets", h.position_buckets)
-    positive(f"{path}.hstu.time_buckets", h.time_buckets)
-    if "hstu" in enc.encoders:
-        width = concat_width(features, group) if group is not None and enc.combine == "concat" else enc.d_model
-        if width % h.num_heads:
-            raise ConfigError(f"{path}.hstu.num_heads: {h.num_heads} does not divide the event width {width}")
-    positive(f"{path}.retrieval.max_events", enc.retrieval.max_events)
-    if group is not None and "retrieval" in enc.encoders:
-        _validate_retrieval(f"{path}.retrieval", enc.retrieval, features, group)
-
-
-def _validate_retrieval(path: str, r: RetrievalConfig, features: "FeaturesConfig", group: SequenceGroupConfig) -> None:
-    """The attribute is one of the group's features; the candidate feature is candidate-side and
-    uses the same table (ids are compared, so they must mean the same thing)."""
-    attrs = {f.name: f for f in group.features}
-    if r.attribute not in attrs:
-        raise ConfigError(
-            f"{path}.attribute: {r.attribute!r} is not a feature of sequence group {group.name!r} ({sorted(attrs)})"
-        )
-    sparse = {f.name: f for f in features.sparse}
-    cand = sparse.get(r.candidate)
-    if cand is None or cand.user_side:
-        raise ConfigError(
-            f"{path}.candidate: {r.candidate!r} is not a candidate-side sparse feature "
-            f"({sorted(n for n, f in sparse.items() if not f.user_side)})"
-        )
-    if cand.table != attrs[r.attribute].table:
-        raise ConfigError(
-            f"{path}.candidate: {r.candidate!r} uses table {cand.table!r} but {group.name}.{r.attribute} uses "
-            f"{attrs[r.attribute].table!r}: retrieval compares ids, so both must use one table"
-        )
-
-
-def concat_width(features: "FeaturesConfig", group: SequenceGroupConfig) -> int:
-    """Width of a group's event with combine: concat (its attributes' and pretrained widths)."""
-    return sum(features.table(f.table).embedding_dim for f in group.features) + (
-        group.embedding_dim if group.embedding_column else 0
-    )
+    width = registry.event_width(features, group, enc)
+    for entry in registry.REGISTRY.values():
+        entry.check(registry.CheckContext(path, enc, features, group, width, entry.name in enc.encoders))
 
 
 def _merge(base: Any, over: Any) -> Any:

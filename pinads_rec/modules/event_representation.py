@@ -18,6 +18,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import nn
 
+from pinads_rec.modules.encoders import width_of_events
 from pinads_rec.modules.jagged import pad_jagged
 
 
@@ -44,7 +45,7 @@ class EventRepresentation(nn.Module):
         self.pretrained_dim = pretrained_dim
         # "sum": one Linear over the concatenation is the sum of one projection per attribute.
         self.project = nn.Linear(in_dim, d_model) if combine == "sum" else None
-        self.width = d_model if combine == "sum" else in_dim
+        self.width = width_of_events(attr_dims, pretrained_dim, combine, d_model)
         self.time_embedding = nn.Embedding(time_buckets, self.width)
 
     def forward(

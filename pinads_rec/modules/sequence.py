@@ -11,7 +11,9 @@ per group:
    ``sum_pooling``, ``PeriodSumPooling``, ``DINAttention``, ``ShortTermInterest`` (the short half of
    long/short interest; the long half is what the other encoders make of the whole sequence), and
    ``TargetRetrieval`` (per candidate, the events sharing its category, searched in the whole
-   history while the other encoders read the newest ``window`` events).
+   history while the other encoders read the newest ``window`` events). Each is an entry of the
+   registry in modules/encoders.py, which builds it, gives its width and runs it: the group loops
+   over the entries its config lists, in registry order.
 
 Long histories: with ``padding: buckets`` the events are padded only to the batch's longest and
 the attention encoders run per length bucket (modules/length_buckets.py); the outputs are those
@@ -37,18 +39,12 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from pinads_rec.config import CANDIDATE_PREFIX, FeaturesConfig, SequenceEncoderConfig, SequenceGroupConfig
-from pinads_rec.modules.din import DINAttention
+from pinads_rec.config import FeaturesConfig, SequenceEncoderConfig, SequenceGroupConfig
+from pinads_rec.modules import encoders
 from pinads_rec.modules.early_interaction import EarlyInteraction
 from pinads_rec.modules.event_representation import EventRepresentation
-from pinads_rec.modules.hstu import HSTUEncoder
-from pinads_rec.modules.jagged import bag_segments, pad_bags, pad_jagged_torch, pool_bags
-from pinads_rec.modules.long_short import ShortTermInterest
-from pinads_rec.modules.pooling import PeriodSumPooling, sum_pooling
-from pinads_rec.modules.retrieval import Search, TargetRetrieval
-from pinads_rec.modules.sequence_projection import SequenceProjection
-from pinads_rec.modules.target_attention import TargetAttention
-from pinads_rec.modules.transformer import TransformerEncoder
+from pinads_rec.modules.jagged import bag_segments, pad_bags, pool_bags
+from pinads_rec.modules.retrieval import Search
 
 if TYPE_CHECKING:  # an annotation only: the arch itself runs with torch alone (benchmarks/arch_precision.py)
     from torchrec.sparse.jagged_tensor import JaggedTensor
@@ -93,79 +89,21 @@ class GroupEncoder(nn.Module):
             if cosine or tokens
             else None
         )
-        self.transformer = (
-            TransformerEncoder(
-                W,
-                cfg.num_layers,
-                cfg.num_heads,
-                cfg.ffn_dim,
-                cfg.dropout,
-                [p for p in cfg.poolings if p != "target"],
-                cfg.transact_recent,
-                bucketed=cfg.padding == "buckets",
-            )
-            if "transformer" in enc
-            else None
-        )
-        self.projection = (
-            SequenceProjection(self.transformer.output_dim, cfg.projection)
-            if self.transformer is not None and cfg.projection.dim
-            else None
-        )
-        self.target = (
-            TargetAttention(query_dim, W)
-            if candidate and self.transformer is not None and "target" in cfg.poolings
-            else None
-        )
-        h = cfg.hstu
-        self.hstu = (
-            HSTUEncoder(
-                W, h.num_layers, h.num_heads, h.dropout, h.position_buckets, h.time_buckets, cfg.padding == "buckets"
-            )
-            if "hstu" in enc
-            else None
-        )
-        self.hstu_target = TargetAttention(query_dim, W) if candidate and self.hstu is not None else None
-        r = cfg.retrieval
-        self.retrieval = TargetRetrieval(query_dim, W, r.max_events) if candidate and "retrieval" in enc else None
-        # The ids the retrieval compares: the events' attribute and the candidate's feature (keys of
-        # the sequence KJT, which carries the candidate ids of shared tables).
-        self.id_keys = (
-            [f"{group.name}.{r.attribute}", CANDIDATE_PREFIX + r.candidate] if self.retrieval is not None else []
-        )
-        # Sums of up to max_length events are layer-normed before they meet the cross network (which
-        # multiplies its inputs: unnormed 100-event sums drove the logits to 1e4 and training to a
-        # constant model). No bias: an empty period stays zeros.
-        self.sum = nn.LayerNorm(W, bias=False) if "sum" in enc else None
-        self.period_sum = PeriodSumPooling(cfg.period_boundaries_s) if "period_sum" in enc else None
-        self.period_norm = nn.LayerNorm(W, bias=False) if "period_sum" in enc else None
-        self.din = DINAttention(query_dim, W, cfg.din_hidden) if candidate and "din" in enc else None
-        self.short = (
-            ShortTermInterest(query_dim, W, cfg.short_length, cfg.short_hidden)
-            if candidate and "long_short" in enc
-            else None
-        )
-        transformer_dim = (
-            self.projection.output_dim
-            if self.projection is not None
-            else self.transformer.output_dim
-            if self.transformer is not None
-            else 0
-        )
-        self.output_dim = (
-            transformer_dim
-            + (self.hstu.output_dim if self.hstu is not None else 0)
-            + W
-            * (
-                (self.sum is not None)
-                + (self.target is not None)
-                + (self.din is not None)
-                + (self.short is not None)
-                + (self.hstu_target is not None)
-            )
-            + (self.period_sum.num_periods * W if self.period_sum is not None else 0)
-            + (self.retrieval.output_dim if self.retrieval is not None else 0)
-        )
+        # The listed encoders in registry order (build order, and the order of their outputs), each
+        # module registered under its own name (the state_dict's).
+        context = encoders.BuildContext(group, cfg, W, query_dim, user_dim)
+        self.encoders: List[Tuple[str, List[str]]] = []  # names, not entries: the module stays picklable
+        self.id_keys: List[str] = []
+        self.output_dim = 0
+        for entry in encoders.REGISTRY.values():
+            if entry.name not in enc or (entry.needs_query and not candidate):
+                continue
+            modules = entry.build(context)
+            for name, module in modules.items():
+                setattr(self, name, module)
+            self.encoders.append((entry.name, list(modules)))
+            self.id_keys += entry.id_keys(group, cfg)
+            self.output_dim += sum(entry.widths(modules, context))
         if self.output_dim == 0:
             raise ValueError(
                 f"sequence group {group.name!r}: encoders {cfg.encoders} give no feature without a "
@@ -225,15 +163,27 @@ class GroupEncoder(nn.Module):
         content, mask, deltas = self.events(
             attributes, offsets, time_deltas, pretrained if self.has_pretrained else None
         )
-        retrieved = None
-        if self.retrieval is not None:  # searches the whole history, before the window
-            search = Search(*search)
-            per_event = search.event_ids if search.event_ids.dim() == 2 else search.event_ids.unsqueeze(1)
-            event_ids = pad_jagged_torch(per_event, offsets, content.shape[1])  # [U, L, K]
-            full = content + self.events.positions(deltas)
-            retrieved = self.retrieval(
-                full, event_ids, mask, search.candidate_ids, query, request_index, search.candidate_rows
+        per_unit: List[torch.Tensor] = []
+        per_row: List[torch.Tensor] = []
+        history_rows: List[torch.Tensor] = []  # after the window encoders' per-row parts
+        listed = [(encoders.REGISTRY[e], n) for e, n in self.encoders]
+        history = [(e, n) for e, n in listed if e.reads == "history"]
+        if history:  # the whole history, before the window
+            inputs = encoders.EncoderInputs(
+                content,
+                content + self.events.positions(deltas),
+                mask,
+                deltas,
+                query,
+                request_index,
+                request_index,
+                offsets=offsets,
+                search=search,
             )
+            for entry, names in history:
+                parts = entry.run({n: getattr(self, n) for n in names}, inputs)
+                per_unit += [t.index_select(0, request_index) for t in parts.unit]
+                history_rows += parts.row
         if self.window:  # newest first: the window is the first positions
             content, mask, deltas = (t[:, : self.window].contiguous() for t in (content, mask, deltas))
         index = request_index
@@ -247,35 +197,20 @@ class GroupEncoder(nn.Module):
         if self.early is not None:
             content, tokens = self.early(content, mask, {"candidate": query, "user": user})
         x = content + self.events.positions(deltas)
-
-        per_unit: List[torch.Tensor] = []
-        per_row: List[torch.Tensor] = []
-        if self.transformer is not None:
-            pooled, encoded = self.transformer(x, mask, tokens)
-            per_unit.append(self.projection(pooled) if self.projection is not None else pooled)
-            if self.target is not None:
-                per_row.append(self.target(query, encoded, mask, index))
-        if self.hstu is not None:
-            pooled, encoded = self.hstu(x, mask, deltas)
-            per_unit.append(pooled)
-            if self.hstu_target is not None:
-                per_row.append(self.hstu_target(query, encoded, mask, index))
-        if self.sum is not None:
-            per_unit.append(self.sum(sum_pooling(content, mask)))
-        if self.period_sum is not None:
-            periods = self.period_sum(content, mask, deltas)
-            per_unit.append(self.period_norm(periods.view(periods.shape[0], -1, content.shape[-1])).flatten(1))
-        if self.din is not None:
-            per_row.append(self.din(query, x, mask, index))
-        if self.short is not None:
-            per_row.append(self.short(query, x, mask, index))
-        if retrieved is not None:
-            per_row.append(retrieved)
-        if per_unit:
+        inputs = encoders.EncoderInputs(content, x, mask, deltas, query, index, request_index, tokens)
+        units: List[torch.Tensor] = []
+        for entry, names in listed:
+            if entry.reads == "window":
+                parts = entry.run({n: getattr(self, n) for n in names}, inputs)
+                units += parts.unit
+                per_row += parts.row
+        per_row += history_rows
+        if units:
             # Request-level broadcasting: once per unit, indexed out to the rows.
-            unit = torch.cat(per_unit, dim=1) if len(per_unit) > 1 else per_unit[0]
-            per_row.insert(0, unit if self.per_candidate else unit.index_select(0, request_index))
-        return torch.cat(per_row, dim=1) if len(per_row) > 1 else per_row[0]
+            unit = torch.cat(units, dim=1) if len(units) > 1 else units[0]
+            per_unit.insert(0, unit if self.per_candidate else unit.index_select(0, request_index))
+        out = per_unit + per_row
+        return torch.cat(out, dim=1) if len(out) > 1 else out[0]
 
 
 class SequenceArch(nn.Module):
