@@ -20,6 +20,9 @@ from typing import Any, Dict, List, Literal, Optional, Sequence
 
 import yaml
 
+# TorchRec's sharding types by name (train.sharding_types; the planner's --sharding-types).
+SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise", "data_parallel")
+
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names the offending key."""
@@ -1078,10 +1081,9 @@ def _validate_train(t: TrainConfig, cfg: ExperimentConfig) -> None:
     positive("train.embedding_lr", t.embedding_lr)
     positive("train.warmup_steps", t.warmup_steps, allow_zero=True)
     positive("train.collective_timeout_s", t.collective_timeout_s)
-    valid_types = {"table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise", "data_parallel"}
     for i, st in enumerate(t.sharding_types):
-        if st not in valid_types:
-            raise ConfigError(f"train.sharding_types[{i}]: {st!r} is not one of {sorted(valid_types)}")
+        if st not in SHARDING_TYPES:
+            raise ConfigError(f"train.sharding_types[{i}]: {st!r} is not one of {sorted(SHARDING_TYPES)}")
     if t.profile_steps:
         if len(t.profile_steps) != 2:
             raise ConfigError(f"train.profile_steps: need [first, last] (two steps), got {t.profile_steps}")

@@ -77,9 +77,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from pinads_rec.config import SHARDING_TYPES, split_overrides
+
 GB = 1024**3  # TorchRec's planner counts GB as GiB (its HBM_CAP is 32 * 1024**3 "32 GB")
 DEFAULT_CONFIG = "configs/demo.yaml"
-SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise", "data_parallel")
 STATS_LOGGER = "torchrec.distributed.planner.stats"
 
 
@@ -810,14 +811,13 @@ def format_comparison(a: dict, b: dict, label_a: str, label_b: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 _SPEC_FIELDS = {f.name: f for f in dataclasses.fields(PlanSpec)}
-_PAIR_SPLIT = re.compile(r"[,\s]+(?=[A-Za-z_][\w\-]*=)")
 
 
 def parse_compare(text: str, base: PlanSpec) -> PlanSpec:
     """``"world_size=8,local_world_size=8"`` -> a copy of ``base`` with those fields. A comma inside a
     value (sharding_types=table_wise,row_wise) is kept: pairs split only before another ``key=``."""
     changes = {}
-    for pair in (p for p in _PAIR_SPLIT.split(text.strip().strip(",")) if p):
+    for pair in split_overrides(text):
         if "=" not in pair:
             raise ValueError(f"--compare {text!r}: expected FIELD=VALUE pairs, got {pair!r}")
         key, value = (s.strip() for s in pair.split("=", 1))
