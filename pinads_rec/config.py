@@ -1196,8 +1196,10 @@ def from_dict(raw: Dict[str, Any], overrides: Sequence[str] = ()) -> ExperimentC
     return cfg
 
 
-def load(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
-    """Load a YAML config, apply ``key.path=value`` overrides, validate; ConfigError names the key."""
+def read_yaml(path: str | Path, _seen: Sequence[Path] = ()) -> Dict[str, Any]:
+    """A config file's mapping, with ``extends: <file>`` resolved: that file's mapping (a path
+    relative to this file's directory; it may extend another) under this one's, mappings merged and
+    lists and values replaced -- a config states only what differs from the one it extends."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -1205,6 +1207,20 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
         raise ConfigError(f"config file {path} does not exist") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict) or "extends" not in raw:
+        return raw
+    raw = dict(raw)
+    base = Path(raw.pop("extends"))
+    base = base if base.is_absolute() else path.parent / base
+    if base.resolve() in [p.resolve() for p in (*_seen, path)]:
+        raise ConfigError(f"{path}: extends {base}, which extends it back")
+    return _merge(read_yaml(base, (*_seen, path)), raw)
+
+
+def load(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """Load a YAML config (``extends:`` resolved: ``read_yaml``), apply ``key.path=value``
+    overrides, validate; ConfigError names the key."""
+    raw = read_yaml(path)
     try:
         return from_dict(raw, overrides)
     except ConfigError as e:

@@ -83,7 +83,9 @@ meaning. Generated from the dataclasses and their comments by
 rerun it; `tests/test_config_reference.py` fails when this file is out of date, and `--check` says
 what differs).
 
-A config file states only what differs from these defaults. The key `a.b.c` is, in YAML,
+A config file states only what differs from these defaults, or, with `extends: <file>` (a path
+relative to it), from that file: mappings merged, lists and values replaced
+(`configs/two_tower.yaml` extends `configs/demo.yaml`). The key `a.b.c` is, in YAML,
 `a: {{b: {{c: value}}}}` (nested mappings), and on a command line `--set a.b.c=value`, the value read
 as YAML (`--set model.sequence.encoders=[transformer,din]`, `--set data.row_filter=null`).
 

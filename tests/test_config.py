@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -453,3 +454,29 @@ def test_ablations_sharing_a_data_directory_generate_the_same_data():
 
 def test_configs_dir_is_not_empty():
     assert ALL_CONFIGS, "configs/ holds no YAML"
+
+
+def test_extends_merges_mappings_and_replaces_lists(tmp_path):
+    """``extends:`` (config.read_yaml): the extended file under this one, mappings merged, lists and
+    values replaced, the path relative to the extending file; a cycle is an error naming it."""
+    (tmp_path / "sub").mkdir()
+    relative = os.path.relpath(DEMO, tmp_path / "sub")
+    (tmp_path / "sub" / "child.yaml").write_text(
+        f"extends: {relative}\ndata: {{batch_size: 64}}\nfeatures:\n  surfaces: [a, b, c]\n"
+    )
+    demo, child = config.load(DEMO), config.load(tmp_path / "sub" / "child.yaml")
+    assert child.data.batch_size == 64 and child.data.train_dir == demo.data.train_dir  # merged
+    assert child.features.surfaces == ["a", "b", "c"] and child.features.tables == demo.features.tables  # replaced
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(config.ConfigError, match=r"extends .*a.yaml, which extends it back"):
+        config.load(tmp_path / "a.yaml")
+
+
+def test_the_shipped_configs_extending_the_demo_state_only_their_differences():
+    demo = config.load(DEMO)
+    two_tower = config.load(REPO / "configs" / "two_tower.yaml")
+    assert two_tower.features.tables == demo.features.tables and two_tower.model.kind == "two_tower"
+    assert [s.name for s in two_tower.features.sparse if s.user_side] == ["user_id", "context_topic", "query_tokens"]
+    prod = config.load(REPO / "configs" / "prod_8gpu.yaml")
+    assert prod.features.tasks == demo.features.tasks and prod.data.calibration_dir is None
