@@ -48,6 +48,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pinads_rec.data import build_output
+from pinads_rec.experiments.harness.meters import status_mib
 
 REPO = Path(__file__).resolve().parents[1]
 MB = 2**20
@@ -470,17 +471,6 @@ def polars_core(raw: Path, out: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _status_kib(pid: int, field: str) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
 def disk_bytes(path: Path) -> int:
     """Bytes allocated on disk under path (st_blocks: what a spill file really takes)."""
     total = 0
@@ -499,19 +489,19 @@ def measure(cmd: List[str], temp=None, env=None, rss_guard_mb: float = 0, timeou
     (0: no limit); ``stopped`` then says why."""
     started = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
-    peak = {"rss_kib": 0, "temp": 0, "stopped": None}
+    peak = {"rss_mib": 0.0, "temp": 0, "stopped": None}
     done = threading.Event()
 
     def sample():
         while not done.is_set():
-            hwm = _status_kib(proc.pid, "VmHWM")
+            hwm = status_mib(proc.pid, "VmHWM")
             if hwm:
-                peak["rss_kib"] = max(peak["rss_kib"], hwm)
+                peak["rss_mib"] = max(peak["rss_mib"], hwm)
             spill = temp(proc.pid) if callable(temp) else temp
             if spill is not None and spill.exists():
                 peak["temp"] = max(peak["temp"], disk_bytes(spill))
             why = None
-            if rss_guard_mb and (_status_kib(proc.pid, "VmRSS") or 0) > rss_guard_mb * 1024:
+            if rss_guard_mb and (status_mib(proc.pid, "VmRSS") or 0) > rss_guard_mb:
                 why = f"RSS past the {rss_guard_mb / 1024:.0f} GiB guard"
             elif timeout_s and time.time() - started > timeout_s:
                 why = f"past {timeout_s:.0f} s"
@@ -528,7 +518,7 @@ def measure(cmd: List[str], temp=None, env=None, rss_guard_mb: float = 0, timeou
     return {
         "ok": proc.returncode == 0 and not peak["stopped"],
         "seconds": time.time() - started,
-        "peak_rss_mb": peak["rss_kib"] / 1024,
+        "peak_rss_mb": peak["rss_mib"],
         "temp_peak_mb": peak["temp"] / MB,
         "stopped": peak["stopped"],
         "stdout": out,

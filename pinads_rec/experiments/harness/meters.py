@@ -110,15 +110,22 @@ def children(pid: int) -> List[int]:
     return sorted(found)
 
 
-def vm_hwm_mib(pid: int) -> Optional[float]:
+def status_mib(pid: int, field: str) -> Optional[float]:
+    """A memory field of another process's ``/proc/<pid>/status`` (VmRSS, VmHWM...) in MiB; None
+    once it has exited (a zombie has no address space left)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         pass
-    return None  # exited (a zombie has no address space left)
+    return None
+
+
+def vm_hwm_mib(pid: int) -> Optional[float]:
+    """The peak RSS of process ``pid`` (VmHWM) in MiB; None once it has exited."""
+    return status_mib(pid, "VmHWM")
 
 
 class TreePeak:
