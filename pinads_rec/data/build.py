@@ -499,10 +499,15 @@ class Build:
                   HAVING count(*) >= {int(vocab.min_count)})
             QUALIFY idx < {table.num_embeddings}""",
         )
-        for c in imp_cols:
-            self.remap("imp", c, name)
-        for events, c in event_cols:
-            self.remap(events, c, name)
+        # Each column once (two features may read one), then what it mapped to 0: out of vocabulary
+        # is a default too, and the summary shows it.
+        out_of_vocabulary = 0
+        for table_name, c in dict.fromkeys([("imp", c) for c in imp_cols] + event_cols):
+            self.remap(table_name, c, name)
+            col = sql_name(c)
+            zero = f"len(list_filter({col}, lambda x: x = 0))" if self.is_list_column(table_name, c) else f"{col} = 0"
+            out_of_vocabulary += self.scalar(f"SELECT coalesce(sum(CAST({zero} AS BIGINT)), 0) FROM {table_name}")
+        self.counts[f"vocabulary {vocab.table}: ids out of vocabulary (mapped to 0)"] = int(out_of_vocabulary)
         vocab_dir = self.out / "vocabularies"
         vocab_dir.mkdir(exist_ok=True)
         self.con.execute(
@@ -702,7 +707,6 @@ class Build:
     def check_id_ranges(self) -> None:
         """Ids (after the vocabularies) inside their tables, unless the table hashes: found here,
         naming the row, rather than by the loader at training time."""
-        self.count_out_of_vocabulary()  # run() checks the ranges once, after every vocabulary
         places = {c: ("imp", "build.columns", self.imp_source, self.b.columns) for c in self.computed}
         for i, (events, source, group) in enumerate(self.group_sources.values()):
             raw = RawSource.of(source, self.raw_dir, "") if source.path else self.imp_source
@@ -845,25 +849,6 @@ class Build:
 
         value = sql(otherwise)
         return None if any(sql(check["then_expr"]) == value for check in case["case_checks"]) else value
-
-    def count_out_of_vocabulary(self) -> None:
-        """Counts, per vocabulary table, the ids mapped to 0 (unseen where it was fitted, or rarer
-        than min_count): out of vocabulary is a default too, and the summary shows it."""
-        for vocab in self.b.vocabularies:
-            cols = {("imp", s.column) for s in self.features.sparse if s.table == vocab.table}
-            cols |= {
-                (e, f.column) for e, _, g in self.group_sources.values() for f in g.features if f.table == vocab.table
-            }
-            total = 0
-            for table, column in sorted(cols):
-                c = sql_name(column)
-                zero = (
-                    f"len(list_filter({c}, lambda x: x = 0))"
-                    if self.is_list_column(table, column)
-                    else f"CAST({c} = 0 AS INTEGER)"
-                )
-                total += self.scalar(f"SELECT coalesce(sum({zero}), 0) FROM {table}")
-            self.counts[f"vocabulary {vocab.table}: ids out of vocabulary (mapped to 0)"] = int(total)
 
     def side_place(self, expr: str, test: str) -> Optional[str]:
         """Where ``test`` first holds in a side table's file when ``expr`` reads that one side table
