@@ -51,7 +51,6 @@ class FeatureLayout:
     # sequence keys holding a bag per event (multi-valued attributes) or per row (candidate keys)
     bag_keys: List[str]
     bag_pooling: Dict[str, str]  # bag key -> "sum" | "mean"
-    group_offsets_keys: Dict[str, str]  # group -> a single-id key of it: its lengths are events per request
     sparse_keys: List[str]  # every sparse feature, config order
     candidate_keys: List[str]  # sparse features not marked user_side, config order
     user_side_keys: List[str]  # sparse features marked user_side, config order
@@ -72,11 +71,6 @@ class FeatureLayout:
             f"{g.name}.{f.name}": f.pooling for g in features.sequence_groups for f in g.features if f.multi_valued
         }
         bag_pooling.update((CANDIDATE_PREFIX + s.name, s.pooling) for s in shared)
-        offsets_keys = {
-            g.name: next(f"{g.name}.{f.name}" for f in g.features if not f.multi_valued)
-            for g in features.sequence_groups
-            if any(not f.multi_valued for f in g.features)  # config validation refuses the others
-        }
         return cls(
             features=features,
             row_keys=[s.name for s in pooled if s.name not in user],
@@ -87,7 +81,6 @@ class FeatureLayout:
             sequence_tables=sequence_tables,
             bag_keys=list(bag_pooling),
             bag_pooling=bag_pooling,
-            group_offsets_keys=offsets_keys,
             sparse_keys=[s.name for s in features.sparse],
             candidate_keys=[s.name for s in features.sparse if not s.user_side],
             user_side_keys=[s.name for s in features.sparse if s.user_side],
