@@ -51,12 +51,12 @@ def hard_search(
     [U, L] or bags [U, L, Ke]; candidate ids [B], or [Mc] ids of the rows ``candidate_rows``."""
     L = event_ids.shape[1]
     bags = event_ids if event_ids.dim() == 3 else event_ids.unsqueeze(2)  # [U, L, Ke]
-    if candidate_rows is None:
-        hit = (bags.index_select(0, request_index) == candidate_ids[:, None, None]).any(2)  # [B, L]
-    else:  # per candidate id, the events holding it; a row's events match when any of its ids does
-        of_id = bags.index_select(0, request_index.index_select(0, candidate_rows))  # [Mc, L, Ke]
-        per_id = (of_id == candidate_ids[:, None, None]).any(2).to(torch.int32)  # [Mc, L]
-        hit = per_id.new_zeros(request_index.shape[0], L).index_add(0, candidate_rows, per_id) > 0
+    if candidate_rows is None:  # one id per row
+        candidate_rows = torch.arange(candidate_ids.shape[0], device=candidate_ids.device)
+    # Per candidate id, the events holding it; a row's events match when any of its ids does.
+    of_id = bags.index_select(0, request_index.index_select(0, candidate_rows))  # [Mc, L, Ke]
+    per_id = (of_id == candidate_ids[:, None, None]).any(2).to(torch.int32)  # [Mc, L]
+    hit = per_id.new_zeros(request_index.shape[0], L).index_add(0, candidate_rows, per_id) > 0
     match = hit & mask.index_select(0, request_index)  # [B, L]
     count = match.sum(dim=1)
     k = min(k, L)
