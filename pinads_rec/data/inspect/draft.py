@@ -232,24 +232,9 @@ def draft_config(data: str) -> str:
         guesses.append("no 0/1 label column found: add a task")
         tasks.append({"name": "click", "label_column": "click"})
     sequence_tables = {t["name"] for t in tables}
-    for n in ints:
-        if n in used:
-            continue
-        st = stats[n]
-        t = _table_for(n, st, comments)
-        if t["name"] in sequence_tables:
-            t["name"] = n + "_ids"
-        tables.append(t)
-        entry = {"name": n, "column": n, "table": t["name"]}
-        if kind == PER_REQUEST and n in request_cols:
-            entry["user_side"] = True
-        if st.get("binary"):
-            comments.append(f"{n}: only 0/1 values: a label? (kept as an id feature)")
-        sparse.append(entry)
-        used.add(n)
-    for n in names:  # multi-hot ids: list<int> columns in no sequence group
-        if n in used or not (_is_list(types[n]) and pa.types.is_integer(types[n].value_type)):
-            continue
+
+    def id_feature(n: str) -> None:
+        """A sparse feature of column ``n`` on a table of its own (renamed off a sequence table's name)."""
         t = _table_for(n, stats[n], comments)
         if t["name"] in sequence_tables:
             t["name"] = n + "_ids"
@@ -258,8 +243,19 @@ def draft_config(data: str) -> str:
         if kind == PER_REQUEST and n in request_cols:
             entry["user_side"] = True
         sparse.append(entry)
-        comments.append(f"{n}: a list of ids in no sequence group: a multi-hot feature (sum pooling)")
         used.add(n)
+
+    for n in ints:
+        if n in used:
+            continue
+        id_feature(n)
+        if stats[n].get("binary"):
+            comments.append(f"{n}: only 0/1 values: a label? (kept as an id feature)")
+    for n in names:  # multi-hot ids: list<int> columns in no sequence group
+        if n in used or not (_is_list(types[n]) and pa.types.is_integer(types[n].value_type)):
+            continue
+        id_feature(n)
+        comments.append(f"{n}: a list of ids in no sequence group: a multi-hot feature (sum pooling)")
     for n in names:
         if n in used:
             continue
