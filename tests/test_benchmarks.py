@@ -350,3 +350,17 @@ def test_kuairand_ceiling_reports_the_oracle_and_what_the_logs_reveal():
     ]
     assert lines["oracle"][-1] == 1.0  # lift of the oracle itself
     assert all(0.5 < auc < 1.0 for auc, _ in lines.values())
+
+
+def test_event_bags_times_both_histories_side_by_side(tmp_path):
+    out = _run("event_bags.py", f"--users 60 --steps 2 --repeats 1 --work {tmp_path}", timeout=600)
+    rows = [line.split() for line in out.splitlines() if line.startswith("  ")]
+    assert [r[0] for r in rows] == ["bags", "first"]
+    assert "x step time" in out and "x files" in out
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def genres(variant):  # the built history's genres: a bag per event, or one id per event
+        return pq.read_schema(next((tmp_path / variant / "train").glob("*.parquet"))).field("liked_genres").type
+
+    assert pa.types.is_list(genres("bags").value_type) and pa.types.is_integer(genres("first_genre").value_type)

@@ -13,7 +13,6 @@ import pytest
 import yaml
 from conftest import torchx_train
 
-from pinads_rec import config
 from pinads_rec.data.build import build
 from pinads_rec.data.shaped_logs import DATASETS, config_with_truth, movielens, truth_overrides
 
@@ -22,19 +21,10 @@ CONFIG = REPO / DATASETS["movielens"].config
 USERS = 400  # ~40k ratings: written and built in a few seconds
 TRAINING = ["data.batch_size=128", "data.num_workers=0", "train.log_every=20", "train.tensorboard=false"]
 LAUNCH_TIMEOUT_S = 300
-FIRST_GENRE = "features.sequence_groups.liked.features.genres.max_values=1"
 
 
 def _paths(out: Path) -> list:
     return [f"data.{s}_dir={out / s}" for s in ("train", "calibration", "eval")]
-
-
-def _first_genre_config(overrides: list) -> config.ExperimentConfig:
-    """The config with each liked movie's first genre (u.item's column order) instead of its bag."""
-    cfg = config_with_truth("movielens", overrides + [FIRST_GENRE])
-    source = cfg.build.sequences[0]
-    source.columns["liked_genres"] = f"({source.columns['liked_genres']})[1]"
-    return cfg
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +33,7 @@ def movielens_built(tmp_path_factory):
     movielens.write(tmp / "raw", users=USERS)
     bags, first = tmp / "bags", tmp / "first"
     build(config_with_truth("movielens", _paths(bags)), str(tmp / "raw"), str(bags))
-    build(_first_genre_config(_paths(first)), str(tmp / "raw"), str(first))
+    build(movielens.first_genre_config(_paths(first)), str(tmp / "raw"), str(first))
     return tmp / "raw", bags, first
 
 

@@ -15,6 +15,8 @@ planted truth kept aside in ``truth.csv`` (the true probability that each rating
   the user's favourites); a like is rated 4 or 5, the others 1 to 3.
 
 ``write`` returns (and saves as ``summary.json``) the counts and the oracle's AUC.
+``first_genre_config`` is the MovieLens config with each liked movie's first genre instead of its
+bag: what the bag is measured against (tests/test_movielens.py, benchmarks/event_bags.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Sequence
 
 import numpy as np
 import pandas as pd
@@ -40,6 +42,21 @@ N_MOVIES = 1682
 START = int(datetime(1997, 9, 20, tzinfo=timezone.utc).timestamp())
 END = int(datetime(1998, 4, 23, tzinfo=timezone.utc).timestamp())
 BASE, USER_SD, QUALITY_SD, FAVOURITE = -1.2, 0.5, 0.6, 1.6
+
+
+# The override that makes the history's genres one id per event.
+FIRST_GENRE = "features.sequence_groups.liked.features.genres.max_values=1"
+
+
+def first_genre_config(overrides: Sequence[str] = ()):
+    """``config_with_truth("movielens")`` with each liked movie's first genre (u.item's column
+    order) as its genre, one id per event, instead of the bag of them."""
+    from pinads_rec.data.shaped_logs import config_with_truth
+
+    cfg = config_with_truth("movielens", list(overrides) + [FIRST_GENRE])
+    source = cfg.build.sequences[0]
+    source.columns["liked_genres"] = f"({source.columns['liked_genres']})[1]"
+    return cfg
 
 
 def write(raw: Path, users: int = 943, seed: int = 0) -> Dict:
