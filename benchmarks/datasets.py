@@ -54,7 +54,6 @@ import importlib
 import json
 import math
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -69,7 +68,9 @@ from pinads_rec.data import layout
 from pinads_rec.data.build import build
 from pinads_rec.data.shaped_logs import DATASETS, config_with_truth, truth_overrides
 from pinads_rec.data.shaped_logs.common import auc
+from pinads_rec.experiments import markdown
 from pinads_rec.experiments.harness import launch, meters
+from pinads_rec.experiments.harness.provenance import code_state
 from pinads_rec.features import FeatureLayout
 from pinads_rec.training.run_log import read_run_log
 
@@ -476,32 +477,21 @@ def format_table(rows: List[dict], models: Sequence[str]) -> str:
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
     head = ["surface", "task", "rows", "positives"] + [f"{m} AUC (lift)" for m in models] + ["oracle AUC"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     shown = [r for r in rows if min(r["positives"], r["examples"] - r["positives"]) >= MIN_CLASS]
+    body = []
     for r in shown or rows:
         cells = [r["surface"], r["task"], f"{r['examples']:,}", f"{r['positives']:,}"]
         cells += [
             f"{cell(r.get(m))} ({cell(metrics.oracle_lift({'auc': r.get(m), 'oracle_auc': r['oracle']}), '.2f')})"
             for m in models
         ]
-        lines.append("| " + " | ".join(cells + [cell(r["oracle"])]) + " |")
+        body.append(cells + [cell(r["oracle"])])
+    lines = markdown.table(head, body)
     if shown and len(shown) < len(rows):
         lines.append(
             f"\n({len(rows) - len(shown)} surface x task cells with < {MIN_CLASS} positives or negatives left out)"
         )
     return "\n".join(lines)
-
-
-def code_state() -> dict:
-    """The commit the runs ran and the files changed beside it (the launches run the working tree)."""
-
-    def git(*a: str) -> str:
-        try:
-            return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    return {"commit": git("rev-parse", "HEAD"), "changed": git("status", "--porcelain").splitlines()}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -40,7 +40,7 @@ def train_py(config_path: str, overrides: List[str], run_dir: Path, ranks: int) 
     """``train.py`` under torchrun (the ablation runner's launch): its summary (examples/s, eval rows)."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    return ablate.train_py(config_path, overrides, run_dir, ranks)
+    return ablate.train_run(config_path, overrides, run_dir, ranks)
 
 
 def plain(cfg: config.ExperimentConfig, steps: int, ranks: int, run_dir: Path) -> dict:

@@ -53,6 +53,7 @@ def plan_args(
     sharding_types: Optional[str],
     set: Optional[str],
     no_pooling_factors: bool,
+    candidates_per_request: float,
     out: Optional[str],
     compare: Optional[str],
     compare_config: Optional[str],
@@ -93,6 +94,8 @@ def plan_args(
         args += ["--set", assignment]
     if no_pooling_factors:
         args.append("--no-pooling-factors")
+    if candidates_per_request > 0:
+        args += ["--candidates-per-request", repr(candidates_per_request)]
     if out:
         args += ["--out", out]
     if compare:
@@ -121,6 +124,7 @@ def plan(
     sharding_types: Optional[str] = None,
     set: Optional[str] = None,
     no_pooling_factors: bool = False,
+    candidates_per_request: float = 0.0,
     out: Optional[str] = None,
     compare: Optional[str] = None,
     compare_config: Optional[str] = None,
@@ -155,6 +159,7 @@ def plan(
         sharding_types: allowed sharding types, comma-separated (e.g. ``table_wise,row_wise``)
         set: config overrides ``key.path=value``, several separated by commas or spaces (torchx allows one ``--set``)
         no_pooling_factors: plan with one lookup per table and row instead of the sequence lengths
+        candidates_per_request: mean candidates per request sizing the sequence lookups; 0: measured from data.train_dir
         out: write the plan as JSON here, for ``--set train.plan_file=...``
         compare: plan a second topology differing in these fields and compare, e.g. ``world_size=8,local_world_size=8``
         compare_config: plan a second config and compare
@@ -185,6 +190,7 @@ def plan(
         sharding_types,
         set,
         no_pooling_factors,
+        candidates_per_request,
         out,
         compare,
         compare_config,

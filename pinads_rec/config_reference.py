@@ -1,8 +1,8 @@
-"""The config reference, ``docs/config.md``, generated from the dataclasses of ``config.py``.
+"""The config reference, ``docs/config.md``, generated from the dataclasses of ``config/schema.py``.
 
 Keys, types and defaults come from the dataclasses (a nested section's defaults from the default
 instance, so ``model.two_tower.dcn`` shows its own, not ``model.dcn``'s); each key's meaning from
-the ``#`` comment lines right above its field in ``config.py`` (else the comment ending its line),
+the ``#`` comment lines right above its field in ``schema.py`` (else the comment ending its line),
 each section's from its class docstring. ``python -m pinads_rec.config_reference`` writes the file;
 ``--check`` exits 1 and says what differs when the file is out of date (as
 ``tests/test_config_reference.py`` does).
@@ -26,10 +26,11 @@ from typing import Any, Dict, List, Literal, NamedTuple, Optional, Tuple
 import yaml
 
 from pinads_rec import config
+from pinads_rec.config import schema
 
 OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 COMMAND = "python -m pinads_rec.config_reference"
-MAX_MEANING = 200  # characters: one line of a table, the rest is in config.py
+MAX_MEANING = 200  # characters: one line of a table, the rest is in config/schema.py
 
 # Unit and scope where a number means little without them. Per rank: in each training process (the
 # global value is that x the world size; docs/performance.md quotes batches as "rows per rank per
@@ -77,9 +78,9 @@ class Section(NamedTuple):
 
 HEADER = f"""# Config reference
 
-Every key of the experiment config (`pinads_rec/config.py`): its type, default, unit or scope and
-meaning. Generated from the dataclasses and their comments by
-`{COMMAND}`: do not edit by hand (edit the comments in `config.py` and
+Every key of the experiment config (`pinads_rec/config/schema.py`): its type, default, unit or
+scope and meaning. Generated from the dataclasses and their comments by
+`{COMMAND}`: do not edit by hand (edit the comments in `schema.py` and
 rerun it; `tests/test_config_reference.py` fails when this file is out of date, and `--check` says
 what differs).
 
@@ -95,14 +96,17 @@ as YAML (`--set model.sequence.encoders=[transformer,din]`, `--set data.row_filt
   `--set features.sequence_groups.pins.max_length=1000` (or `features.sequence_groups.0.max_length=1000`).
 - `map str -> ...`: a mapping of any names to values of that type. `model.sequence_groups.<group>`
   takes `model.sequence`'s keys for one group; the keys it leaves out are `model.sequence`'s.
-- `required`: the key has no default and must be given (in each list element).
+- `required`: the key has no default and must be given (in each list element). Those of
+  `config.REQUIRED` are checked where they are needed: `features.surfaces` and `features.tasks` on
+  every config, a path by the tool that reads it (its meaning says which; the others load a config
+  without it).
 - Unit / scope: per rank means in each training process (the global value is that times the world
   size); global means over all ranks together.
 """
 
 
 def _parse(source: str) -> Tuple[Dict[str, Dict[str, str]], Dict[str, str]]:
-    """({class: {field: comment}}, {class: docstring}) from config.py's source. A field's comment is
+    """({class: {field: comment}}, {class: docstring}) from schema.py's source. A field's comment is
     the ``#`` lines right above it, joined, else the comment ending its line (found by tokenize, so a
     ``#`` inside a string is not one)."""
     lines = source.splitlines()
@@ -199,7 +203,7 @@ def _scope(key: str) -> str:
 
 def sections() -> List[Section]:
     """Every section of ExperimentConfig, each followed by the sections nested in it."""
-    comments, docs = _parse(Path(config.__file__).read_text())
+    comments, docs = _parse(Path(schema.__file__).read_text())
     first_path: Dict[type, str] = {}  # where a class's keys are listed: a map's values link there
     out: List[Section] = []
 
@@ -224,7 +228,11 @@ def sections() -> List[Section]:
             else:
                 values = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
                 link = first_path[values[0]] if values else None  # model.sequence_groups -> model.sequence
-            section.rows.append(Row(key, _type(tp, link), _default(f, obj), _scope(key), _summary(meaning)))
+            if key in config.REQUIRED:  # its None or [] is a placeholder the config must replace
+                typ, default = _type(_without_none(tp)[0], link), "required"
+            else:
+                typ, default = _type(tp, link), _default(f, obj)
+            section.rows.append(Row(key, typ, default, _scope(key), _summary(meaning)))
 
     defaults = config.ExperimentConfig()
     for f in dataclasses.fields(config.ExperimentConfig):
@@ -280,7 +288,9 @@ def difference(path: Path, text: str) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog=COMMAND, description=f"Write {OUTPUT.name} from config.py's dataclasses.")
+    parser = argparse.ArgumentParser(
+        prog=COMMAND, description=f"Write {OUTPUT.name} from config/schema.py's dataclasses."
+    )
     parser.add_argument("--check", action="store_true", help=f"exit 1 if {OUTPUT} is not what would be written")
     args = parser.parse_args(argv)
     text = render()

@@ -14,6 +14,10 @@ What it computes, for every (surface, task) pair plus an ``"all"`` surface row p
                    probability: sum_b (n_b / N) |mean predicted_b - mean label_b|. Equal-count
                    bins because engagement rates are small: equal-width bins would put nearly every
                    example in the first one.
+* ``gauc``         impression-weighted per-user AUC, as the DIN/DSIN papers report on Taobao:
+                   sum_u n_u AUC_u / sum_u n_u over the users with both classes in the cell (n_u
+                   their examples), ties averaged as in ``auc``; ``gauc_coverage`` the share of the
+                   cell's examples those users hold. ``None`` when the accumulator has no user ids.
 * ``oracle_auc`` / ``oracle_ne``  the same AUC / NE computed from the generator's true
                    probabilities (synthetic data only), ``None`` when the accumulator has no oracle.
 * ``calibration_vs_truth``  sum(predicted) / sum(true probabilities) (synthetic data only): the
@@ -54,9 +58,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from pinads_rec import text_table
+
 __all__ = [
     "EPS",
     "auc",
+    "gauc",
     "log_loss",
     "normalized_entropy",
     "calibration",
@@ -112,6 +119,49 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     neg_below = torch.cumsum(neg_g, 0) - neg_g  # negatives with strictly lower score
     num = (pos_g.to(torch.float64) * (neg_below.to(torch.float64) + 0.5 * neg_g.to(torch.float64))).sum()
     return float(num / (float(n_pos) * float(n_neg)))
+
+
+def gauc(scores: torch.Tensor, labels: torch.Tensor, users: torch.Tensor) -> Tuple[float, float]:
+    """(GAUC, coverage): each user's exact AUC (ties averaged) weighted by the user's examples, over
+    the users with both a positive and a negative, and the share of the examples they hold. (nan,
+    0.0) when no user has both classes (or on nan scores).
+
+    One pass for all users: the examples sorted by (user, score), a tie group per (user, score), and
+    each group's ``positives * (the user's negatives strictly below + its own negatives / 2)``.
+    """
+    s, y = _paired(scores, labels)
+    u = torch.as_tensor(users).reshape(-1).to(device="cpu", dtype=torch.int64)
+    if u.numel() != s.numel():
+        raise ValueError(f"length mismatch: {u.numel()} users vs {s.numel()} scores")
+    if s.numel() == 0 or bool(torch.isnan(s).any()):
+        return float("nan"), 0.0
+    by_score = torch.sort(s, stable=True).indices
+    order = by_score[torch.sort(u[by_score], stable=True).indices]  # by user, then by score
+    us, ss, pos = u[order], s[order], (y[order] > 0.5).to(torch.int64)
+    starts = torch.ones(s.numel(), dtype=torch.bool)
+    starts[1:] = (us[1:] != us[:-1]) | (ss[1:] != ss[:-1])
+    group = torch.cumsum(starts.to(torch.int64), 0) - 1
+    n_groups = int(group[-1]) + 1
+    pos_g = torch.zeros(n_groups, dtype=torch.int64).index_add_(0, group, pos)
+    neg_g = torch.bincount(group, minlength=n_groups) - pos_g
+    user_g = us[starts]
+    first = torch.ones(n_groups, dtype=torch.bool)
+    first[1:] = user_g[1:] != user_g[:-1]
+    user = torch.cumsum(first.to(torch.int64), 0) - 1
+    neg_before = torch.cumsum(neg_g, 0) - neg_g  # over all users before, then reset per user
+    neg_below = neg_before - neg_before[first][user]
+    n_users = int(user[-1]) + 1
+    num = torch.zeros(n_users, dtype=torch.float64).index_add_(
+        0, user, pos_g.to(torch.float64) * (neg_below.to(torch.float64) + 0.5 * neg_g.to(torch.float64))
+    )
+    p_u = torch.zeros(n_users, dtype=torch.int64).index_add_(0, user, pos_g)
+    n_u = torch.zeros(n_users, dtype=torch.int64).index_add_(0, user, neg_g)
+    both = (p_u > 0) & (n_u > 0)
+    if not bool(both.any()):
+        return float("nan"), 0.0
+    weight = (p_u + n_u)[both].to(torch.float64)
+    per_user = num[both] / (p_u[both].to(torch.float64) * n_u[both].to(torch.float64))
+    return float((weight * per_user).sum() / weight.sum()), float(weight.sum()) / s.numel()
 
 
 def log_loss(probs: torch.Tensor, labels: torch.Tensor) -> float:
@@ -198,10 +248,13 @@ class MetricAccumulator:
     (surfaces in the given order, then ``"all"``; tasks in the given order within each surface).
     """
 
-    def __init__(self, tasks: Sequence[str], surfaces: Sequence[str], has_oracle: bool = False) -> None:
+    def __init__(
+        self, tasks: Sequence[str], surfaces: Sequence[str], has_oracle: bool = False, has_users: bool = False
+    ) -> None:
         self.tasks: List[str] = list(tasks)
         self.surfaces: List[str] = list(surfaces)
         self.has_oracle = bool(has_oracle)
+        self.has_users = bool(has_users)  # user ids given to update(): GAUC
         if not self.tasks:
             raise ValueError("MetricAccumulator needs at least one task")
         if not self.surfaces:
@@ -215,6 +268,7 @@ class MetricAccumulator:
         self._labels: List[torch.Tensor] = []
         self._surface: List[torch.Tensor] = []
         self._true: List[torch.Tensor] = []
+        self._users: List[torch.Tensor] = []
 
     @property
     def num_examples(self) -> int:
@@ -228,8 +282,10 @@ class MetricAccumulator:
         surface: torch.Tensor,
         true_probs: Optional[torch.Tensor] = None,
         valid: Optional[torch.Tensor] = None,
+        users: Optional[torch.Tensor] = None,
     ) -> None:
-        """Add a batch: probs/labels/true_probs ``[B, T]``, surface ``[B]`` int64 index, valid ``[B]`` bool."""
+        """Add a batch: probs/labels/true_probs ``[B, T]``, surface ``[B]`` int64 index, valid ``[B]``
+        bool, users ``[B]`` int64 user ids (with ``has_users``)."""
         T = len(self.tasks)
         probs = probs.detach()
         labels = labels.detach()
@@ -253,6 +309,12 @@ class MetricAccumulator:
                 true_probs = true_probs.unsqueeze(1)
             if tuple(true_probs.shape) != (B, T):
                 raise ValueError(f"true_probs must be [{B}, {T}], got {tuple(true_probs.shape)}")
+        if self.has_users:
+            if users is None:
+                raise ValueError("has_users=True but update() got no users")
+            users = users.detach().reshape(-1)
+            if users.numel() != B:
+                raise ValueError(f"users must be [{B}], got {tuple(users.shape)}")
         if valid is not None:
             valid = valid.detach().to(device=probs.device, dtype=torch.bool).reshape(-1)
             if valid.numel() != B:
@@ -262,6 +324,8 @@ class MetricAccumulator:
             surface = surface.to(probs.device)[valid]
             if self.has_oracle:
                 true_probs = true_probs.to(probs.device)[valid]
+            if self.has_users:
+                users = users.to(probs.device)[valid]
         surface = surface.to(device="cpu", dtype=torch.int64)
         if surface.numel() and (int(surface.min()) < 0 or int(surface.max()) >= len(self.surfaces)):
             raise ValueError(
@@ -274,6 +338,8 @@ class MetricAccumulator:
         self._surface.append(surface.clone())
         if self.has_oracle:
             self._true.append(true_probs.to("cpu", copy=True))
+        if self.has_users:
+            self._users.append(users.to(device="cpu", dtype=torch.int64, copy=True))
 
     # ---- gathering --------------------------------------------------------------------------
 
@@ -306,6 +372,10 @@ class MetricAccumulator:
         probs = data[:, 1 : 1 + T]
         labels = data[:, 1 + T : 1 + 2 * T]
         true = data[:, 1 + 2 * T : 1 + 3 * T] if self.has_oracle else None
+        users = None
+        if self.has_users:  # int64 apart: ids past 2**53 are not exact in the float64 columns
+            local = torch.cat(self._users) if self._users else torch.zeros(0, dtype=torch.int64)
+            users = gather_rows(local.unsqueeze(1), process_group)[:, 0]
 
         rows: List[Dict[str, Any]] = []
         selections = [(name, surface == i) for i, name in enumerate(self.surfaces)]
@@ -324,10 +394,14 @@ class MetricAccumulator:
                     "log_loss": log_loss(p, y),
                     "calibration": calibration(p, y),
                     "ece": expected_calibration_error(p, y),
+                    "gauc": None,
+                    "gauc_coverage": None,
                     "oracle_auc": None,
                     "oracle_ne": None,
                     "calibration_vs_truth": None,
                 }
+                if users is not None:
+                    row["gauc"], row["gauc_coverage"] = gauc(p, y, users if mask is None else users[mask])
                 if true is not None:
                     q = true[:, t] if mask is None else true[mask, t]
                     row["oracle_auc"] = auc(q, y)
@@ -365,8 +439,9 @@ def format_table(rows: Sequence[Dict[str, Any]]) -> str:
     """Fixed-width text table of :meth:`MetricAccumulator.compute` rows.
 
     Lift = (auc - 0.5) / (oracle_auc - 0.5): the fraction of the oracle's attainable AUC gain over
-    random that the model achieves ("-" without an oracle).
+    random that the model achieves ("-" without an oracle). GAUC is shown when the rows have it.
     """
+    with_gauc = any(r.get("gauc") is not None for r in rows)
     headers = [
         "surface",
         "task",
@@ -381,7 +456,7 @@ def format_table(rows: Sequence[Dict[str, Any]]) -> str:
         "calib",
         "cal/true",
         "ECE",
-    ]
+    ] + (["GAUC"] if with_gauc else [])
     body: List[List[str]] = []
     for r in rows:
         n = int(r["examples"])
@@ -402,13 +477,6 @@ def format_table(rows: Sequence[Dict[str, Any]]) -> str:
                 _fmt(r.get("calibration_vs_truth"), ".3f"),
                 _fmt(r.get("ece"), ".5f"),
             ]
+            + ([_fmt(r.get("gauc"))] if with_gauc else [])
         )
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(headers)]
-    left = {0, 1}  # text columns left-aligned, numbers right-aligned
-
-    def line(cells: List[str]) -> str:
-        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-
-    out = [line(headers), "  ".join("-" * w for w in widths)]
-    out.extend(line(b) for b in body)
-    return "\n".join(out)
+    return text_table.format_table(headers, body, left=[0, 1])  # surface and task names at the left

@@ -68,6 +68,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.getLogger("pinads_rec").setLevel(logging.INFO)
     try:
         cfg = config.load(args.config, args.overrides)
+        for key in Trainer.REQUIRED_KEYS:
+            config.require(cfg, key)
     except config.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -22,7 +22,7 @@ TORCHREC=1.8.0
 # Everything else the project imports or runs, each pinned where the project needs that version.
 # kubernetes: TorchX's Kubernetes scheduler (the `kubernetes` extra); 37.x needs urllib3 >= 2,
 # which torchx 0.7.0 refuses (urllib3 < 1.27), so 36.0.3 is the newest that fits.
-# duckdb: the raw-log builder's engine (data/build.py); polars and pandas: the engines
+# duckdb: the raw-log builder's engine (data/build/); polars and pandas: the engines
 # benchmarks/build.py measures it against (docs/data_build.md says why DuckDB).
 # scikit-learn and lightgbm: the reference models benchmarks/datasets.py fits beside every dataset
 # run (a logistic regression and gradient-boosted trees on hand-computed features).

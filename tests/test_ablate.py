@@ -8,6 +8,7 @@ import yaml
 from conftest import DEMO, tiny_overrides
 
 from pinads_rec.experiments import ablate
+from pinads_rec.experiments.harness import meters
 
 pytestmark = pytest.mark.slow
 
@@ -124,7 +125,7 @@ def test_rank_memory_sees_the_children_not_the_launcher():
     child = "b = bytearray(300 << 20); import time; time.sleep(0.8)"
     launcher = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
     proc = subprocess.Popen([sys.executable, "-c", launcher])
-    with ablate.RankMemory(proc.pid, period_s=0.05) as memory:
+    with meters.RankMemory(proc.pid, period_s=0.05) as memory:
         proc.wait()
     (peak,) = memory.peaks()  # one child: the launcher's own memory not counted
     assert 300 <= peak < 400

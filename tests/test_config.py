@@ -149,7 +149,6 @@ def test_negative_table_size(field, value, pattern):
         ("data.shuffle_buffer_rows=-1", r"^data\.shuffle_buffer_rows: must be >= 0, got -1"),
         ("data.num_workers=-2", r"^data\.num_workers: must be >= 0, got -2"),
         ("data.prefetch_factor=0", r"^data\.prefetch_factor: must be > 0, got 0"),
-        ("synth.num_files=0", r"^synth\.num_files: must be > 0"),
         ("model.mmoe.expert_dims=[64, -1]", r"^model\.mmoe\.expert_dims\[1\]: must be > 0, got -1"),
         ("model.sequence.num_heads=3", r"^model\.sequence\.num_heads: 3 does not divide d_model 32"),
         ("train.lr=-0.1", r"^train\.lr: must be > 0"),
@@ -169,7 +168,6 @@ def test_calibration_needs_exactly_one_source_of_unseen_rows():
         overrides=["data.calibration_dir=null"],
     )
     assert config.load(DEMO, ["data.calibration_dir=null", "model.calibration=none"]).data.calibration_dir is None
-    assert_config_error(r"^synth\.calibration_requests: must be >= 0", overrides=["synth.calibration_requests=-1"])
 
 
 def test_bad_dense_and_sequence_sizes():
@@ -279,7 +277,11 @@ def test_duplicate_surfaces():
 
 @pytest.mark.parametrize("section", ["tasks", "surfaces"])
 def test_empty_required_list(section):
-    assert_config_error(f"^features\\.{section}: at least one", overrides=[f"features.{section}=[]"])
+    msg = assert_config_error(f"^features\\.{section}: required -- ", overrides=[f"features.{section}=[]"])
+    assert "at least one" in msg
+    raw = demo_raw()
+    del raw["features"][section]  # no default either: a forgotten list is the same error
+    assert assert_config_error(f"^features\\.{section}: required -- ", raw) == msg
 
 
 # --------------------------------------------------------------------------------------------
@@ -386,7 +388,7 @@ def test_exponent_notation_is_a_number(text):
 # --------------------------------------------------------------------------------------------
 
 
-MINIMAL = {"features": {"tasks": [{"name": "click", "label_column": "click"}]}}
+MINIMAL = {"features": {"surfaces": ["feed"], "tasks": [{"name": "click", "label_column": "click"}]}}
 
 
 def test_defaults_load():
@@ -397,12 +399,50 @@ def test_defaults_load():
     assert cfg.model == want.model
     assert cfg.train == want.train
     assert cfg.features.columns == want.features.columns
-    assert cfg.features.surfaces == want.features.surfaces
+    assert cfg.features.surfaces == ["feed"]
     assert cfg.features.tasks == [config.TaskConfig(name="click", label_column="click")]
 
 
 def test_no_task_is_an_error():
-    assert_config_error(r"^features\.tasks: at least one task", raw={})
+    assert_config_error(r"^features\.tasks: required -- the prediction tasks, at least one", raw={})
+
+
+def test_no_default_is_the_demos_path_or_surface():
+    # A config that forgot one would silently read or write the demo's files.
+    defaults = config.ExperimentConfig()
+    assert defaults.data.train_dir is None and defaults.data.eval_dir is None and defaults.train.run_dir is None
+    assert defaults.features.surfaces == [] and defaults.features.tasks == []
+    for key in config.REQUIRED:
+        with pytest.raises(ConfigError, match=f"^{re.escape(key)}: required -- {re.escape(config.REQUIRED[key])}$"):
+            config.require(defaults, key)
+
+
+def test_paths_are_required_by_the_tool_that_reads_them():
+    cfg = config.from_dict(copy.deepcopy(MINIMAL))  # loads: the planner, build and inspect need no paths
+    assert cfg.data.train_dir is None
+    with pytest.raises(
+        ConfigError, match=r"^data\.train_dir: required -- the directory of the training Parquet files$"
+    ):
+        config.require(cfg, "data.train_dir")
+    with pytest.raises(ConfigError, match=r"^train\.run_dir: required -- "):
+        config.require(config.from_dict(copy.deepcopy(MINIMAL), ["train.run_dir="]), "train.run_dir")  # empty
+    assert config.require(config.load(DEMO), "data.eval_dir") == "data/demo/eval"
+
+
+def test_training_requires_its_paths(tmp_path, capsys):
+    from pinads_rec import train
+    from pinads_rec.training.trainer import Trainer
+
+    assert Trainer.REQUIRED_KEYS == ("data.train_dir", "data.eval_dir", "train.run_dir")
+    assert set(Trainer.REQUIRED_KEYS) <= set(config.REQUIRED)
+    raw = demo_raw()
+    del raw["train"]["run_dir"]
+    path = tmp_path / "no_run_dir.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"^train\.run_dir: required -- "):
+        Trainer(config.load(path))  # before any process group or file
+    assert train.main(["--config", str(path)]) == 2
+    assert "config error: train.run_dir: required -- " in capsys.readouterr().err
 
 
 def test_demo_unstated_keys_take_defaults():

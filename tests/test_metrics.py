@@ -20,6 +20,7 @@ from pinads_rec.metrics import (
     expected_calibration_error,
     format_table,
     gather_rows,
+    gauc,
     log_loss,
     normalized_entropy,
 )
@@ -304,16 +305,17 @@ def _rank_data(rank: int, n: int):
     probs = (probs * 20).round() / 20  # ties
     surface = torch.randint(0, len(_SURFACES), (n,), generator=g)
     valid = torch.rand(n, generator=g) < 0.9
-    return probs, labels, surface, true, valid
+    users = torch.randint(0, 25, (n,), generator=g) + 2**60  # past 2**53: not exact as float64
+    return probs, labels, surface, true, valid, users
 
 
 _RANK_SIZES = {0: 157, 1: 89}
 
 
 def _fill(acc: MetricAccumulator, rank: int) -> None:
-    probs, labels, surface, true, valid = _rank_data(rank, _RANK_SIZES[rank])
+    probs, labels, surface, true, valid, users = _rank_data(rank, _RANK_SIZES[rank])
     for sl in (slice(0, 40), slice(40, None)):  # two batches per rank
-        acc.update(probs[sl], labels[sl], surface[sl], true_probs=true[sl], valid=valid[sl])
+        acc.update(probs[sl], labels[sl], surface[sl], true_probs=true[sl], valid=valid[sl], users=users[sl])
 
 
 def _gathered_rows(rank: int) -> torch.Tensor:
@@ -324,11 +326,11 @@ def _gathered_rows(rank: int) -> torch.Tensor:
 
 
 def _dist_worker(rank: int, world: int, out_dir: str) -> None:
-    acc = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
+    acc = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True, has_users=True)
     _fill(acc, rank)
     rows = acc.compute()
     # second pass: rank 1 has no examples at all (zero-size contribution)
-    acc2 = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
+    acc2 = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True, has_users=True)
     if rank == 0:
         _fill(acc2, 0)
     rows2 = acc2.compute()
@@ -353,14 +355,14 @@ def test_row_differences_name_what_differs():
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_gathered_metrics_match_single_process(two_ranks, rank):
-    ref = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
+    ref = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True, has_users=True)
     for r in range(2):
         _fill(ref, r)
     assert row_differences(two_ranks[rank]["rows"], ref.compute()) == []
 
 
 def test_gathered_metrics_count_every_valid_example():
-    ref = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
+    ref = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True, has_users=True)
     for r in range(2):
         _fill(ref, r)
     n_all = sum(int(_rank_data(r, n)[4].sum()) for r, n in _RANK_SIZES.items())
@@ -369,7 +371,7 @@ def test_gathered_metrics_count_every_valid_example():
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_rank_without_examples_contributes_nothing(two_ranks, rank):
-    ref0 = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True)
+    ref0 = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True, has_users=True)
     _fill(ref0, 0)
     assert row_differences(two_ranks[rank]["rows2"], ref0.compute()) == []
 
@@ -382,6 +384,26 @@ def test_gather_rows_concatenates_variable_lengths_in_rank_order(two_ranks, rank
 @pytest.mark.parametrize("rank", [0, 1])
 def test_gather_rows_keeps_the_dtype(two_ranks, rank):
     assert two_ranks[rank]["gathered_dtype"] == "torch.float32"
+
+
+def test_gathered_metrics_include_gauc_over_every_ranks_users():
+    ref = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True, has_users=True)
+    for r in range(2):
+        _fill(ref, r)
+    rows = ref.compute()
+    assert all(0.0 < r["gauc"] < 1.0 and 0.0 < r["gauc_coverage"] <= 1.0 for r in rows)
+    assert all(r["gauc"] is None for r in _one_surface_rows(has_users=False))
+
+
+def _one_surface_rows(has_users: bool):
+    acc = MetricAccumulator(["click"], ["home"], has_users=has_users)
+    acc.update(
+        T([[0.1], [0.9], [0.4], [0.6]]),
+        T([[0], [1], [1], [0]]),
+        torch.zeros(4, dtype=torch.int64),
+        users=T([1, 1, 2, 2]),
+    )
+    return acc.compute()
 
 
 def test_gather_rows_without_a_process_group_returns_its_input():
@@ -399,3 +421,40 @@ def test_expected_calibration_error_hand_example():
         torch.full((10,), 0.3), torch.tensor([1.0] * 3 + [0.0] * 7), bins=1
     ) == pytest.approx(0.0, abs=1e-7)
     assert math.isnan(expected_calibration_error(torch.empty(0), torch.empty(0)))
+
+
+# --------------------------------------------------------------------------------------------
+# GAUC: impression-weighted per-user AUC.
+# --------------------------------------------------------------------------------------------
+
+
+def test_gauc_hand_example():
+    # user 1: AUC 1 over 2 rows; user 2: AUC 0 over 2 rows; user 3: one class only, left out.
+    scores, labels = T([0.1, 0.9, 0.4, 0.6, 0.5, 0.7]), T([0, 1, 1, 0, 1, 1])
+    users = torch.tensor([1, 1, 2, 2, 3, 3])
+    assert gauc(scores, labels, users) == (pytest.approx(0.5), pytest.approx(4 / 6))
+    weighted = torch.tensor([1, 1, 1, 2, 2, 3])  # user 1: 3 rows AUC 1, user 2: 2 rows AUC 0 (a tie-free pair)
+    assert gauc(T([0.1, 0.9, 0.2, 0.6, 0.4, 0.5]), T([0, 1, 0, 0, 1, 1]), weighted)[0] == pytest.approx(3 / 5 * 1.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gauc_matches_the_per_user_loop_with_ties(seed):
+    g = np.random.default_rng(seed)
+    n = 3000
+    users = g.integers(0, 200, n) * 7919  # unsorted, sparse ids
+    scores = np.round(g.random(n), 1)  # many ties within a user
+    labels = (g.random(n) < 0.1 + 0.6 * scores).astype(np.float64)
+    num = den = 0.0
+    for u in np.unique(users):
+        m = users == u
+        if 0 < labels[m].sum() < m.sum():
+            num += m.sum() * _pairwise_auc(scores[m], labels[m])
+            den += m.sum()
+    value, coverage = gauc(torch.from_numpy(scores), torch.from_numpy(labels), torch.from_numpy(users))
+    assert value == pytest.approx(num / den, abs=1e-12)
+    assert coverage == pytest.approx(den / n)
+
+
+def test_gauc_without_a_user_of_both_classes_is_nan():
+    value, coverage = gauc(T([0.2, 0.8]), T([1, 0]), torch.tensor([1, 2]))
+    assert math.isnan(value) and coverage == 0.0

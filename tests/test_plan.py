@@ -1,6 +1,8 @@
 """pinads_rec.plan: TorchRec's planner run offline for a GPU cluster on this CPU machine (the
 production config on 8 CUDA ranks, in-process and as ``python -m``), a topology that cannot fit,
---compare, the TorchX component, and the plan JSON's round trip into a 2-rank gloo training run.
+--compare, the candidates per request and where they come from (the flag, the training files, the
+generator's setting, or an error), the task planned being the trainer's, the TorchX component,
+and the plan JSON's round trip into a 2-rank gloo training run.
 
 Planning the production config costs about a second per plan (the model's embeddings are on the
 meta device); the round trip is one 2-process launch that only builds the sharded model and runs
@@ -22,6 +24,7 @@ from pinads_rec.experiments.harness import run_ranks
 
 PROD = os.path.join(REPO, "configs", "prod_8gpu.yaml")
 DEMO = os.path.join(REPO, "configs", "demo.yaml")
+TAOBAO = os.path.join(REPO, "configs", "datasets", "taobao_ad.yaml")
 GB = 1024**3
 
 
@@ -206,6 +209,150 @@ def test_compare_config_and_parse_compare():
 
 
 # ---------------------------------------------------------------------------------------------
+# Candidates per request: the flag, the training files, the generator's setting, or an error
+# ---------------------------------------------------------------------------------------------
+
+
+def plan_json(tmp_path, argv):
+    """main(argv + --out): (exit status, stdout, stderr, the plan JSON or None)."""
+    out_json = tmp_path / "plan.json"
+    rc, out, err = run_main(argv + ["--out", str(out_json)])
+    return rc, out, err, json.loads(out_json.read_text()) if out_json.exists() else None
+
+
+def test_candidates_from_the_flag_size_the_sequence_lookups(tmp_path):
+    from pinads_rec import config
+    from pinads_rec.plan import PlanSpec, table_constraints
+
+    absent = tmp_path / "absent" / "train"  # a real dataset without files: the flag alone serves
+    rc, out, err, report = plan_json(
+        tmp_path,
+        ["--config", TAOBAO, "--world-size", "2", "--set", f"data.train_dir={absent}", "--candidates-per-request", "2"],
+    )
+    assert rc == 0, err
+    assert report["candidates_per_request"] == {"value": 2.0, "source": "flag", "detail": "--candidates-per-request"}
+    assert "candidates per request: 2.00 (--candidates-per-request)" in out
+    assert "note:" not in out
+    # A candidate key of the sequence collection is looked up once per candidate; its input has one
+    # row per request: ceil(512 / 2) of them.
+    cfg = config.load(TAOBAO)
+    cons = table_constraints(cfg, PlanSpec(world_size=2), 512, 2.0)
+    keys = dict(zip(_ec_keys(cfg, "cate"), cons["cate"].pooling_factors))
+    assert keys["candidate.cate_id"] == 2.0 and keys["behaviour.cate"] == 50.0, keys
+    assert set(cons["cate"].batch_sizes) == {256}
+    assert set(cons["adgroup"].batch_sizes) == {512} and set(cons["user"].batch_sizes) == {256}
+
+
+def _ec_keys(cfg, table):
+    from pinads_rec.features import FeatureLayout
+
+    return next(t.feature_names for t in FeatureLayout.of(cfg.features).embedding_configs() if t.name == table)
+
+
+def _rows_and_requests(directory, label="click"):
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    files = sorted(directory.glob("*.parquet"))
+    tables = [pq.read_table(f, columns=[label]) for f in files]
+    return sum(int(pc.sum(pc.list_value_length(t[label])).as_py()) for t in tables), sum(t.num_rows for t in tables)
+
+
+def test_candidates_measured_from_the_training_files(tiny_data, tmp_path):
+    import pyarrow.parquet as pq
+    from conftest import rows_of
+
+    from pinads_rec.plan import count_candidates
+
+    cfg, data_dir = tiny_data
+    rows, requests = _rows_and_requests(data_dir / "train")  # the generator writes one row per request
+    assert requests < rows
+    rc, out, err, report = plan_json(
+        tmp_path, ["--config", DEMO, "--world-size", "2", "--set", f"data.train_dir={data_dir}/train"]
+    )
+    assert rc == 0, err
+    c = report["candidates_per_request"]
+    assert c["source"] == "measured" and c["value"] == pytest.approx(rows / requests)
+    assert c["detail"] == f"measured from {data_dir}/train, 2 files: {rows:,} rows in {requests:,} requests"
+    assert f"candidates per request: {rows / requests:.2f} (measured from {data_dir}/train, 2 files" in out
+    # The same rows one per candidate (request-level values repeated): the request ids' runs count.
+    per_row = tmp_path / "per_row"
+    per_row.mkdir()
+    for f in sorted((data_dir / "train").glob("*.parquet")):
+        pq.write_table(rows_of(pq.read_table(f), cfg.features), per_row / f.name, row_group_size=500)
+    count = count_candidates(cfg.features, str(per_row))
+    assert (count.files, count.rows, count.requests) == (2, rows, requests)
+    assert count_candidates(cfg.features, str(tmp_path / "absent")) is None
+
+
+def test_candidates_of_synthetic_data_not_generated_yet(tmp_path):
+    absent = tmp_path / "absent" / "train"
+    rc, out, err, report = plan_json(
+        tmp_path, ["--config", DEMO, "--world-size", "2", "--set", f"data.train_dir={absent}"]
+    )
+    assert rc == 0, err
+    c = report["candidates_per_request"]
+    assert (c["value"], c["source"], c["detail"]) == (12.0, "synth", "synth.candidates_per_request: synthetic data")
+    note = next(line for line in out.splitlines() if line.startswith("note:"))
+    assert f"{absent} does not exist" in note and "synth.candidates_per_request = 12" in note
+    assert "python -m pinads_rec.data.synth" in note
+    assert "candidates per request: 12.00 (synth.candidates_per_request: synthetic data)" in out
+
+
+def test_a_real_dataset_without_files_is_an_error_naming_both_ways_out(tmp_path):
+    empty = tmp_path / "taobao" / "train"
+    empty.mkdir(parents=True)
+    rc, out, err = run_main(["--config", TAOBAO, "--set", f"data.train_dir={empty}"])
+    assert rc == 2 and out == "" and "Traceback" not in err
+    assert err.startswith(f"error: {TAOBAO}: ") and f"data.train_dir {empty} holds no Parquet files" in err
+    assert "missing column 'pid'" in err  # why the generator's data would not do
+    assert f"python -m pinads_rec.data.build --config {TAOBAO} --raw RAW_DIR --out {empty.parent}" in err
+    assert "--candidates-per-request N" in err
+    # Without pooling factors the number is not needed.
+    rc, out, err, report = plan_json(
+        tmp_path, ["--config", TAOBAO, "--set", f"data.train_dir={empty}", "--no-pooling-factors"]
+    )
+    assert rc == 0, err
+    assert report["candidates_per_request"]["value"] is None and report["candidates_per_request"]["source"] == "unused"
+
+
+def test_candidates_per_request_in_compare_and_its_checks():
+    from pinads_rec.plan import PlanSpec, parse_compare
+
+    assert parse_compare("candidates_per_request=3", PlanSpec()).candidates_per_request == 3.0
+    rc, _, err = run_main(["--config", DEMO, "--candidates-per-request", "0.5"])
+    assert rc == 2 and "candidates-per-request must be >= 1" in err
+    rc, out, err = run_main(["--config", DEMO, "--world-size", "2", "--compare", "candidates_per_request=2"])
+    assert rc == 0, err
+    side = out[out.index("Side by side") :]
+    assert "Candidates per request: A 12.00 (" in side and "B 2.00 (--candidates-per-request)" in side
+
+
+def test_the_planner_plans_the_task_the_trainer_shards():
+    """planned_task is training.trainer.meta_train_task (model, training precision, non-finite guard)
+    with the fused embedding optimizer attached, as parallel.shard does before sharding."""
+    import torch
+
+    from pinads_rec import config
+    from pinads_rec.models.train_task import NonFiniteGuard
+    from pinads_rec.modules.precision import LargeLayer
+    from pinads_rec.parallel import EMBEDDING_PARAM
+    from pinads_rec.plan import planned_task
+    from pinads_rec.training.trainer import meta_train_task
+
+    cfg = config.load(DEMO, ["model.precision.train=bf16"])
+    task = planned_task(cfg, "cpu")
+    reference = meta_train_task(cfg.features, cfg.model, cfg.train)
+    assert isinstance(task.guard, NonFiniteGuard) and task.guard.tasks == [t.name for t in cfg.features.tasks]
+    shapes = {k: tuple(v.shape) for k, v in task.state_dict().items()}
+    assert shapes == {k: tuple(v.shape) for k, v in reference.state_dict().items()}
+    layers = [m for m in task.modules() if isinstance(m, LargeLayer)]
+    assert layers and {m.dtype for m in layers} == {torch.bfloat16}
+    tables = [p for n, p in task.named_parameters() if any(e in n for e in EMBEDDING_PARAM)]
+    assert tables and all(p.is_meta and getattr(p, "_in_backward_optimizers", None) for p in tables)
+
+
+# ---------------------------------------------------------------------------------------------
 # The TorchX component
 # ---------------------------------------------------------------------------------------------
 
@@ -232,6 +379,8 @@ def test_component_runs_the_plan_module():
                     "train.lr=0.1,train.sharding_types=[row_wise,table_wise]",
                     "--compare",
                     "world_size=8",
+                    "--candidates_per_request",
+                    "2.5",
                 ],
                 "local_cwd",
                 cfg={},
@@ -244,6 +393,7 @@ def test_component_runs_the_plan_module():
     assert role.env["PYTHONPATH"] == "." and role.resource.gpu == 0
     flags = dict(zip(args[2::2], args[3::2]))
     assert flags["--world-size"] == "16" and flags["--local-world-size"] == "8" and flags["--compare"] == "world_size=8"
+    assert flags["--candidates-per-request"] == "2.5"
     assert args.count("--set") == 2 and "train.sharding_types=[row_wise,table_wise]" in args
     from pinads_rec.plan import parse_args
 
@@ -280,7 +430,7 @@ def _build_with_plan_file(rank, world, result_dir, data_dir, plan_file):
 
 @pytest.mark.slow
 def test_plan_json_round_trip_into_2_rank_training(tiny_data, tmp_path):
-    from pinads_rec.plan import SHARDING_TYPES
+    from pinads_rec.config import SHARDING_TYPES
 
     _, data_dir = tiny_data
     plan_file = tmp_path / "plan.json"

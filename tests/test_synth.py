@@ -459,6 +459,27 @@ def test_bad_fault_column_is_a_config_error(tmp_path):
         S.generate(_cfg(*TINY, "synth.faults.zero_fill_column=nope"), tmp_path)
 
 
+@pytest.mark.parametrize(
+    "override,pattern",
+    [
+        ("synth.num_files=0", r"^synth\.num_files: must be > 0"),
+        ("synth.calibration_requests=-1", r"^synth\.calibration_requests: must be >= 0"),
+    ],
+)
+def test_bad_sizes_are_refused_wherever_the_generator_runs(override, pattern, tmp_path):
+    """config.load leaves the synth section to the generator: each entry point checks it first."""
+    cfg = _cfg(*TINY, override)
+    for run in (
+        lambda: S.check_synth_config(cfg.synth),
+        lambda: S.make_world(cfg.synth),
+        lambda: S.generate(cfg, tmp_path),
+        lambda: S.ensure(cfg, tmp_path),
+    ):
+        with pytest.raises(ConfigError, match=pattern):
+            run()
+    assert not any(tmp_path.iterdir())  # refused before anything is written
+
+
 def test_oracle_metrics_score_the_true_probabilities_against_the_labels():
     """pinads_rec.metrics computes the oracle columns, (scores, labels) in that order."""
     y = (np.arange(1000) < 300).astype(int)  # base rate 0.3 on every surface

@@ -1,6 +1,6 @@
 """What a complete build directory is, and how a build replaces one in a single step.
 
-A build (data/build.py) writes everything into ``.<name>.building-<pid>`` beside ``--out`` (same
+A build (data/build/) writes everything into ``.<name>.building-<pid>`` beside ``--out`` (same
 parent: one rename moves it). ``manifest.json`` is the last file written: every other file's bytes
 and sha256, one ``fingerprint`` over them, the split names, and ``complete: true``. Only then is
 the directory swapped in: the old output renamed to ``.<name>.previous-<pid>``, the new one renamed

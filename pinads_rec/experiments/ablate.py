@@ -45,7 +45,7 @@ What a variant costs, besides its training examples/s (every key optional):
 
 - peak memory (``peak_rss_mb``, always): the largest peak RSS (VmHWM) among a run's rank processes
   (torchrun's children; their loader workers not counted), polled from ``/proc`` while it runs
-  (``RankMemory``; not ``getrusage(RUSAGE_CHILDREN)``: that is the maximum over every child this
+  (``harness.meters.RankMemory``; not ``getrusage(RUSAGE_CHILDREN)``: that is the maximum over every child this
   process ever reaped, and a rank inherits its launcher's high-water mark across fork + exec);
 - ``serving``: the trained model loaded by the serving code (``serve.Predictor.from_run``, its
   inference precision) scores one request at a time on 1 thread: each of the eval split's first
@@ -70,9 +70,7 @@ import dataclasses
 import hashlib
 import json
 import shutil
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -83,7 +81,7 @@ import yaml
 from pinads_rec import config
 from pinads_rec.data import synth
 from pinads_rec.experiments.ablate_report import COST_NAMES, METRIC_NAMES, slug, write_report
-from pinads_rec.experiments.harness import meters
+from pinads_rec.experiments.harness import launch
 from pinads_rec.training.run_log import METRICS_FILE, read_run_log
 
 REPO = Path(__file__).resolve().parents[2]
@@ -262,77 +260,28 @@ def run_variant(
     print(f"[{v.name}] {'evaluating ' + v.eval_of if v.eval_of else 'training'} -> {run_dir}", flush=True)
     started = time.time()
     try:
-        summary = train_py(ab.base, overrides + extra, run_dir, ranks)
+        summary = train_run(ab.base, overrides + extra, run_dir, ranks)
     except RuntimeError as e:
         raise RuntimeError(f"variant {v.name!r}: {e}") from None
     print(f"[{v.name}] done in {time.time() - started:.0f} s", flush=True)
     return summary
 
 
-def train_py(base: str, overrides: List[str], run_dir: Path, ranks: int) -> dict:
-    """``pinads_rec/train.py`` under torchrun on ``ranks`` gloo processes, into ``run_dir`` (its output
-    in ``train.log``): the run's summary. A failed run raises with the end of its log."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={ranks}",
-        str(REPO / "pinads_rec" / "train.py"),
-        "--config",
-        str(base),
-    ]
-    for o in overrides + [f"train.run_dir={run_dir}"]:
-        cmd += ["--set", o]
-    with open(run_dir / "train.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-        with RankMemory(proc.pid) as memory:
-            rc = proc.wait()
+def train_run(base: str, overrides: List[str], run_dir: Path, ranks: int) -> dict:
+    """``pinads_rec/train.py`` on ``ranks`` gloo processes (``harness.launch.train_py``) into
+    ``run_dir`` (its output in ``train.log``): the run's summary with the ranks' peak memory, kept in
+    ``run_dir/peak_memory.json`` for a later reuse of the run. A failed run raises with the end of
+    its log."""
+    measured = launch.train_py(base, overrides + [f"train.run_dir={run_dir}"], ranks, run_dir / "train.log")
     summary = run_summary(run_dir)
-    if rc != 0 or summary is None:
-        tail = (run_dir / "train.log").read_text().splitlines()[-15:]
-        raise RuntimeError(f"train.py failed (exit {rc}); end of {run_dir}/train.log:\n" + "\n".join(tail))
-    peaks = memory.peaks()
-    measured = {"peak_rss_mb": max(peaks) if peaks else None, "rank_peak_rss_mb": peaks}
-    (run_dir / MEMORY_FILE).write_text(json.dumps(measured) + "\n")
-    return dict(summary, **measured)
+    if summary is None:
+        raise RuntimeError(f"train.py wrote no final evaluation to {run_dir}/{METRICS_FILE}")
+    memory = {k: measured[k] for k in ("peak_rss_mb", "rank_peak_rss_mb")}
+    (run_dir / MEMORY_FILE).write_text(json.dumps(memory) + "\n")
+    return dict(summary, **memory)
 
 
 MEMORY_FILE = "peak_memory.json"
-
-
-class RankMemory:
-    """The peak RSS (``VmHWM``, MiB) of each direct child of process ``pid`` -- torchrun's ranks --
-    polled from ``/proc`` every ``period_s`` while in the ``with`` block. VmHWM is the high-water
-    mark of the process's own address space (reset by exec), so a rank's figure is its own; it only
-    grows, so a poll misses at most a rank's last ``period_s`` of life."""
-
-    def __init__(self, pid: int, period_s: float = 0.2):
-        self.pid, self.period_s = pid, period_s
-        self._peaks: Dict[int, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, name="rank-memory", daemon=True)
-
-    def __enter__(self) -> "RankMemory":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def peaks(self) -> List[float]:
-        """Each child's peak RSS (MiB), in order of process id."""
-        return [round(self._peaks[p], 1) for p in sorted(self._peaks)]
-
-    def _poll(self) -> None:
-        while True:
-            for child in meters.children(self.pid):
-                hwm = meters.vm_hwm_mib(child)
-                if hwm is not None:
-                    self._peaks[child] = max(self._peaks.get(child, 0.0), hwm)
-            if self._stop.wait(self.period_s):
-                return
 
 
 def request_tables(features: config.FeaturesConfig, data_dir: str, candidates: int, count: int) -> list:

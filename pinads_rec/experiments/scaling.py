@@ -55,7 +55,7 @@ from pinads_rec import config
 from pinads_rec.data import synth
 from pinads_rec.experiments import harness
 from pinads_rec.experiments.scaling_plot import plot
-from pinads_rec.experiments.scaling_projection import DEFAULT_GPUS, PROJECTION_COLUMNS, measured_pooling, project
+from pinads_rec.experiments.scaling_projection import DEFAULT_GPUS, PROJECTION_COLUMNS, project
 from pinads_rec.experiments.scaling_report import read_csv, report, write_csv
 from pinads_rec.experiments.scaling_sweep import (
     DIMENSIONS,
@@ -69,6 +69,7 @@ from pinads_rec.experiments.scaling_sweep import (
     scaled_table_names,
     sweep_points,
 )
+from pinads_rec.plan import measured_pooling
 
 log = logging.getLogger("pinads_rec.experiments.scaling")
 

@@ -1,6 +1,7 @@
 """The scaling sweep's GPU projection: TorchRec's planner (``pinads_rec.plan.plan``) plans the
 base model for 8..128 GPUs (H100-class: compute_device cuda, 80 GiB HBM, 8 GPUs per host) with the
-ids per example of every feature measured on the generated data as pooling factors.
+ids per example of every feature measured on the generated data as pooling factors
+(``pinads_rec.plan.measured_pooling``).
 
 ``project(cfg, gpus, pooling)`` -> one row per GPU count (``PROJECTION_COLUMNS``): the critical path
 (the rank with the largest summed ``perf.total`` of its shards) per step at the per-rank batch, its
@@ -13,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from pinads_rec import config, plan
+from pinads_rec import config, parallel, plan
 from pinads_rec.features import FeatureLayout
 
 DEFAULT_GPUS = (8, 16, 32, 64, 128)
@@ -38,32 +39,12 @@ PROJECTION_COLUMNS = [
 ]
 
 
-def measured_pooling(cfg: config.ExperimentConfig, batches: int = 2) -> Dict[str, Tuple[float, float]]:
-    """Per KJT key: (ids per input row, input rows per batch row), measured on the first batches of
-    the training data. Pooled features have one input row per batch row; the EmbeddingCollection's
-    input has one row per request (a sequence feature is looked up once per request)."""
-    from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
-
-    ids: Dict[str, float] = {}
-    strides: Dict[str, float] = {}
-    rows = 0
-    for i, batch in enumerate(ParquetBatches(cfg.data.train_dir, LoaderSettings.of(cfg), shuffle=False)):
-        for kjt in (batch.sparse, batch.sequences):
-            for key, n in zip(kjt.keys(), kjt.length_per_key()):
-                ids[key] = ids.get(key, 0.0) + n
-                strides[key] = strides.get(key, 0.0) + kjt.stride()
-        rows += batch.batch_size
-        if i + 1 >= batches:
-            break
-    return {k: (ids[k] / max(strides[k], 1.0), strides[k] / max(rows, 1)) for k in ids}
-
-
 def measured_constraints(
     cfg: config.ExperimentConfig, spec: plan.PlanSpec, pooling: Dict[str, Tuple[float, float]]
 ) -> Dict[str, object]:
     """Training's per-table constraints with the measured pooling factors and batch sizes per feature."""
     batch = spec.batch_size or cfg.data.batch_size
-    constraints = plan.table_constraints(cfg, dataclasses.replace(spec, pooling_factors=False), batch)
+    constraints = parallel.constraints(cfg, spec.compute_device)
     for table in FeatureLayout.of(cfg.features).all_table_configs():
         measured = [pooling.get(name, (1.0, 1.0)) for name in table.feature_names]
         constraints[table.name] = dataclasses.replace(

@@ -33,7 +33,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +48,7 @@ import yaml
 from pinads_rec import config
 from pinads_rec.data import synth
 from pinads_rec.experiments import stability_report as report
+from pinads_rec.experiments.harness import launch
 from pinads_rec.experiments.stability_report import LABEL, NORMS
 from pinads_rec.training.run_log import METRICS_FILE, read_run_log
 
@@ -97,20 +97,6 @@ def dense_override(cfg: config.ExperimentConfig, norm: str) -> str:
     return "features.dense=" + yaml.safe_dump(dense, default_flow_style=True, width=1 << 20).strip()
 
 
-def run_phase(cmd_prefix: List[str], config_path: str, sets: List[str], log: Path) -> float:
-    cmd = cmd_prefix + ["--config", config_path]
-    for s in sets:
-        cmd += ["--set", s]
-    print("  $", " ".join(c if len(c) < 120 else c[:117] + "..." for c in cmd), flush=True)
-    started = time.perf_counter()
-    with log.open("w") as out:
-        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO).returncode
-    if rc != 0:
-        tail = log.read_text().strip().splitlines()[-15:]
-        raise SystemExit(f"training failed (exit {rc}); last lines of {log}:\n" + "\n".join(tail))
-    return time.perf_counter() - started
-
-
 def train_variant(
     norm: str, cfg: config.ExperimentConfig, config_path: str, overrides: List[str], days: Dict[str, object], nproc: int
 ) -> Path:
@@ -119,27 +105,19 @@ def train_variant(
     run_dir.mkdir(parents=True)
     per_step = cfg.data.batch_size * nproc
     max_steps = sum(rows // per_step for rows in days["rows"].values())
-    if nproc == 1:
-        prefix = [sys.executable, "-m", "pinads_rec.train"]
-    else:
-        prefix = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            str(nproc),
-            "pinads_rec/train.py",
-        ]
     common = overrides + [dense_override(cfg, norm), f"train.run_dir={run_dir}", f"train.max_steps={max_steps}"]
     print(f"{LABEL[norm]}:", flush=True)
     for phase, epochs in (("before", 1), ("newest", 2)):  # the resumed run's epoch 1 is the newest day
-        seconds = run_phase(
-            prefix,
-            config_path,
-            common + [f"data.train_dir={days['dirs'][phase]}", f"train.epochs={epochs}"],
-            run_dir / f"{phase}.log",
-        )
+        try:
+            seconds = launch.train_py(
+                config_path,
+                common + [f"data.train_dir={days['dirs'][phase]}", f"train.epochs={epochs}"],
+                nproc,
+                run_dir / f"{phase}.log",
+                echo=lambda line: print(line, flush=True),
+            )["seconds"]
+        except launch.TrainFailed as e:
+            raise SystemExit(str(e)) from None
         print(f"  {phase}: {seconds:.0f} s", flush=True)
     return run_dir
 

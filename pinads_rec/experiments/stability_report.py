@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from pinads_rec import config
+from pinads_rec.experiments.harness.provenance import code_version
 from pinads_rec.experiments.markdown import table
-from pinads_rec.training.run_log import git_state
 
 REPO = Path(__file__).resolve().parents[2]
 BN, RBN = "batch_norm", "resilient_bn"
@@ -138,13 +138,6 @@ def fmt(x: float, digits: int = 4) -> str:
     if abs(x) >= 1e4 or (x != 0 and abs(x) < 10 ** -(digits - 1)):
         return f"{x:.2e}"
     return f"{x:.{digits}g}" if abs(x) >= 1000 else f"{x:.{digits}f}"
-
-
-def code_version() -> str:
-    commit, dirty = git_state(REPO)
-    if commit == "unknown":
-        return "outside git"
-    return f"commit {commit[:7]}" + (" with uncommitted changes" if dirty else "")
 
 
 # --------------------------------------------------------------------------------------------

@@ -192,20 +192,31 @@ class Upto:
         return batch
 
 
+def meta_train_task(
+    features: config.FeaturesConfig,
+    model: config.ModelConfig,
+    train: config.TrainConfig,
+    group: Optional[dist.ProcessGroup] = None,
+) -> TrainTask:
+    """The training task before sharding -- the model (embedding tables on the meta device), its
+    training precision and the non-finite guard (``group``, gloo, lets its ranks agree) -- what
+    ``shard_train_task`` shards and the offline planner (``pinads_rec.plan``) plans."""
+    torch.manual_seed(train.seed)
+    # Embedding tables are created on the meta device: DMP allocates each rank's shards only.
+    net = build_model(features, model, device=torch.device("meta"))
+    set_precision(net, model.precision.train, fp16_overflow=model.precision.fp16_overflow)
+    return TrainTask(net, NonFiniteGuard([t.name for t in features.tasks], train.nonfinite, group))
+
+
 def shard_train_task(
     cfg: config.ExperimentConfig,
     env: parallel.Distributed,
     plan: Optional[ShardingPlan] = None,
     group: Optional[dist.ProcessGroup] = None,
 ):
-    """The model of ``cfg`` in a TrainTask, sharded (DistributedModelParallel); ``group`` (gloo) lets
-    the non-finite guard's ranks agree."""
-    torch.manual_seed(cfg.train.seed)
-    # Embedding tables are created on the meta device: DMP allocates each rank's shards only.
-    model = build_model(cfg.features, cfg.model, device=torch.device("meta"))
-    set_precision(model, cfg.model.precision.train, fp16_overflow=cfg.model.precision.fp16_overflow)
-    guard = NonFiniteGuard([t.name for t in cfg.features.tasks], cfg.train.nonfinite, group)
-    return parallel.shard(TrainTask(model, guard), cfg, env, plan)
+    """The model of ``cfg`` in a TrainTask (``meta_train_task``), sharded (DistributedModelParallel);
+    ``group`` (gloo) lets the non-finite guard's ranks agree."""
+    return parallel.shard(meta_train_task(cfg.features, cfg.model, cfg.train, group), cfg, env, plan)
 
 
 def resume_config(cfg: config.ExperimentConfig, ckpt: Path) -> config.ExperimentConfig:
@@ -385,6 +396,10 @@ class Trainer:
     (the checkpoint loaded, or None) and ``pipelined_modules`` (known after the first step);
     ``started_at`` (wall clock, seconds) from construction on."""
 
+    # The config's keys without a default that training reads (config.require: a config that forgot
+    # one fails naming it rather than reading or writing another run's files).
+    REQUIRED_KEYS = ("data.train_dir", "data.eval_dir", "train.run_dir")
+
     def __init__(
         self,
         cfg: config.ExperimentConfig,
@@ -392,6 +407,8 @@ class Trainer:
         hooks: Sequence[Hook] = (),
         plan: Optional[ShardingPlan] = None,
     ):
+        for key in self.REQUIRED_KEYS:
+            config.require(cfg, key)
         self.cfg = cfg
         self.env = env if env is not None else parallel.init_distributed(cfg.train.collective_timeout_s)
         self.hooks = list(hooks)

@@ -44,7 +44,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         cfg = config_lib.load(args.config, args.overrides) if args.config else None
         if args.draft_config:
-            text = draft_config(args.data or cfg.data.train_dir)
+            text = draft_config(args.data or config_lib.require(cfg, "data.train_dir"))
             with open(args.draft_config, "w") as f:
                 f.write(text)
             print(f"wrote a draft config to {args.draft_config}; checking the data with it\n")

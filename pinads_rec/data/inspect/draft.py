@@ -14,7 +14,8 @@ import pyarrow as pa
 import yaml
 
 from pinads_rec import config as config_lib
-from pinads_rec.data.inspect.scan import PER_REQUEST, FileInfo, _is_list, _lit, _q, open_files
+from pinads_rec.data.inspect.checks import is_list, sql_literal, sql_name
+from pinads_rec.data.inspect.scan import PER_REQUEST, FileInfo, open_files
 
 _TIME = re.compile(r"(^|_)(ts|time|times|timestamp|timestamps|time_ms)(_|$)")
 _LABEL = re.compile(r"(^|_)(click|clk|label|conv|conversion|save|like|buy|purchase|follow|is)(_|$)|^y$")
@@ -38,16 +39,16 @@ def _draft_stats(files: List[FileInfo]) -> Tuple[str, Dict[str, pa.DataType], Di
     f0 = files[0]
     schema = f0.schema
     same = [f for f in files if f.schema.equals(schema, check_metadata=False)]
-    paths = ", ".join(_lit(f.path) for f in same)
+    paths = ", ".join(sql_literal(f.path) for f in same)
     src = f"(SELECT file_index AS __f, file_row_number AS __r, * FROM read_parquet([{paths}], file_row_number = true))"
     con = duckdb.connect()
     try:
-        lists = [fld.name for fld in schema if _is_list(fld.type)]
+        lists = [fld.name for fld in schema if is_list(fld.type)]
         sig = {}
         if lists:
             # A row's length signature: equal signatures mean equal lengths on every row (a string hash:
             # DuckDB's multi-argument hash combines linearly, and the xor over rows would cancel).
-            sigs = [f"bit_xor(hash(concat(__f, ':', __r, ':', len({_q(n)}))))" for n in lists]
+            sigs = [f"bit_xor(hash(concat(__f, ':', __r, ':', len({sql_name(n)}))))" for n in lists]
             row = con.execute(f"SELECT {', '.join(sigs)} FROM {src}").fetchone()
             sig = dict(zip(lists, row))
         request_cols = [fld.name for fld in schema]
@@ -61,14 +62,14 @@ def _draft_stats(files: List[FileInfo]) -> Tuple[str, Dict[str, pa.DataType], Di
         for fld in schema:
             types[fld.name] = fld.type.value_type if fld.name in candidate else fld.type
         if candidate:
-            req = ", ".join(_q(n) for n in request_cols)
-            unn = ", ".join(f"unnest({_q(n)}) AS {_q(n)}" for n in candidate)
+            req = ", ".join(sql_name(n) for n in request_cols)
+            unn = ", ".join(f"unnest({sql_name(n)}) AS {sql_name(n)}" for n in candidate)
             view = f"(SELECT __f, __r, {req + ', ' if req else ''}{unn} FROM {src})"
         else:
             view = src
         stats: Dict[str, dict] = {}
         for name, t in types.items():
-            x = _q(name)
+            x = sql_name(name)
             v = src if name in request_cols else view
             st = stats.setdefault(name, {"signature": sig.get(name) if name not in candidate else None})
             if pa.types.is_integer(t) or pa.types.is_boolean(t):
@@ -88,7 +89,7 @@ def _draft_stats(files: List[FileInfo]) -> Tuple[str, Dict[str, pa.DataType], Di
                     ).fetchall()
                 ]
                 st.update(values=vals)
-            elif _is_list(t):
+            elif is_list(t):
                 inner = t.value_type
                 row = con.execute(f"SELECT min(len({x})), max(len({x})) FROM {v}").fetchone()
                 st.update(min_len=row[0], max_len=row[1])
@@ -97,7 +98,7 @@ def _draft_stats(files: List[FileInfo]) -> Tuple[str, Dict[str, pa.DataType], Di
                         f"SELECT min(u), max(u), count(DISTINCT u) FROM (SELECT unnest({x}) AS u FROM {v})"
                     ).fetchone()
                     st.update(min=row[0], max=row[1], distinct=row[2])
-                elif _is_list(inner):
+                elif is_list(inner):
                     row = con.execute(
                         f"SELECT min(len(u)), max(len(u)) FROM (SELECT unnest({x}) AS u FROM {v})"
                     ).fetchone()
@@ -166,9 +167,9 @@ def draft_config(data: str) -> str:
         n
         for n in names
         if n in request_cols
-        and _is_list(types[n])
+        and is_list(types[n])
         and stats[n].get("signature") is not None
-        and (pa.types.is_integer(types[n].value_type) or _is_list(types[n].value_type))
+        and (pa.types.is_integer(types[n].value_type) or is_list(types[n].value_type))
     ]
     ts_lists = [n for n in seq_lists if pa.types.is_integer(types[n].value_type) and _TIME.search(n.lower())]
     groups: List[dict] = []
@@ -186,7 +187,7 @@ def draft_config(data: str) -> str:
         id_cols = [c for c in cols if pa.types.is_integer(types[c].value_type)]
         if not id_cols:
             continue
-        emb = [c for c in cols if _is_list(types[c].value_type)]
+        emb = [c for c in cols if is_list(types[c].value_type)]
         base = re.sub(r"(^|_)(ts|time|times|timestamp|timestamps|time_ms)$", "", ts) or ts
         gname = re.sub(r"^seq_", "", base) or base
         feats = []
@@ -252,7 +253,7 @@ def draft_config(data: str) -> str:
         if stats[n].get("binary"):
             comments.append(f"{n}: only 0/1 values: a label? (kept as an id feature)")
     for n in names:  # multi-hot ids: list<int> columns in no sequence group
-        if n in used or not (_is_list(types[n]) and pa.types.is_integer(types[n].value_type)):
+        if n in used or not (is_list(types[n]) and pa.types.is_integer(types[n].value_type)):
             continue
         id_feature(n)
         comments.append(f"{n}: a list of ids in no sequence group: a multi-hot feature (sum pooling)")
@@ -266,7 +267,7 @@ def draft_config(data: str) -> str:
                 dense[-1]["norm"] = "log"
                 comments.append(f"{n}: values in [{st['min']:.4g}, {st['max']:.4g}]: log-normalized")
             used.add(n)
-        elif _is_list(t) and pa.types.is_floating(t.value_type):
+        elif is_list(t) and pa.types.is_floating(t.value_type):
             if st.get("min_len") == st.get("max_len") and st.get("max_len"):
                 dense.append({"name": n, "column": n, "dim": int(st["max_len"]), "norm": "layer_norm"})
                 used.add(n)

@@ -10,6 +10,7 @@ from typing import Iterable, Sequence
 from pinads_rec.config import FeaturesConfig
 from pinads_rec.data.contract import contract_columns
 from pinads_rec.data.inspect.scan import Place, Report
+from pinads_rec.text_table import format_table
 
 
 def report_json(r: Report) -> dict:
@@ -36,10 +37,8 @@ def _fmt(v) -> str:
 
 
 def text_table(header: Sequence[str], rows: Iterable[Sequence]) -> str:
-    rows = [[_fmt(v) for v in r] for r in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+    """``pinads_rec.text_table.format_table`` of the cells as this report writes values (``_fmt``)."""
+    return format_table(header, [[_fmt(v) for v in r] for r in rows])
 
 
 def format_report(r: Report, features: FeaturesConfig) -> str:

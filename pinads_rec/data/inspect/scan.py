@@ -10,8 +10,9 @@ are hashed by design: a statistic, not a problem.
 The scan is DuckDB SQL over the Parquet files (out of core: aggregates stream, groupings spill), a
 few passes over the data. Both storage layouts are read: per row (one row per candidate) and per
 request (candidate columns stored as lists, one value per candidate; docs/storage_layout.md).
-The column roles and the types they accept come from the contract (``data/contract.py``). The
-files, places and SQL quoting here are shared with the draft (``draft.py``).
+The column roles and the types they accept come from the contract (``data/contract.py``), the
+SQL of each check from ``checks.py``. The files and places here are shared with the draft
+(``draft.py``).
 """
 
 from __future__ import annotations
@@ -27,34 +28,36 @@ from typing import Dict, List, Optional, Tuple
 import duckdb
 import pyarrow as pa
 
-from pinads_rec.config import DataConfig, ExperimentConfig, FeaturesConfig
-from pinads_rec.data import layout, rules
+from pinads_rec.config import DataConfig, ExperimentConfig, FeaturesConfig, require
+from pinads_rec.data import layout
 from pinads_rec.data.contract import (
     FLOAT,
-    FLOAT_LIST,
     ID,
     LABEL,
     PROB,
     REQUEST,
     SEQ_BAG,
-    SEQ_EMB,
     SEQ_ID,
-    SEQ_TS,
-    SURFACE,
     TIME,
     Column,
     ContractError,
     check_schema,
     contract_columns,
 )
+from pinads_rec.data.inspect.checks import (
+    ERROR,
+    UNCHECKED,
+    Check,
+    column_checks,
+    count_if,
+    group_checks,
+    is_list,
+    sql_literal,
+    sql_name,
+)
 from pinads_rec.data.reader import list_files, open_parquet
 
 PER_ROW, PER_REQUEST = "per_row", "per_request"
-
-# What the loader does with a problem.
-ERROR = "error"
-UNCHECKED = "read unchecked"
-
 
 # --------------------------------------------------------------------------------------------
 # Files, layouts, places.
@@ -102,10 +105,6 @@ class Problem:
     detail: str = ""
 
 
-def _is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-
-
 def file_layout(schema: pa.Schema, features: Optional[FeaturesConfig]) -> str:
     """The loader's rule (``layout.is_per_request``); without a config, the writer's schema metadata."""
     if features is not None and features.tasks:
@@ -127,14 +126,6 @@ def open_files(data: str, features: Optional[FeaturesConfig]) -> List[FileInfo]:
     return out
 
 
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _lit(v) -> str:
-    return "'" + str(v).replace("'", "''") + "'"
-
-
 def _quantiles(hist: Dict[int, int], qs=(0.5, 0.9, 0.99)) -> Dict[str, float]:
     """Exact mean, quantiles and max of a histogram {value: count}."""
     total = sum(hist.values())
@@ -150,209 +141,6 @@ def _quantiles(hist: Dict[int, int], qs=(0.5, 0.9, 0.99)) -> Dict[str, float]:
                 out[f"p{round(q * 100)}"] = k
                 break
     out["min"], out["max"] = keys[0], keys[-1]
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# The checks: one SQL expression per problem, counted and located in one aggregate pass.
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Check:
-    kind: str
-    column: str
-    unit: str
-    loader: str
-    count_sql: str  # per view row: how many of this problem it holds
-    detail: str = ""
-
-
-def _count_if(cond: str) -> str:
-    return f"CASE WHEN {cond} THEN 1 ELSE 0 END"
-
-
-def _count_in(list_sql: str, cond: str, cheap_test: Optional[str] = None) -> str:
-    """How many elements of a list meet ``cond``; ``cheap_test`` (a whole-list test, e.g. on its
-    minimum) skips the lambda on the rows that cannot hold one (DuckDB's CASE runs lazily)."""
-    exact = f"coalesce(len(list_filter({list_sql}, lambda e: {cond})), 0)"
-    return exact if cheap_test is None else f"CASE WHEN {cheap_test} THEN {exact} ELSE 0 END"
-
-
-def _nested_depth(t: pa.DataType) -> int:
-    d = 0
-    while _is_list(t):
-        t, d = t.value_type, d + 1
-    return d
-
-
-def column_checks(c: Column, t: pa.DataType, data: DataConfig, features: FeaturesConfig) -> List[Check]:
-    """The value checks of one contract column whose (per-row) Arrow type ``t`` the contract accepts."""
-    x = _q(c.name)
-    out = []
-    depth = _nested_depth(t)
-    if depth:
-        flat = x
-        for _ in range(depth - 1):
-            flat = f"flatten({flat})"
-        out.append(
-            Check("null inside a list", c.name, "values", ERROR, f"coalesce(len({flat}) - list_count({flat}), 0)")
-        )
-    if c.role in (ID, SEQ_ID, SEQ_BAG):
-        # The loader truncates a sequence before it checks the ids: only the kept head is seen.
-        vals = x
-        if c.role in (SEQ_ID, SEQ_BAG) and data.overlong_sequence == "truncate":
-            vals = f"{x}[1:{c.max_length}]"
-        if c.role == SEQ_BAG:
-            max_values = min(u.max_values for u in c.uses if u.role == SEQ_BAG)
-            if data.overlong_sequence == "truncate":
-                vals = f"flatten(list_transform({vals}, lambda b: b[1:{max_values}]))"
-            else:
-                out.append(
-                    Check(
-                        "bag longer than max_values",
-                        c.name,
-                        "events",
-                        ERROR,
-                        _count_in(x, f"len(e) > {max_values}"),
-                        f"max_values {max_values} (set data.overlong_sequence: truncate to keep the first ids)",
-                    )
-                )
-                vals = f"flatten({vals})"
-        negative = rules.NEGATIVE_ID
-        if depth:
-            neg = _count_in(vals, negative.where("e"), negative.where(f"list_min({vals})"))
-        else:
-            neg = _count_if(negative.where(x))
-        out.append(Check(negative.kind, c.name, "values", ERROR, neg))
-        if not c.hashed:
-            beyond = rules.id_beyond(c.table_size)
-            if depth:
-                count = _count_in(vals, beyond.where("e"), beyond.where(f"list_max({vals})"))
-            else:
-                count = _count_if(beyond.where(x))
-            out.append(
-                Check(
-                    beyond.kind,
-                    c.name,
-                    "values",
-                    ERROR,
-                    count,
-                    f"table size {c.table_size}, hash: false (enlarge the table or set hash: true)",
-                )
-            )
-    elif c.role == FLOAT:
-        out.append(_nonfinite(c, _count_if(f"NOT isfinite({x}::DOUBLE)"), data))
-    elif c.role == FLOAT_LIST:
-        out.append(Check("wrong dense width", c.name, "rows", ERROR, _count_if(f"len({x}) != {c.dim}"), f"dim {c.dim}"))
-        test = f"NOT isfinite(list_sum({x}::DOUBLE[]))"
-        out.append(_nonfinite(c, _count_in(x, "NOT isfinite(e::DOUBLE)", test), data))
-    elif c.role == LABEL:
-        out.append(Check(rules.LABEL.kind, c.name, "rows", ERROR, _count_if(rules.LABEL.where(x))))
-    elif c.role == PROB:
-        out.append(Check(rules.PROBABILITY.kind, c.name, "rows", ERROR, _count_if(rules.PROBABILITY.where(x))))
-    elif c.role == SURFACE:
-        n = len(features.surfaces)
-        if pa.types.is_integer(t):
-            bad = f"{x} < 0 OR {x} >= {n}"
-        else:
-            bad = f"{x}::VARCHAR NOT IN ({', '.join(_lit(s) for s in features.surfaces)})"
-        out.append(Check("unknown surface", c.name, "rows", ERROR, _count_if(bad), f"surfaces {features.surfaces}"))
-    elif c.role == TIME:
-        out.append(
-            Check(
-                rules.TIMESTAMP.kind,
-                c.name,
-                "rows",
-                ERROR,
-                _count_if(rules.TIMESTAMP.where(f"{x}::DOUBLE")),
-                rules.TIMESTAMP.hint,
-            )
-        )
-    elif c.role == SEQ_TS:
-        stamp = rules.TIMESTAMP
-        count = _count_in(
-            x,
-            stamp.where("e::DOUBLE"),
-            f"{stamp.where(f'list_min({x})::DOUBLE')} OR {stamp.where(f'list_max({x})::DOUBLE')}",
-        )
-        out.append(Check(stamp.kind, c.name, "events", ERROR, count, stamp.hint))
-    elif c.role == SEQ_EMB:
-        dim = next(g.embedding_dim for g in features.sequence_groups if g.name == c.group)
-        out.append(
-            Check(
-                "wrong event embedding width",
-                c.name,
-                "events",
-                ERROR,
-                _count_in(x, f"len(e) != {dim}", f"len(flatten({x})) != {dim} * len({x})"),
-                f"embedding_dim {dim}",
-            )
-        )
-    return out
-
-
-def _nonfinite(c: Column, count_sql: str, data: DataConfig) -> Check:
-    loader = ERROR if data.nonfinite_dense == "error" else "repaired: replaced by 0"
-    return Check(
-        "non-finite dense value", c.name, "values", loader, count_sql, f"data.nonfinite_dense: {data.nonfinite_dense}"
-    )
-
-
-def group_checks(features: FeaturesConfig, data: DataConfig, usable: Dict[str, Column]) -> List[Check]:
-    """Per sequence group: ragged columns, overlong sequences, events at or after the impression,
-    events not newest first."""
-    out = []
-    ts_col = features.columns.timestamp
-    for g in features.sequence_groups:
-        ts = g.timestamp_column
-        if ts not in usable:
-            continue
-        cols = [f.column for f in g.features] + ([g.embedding_column] if g.embedding_column else [])
-        for name in dict.fromkeys(cols):
-            if name in usable and name != ts:
-                out.append(
-                    Check(
-                        "ragged sequence group",
-                        name,
-                        "rows",
-                        ERROR,
-                        _count_if(f"len({_q(name)}) != len({_q(ts)})"),
-                        f"group {g.name!r}: its length differs from {ts!r}",
-                    )
-                )
-        loader = f"repaired: truncated to the newest {g.max_length}" if data.overlong_sequence == "truncate" else ERROR
-        out.append(
-            Check(
-                "sequence longer than max_length",
-                ts,
-                "rows",
-                loader,
-                _count_if(f"len({_q(ts)}) > {g.max_length}"),
-                f"group {g.name!r}, max_length {g.max_length}, data.overlong_sequence: {data.overlong_sequence}",
-            )
-        )
-        if ts_col in usable:
-            out.append(
-                Check(
-                    "sequence event at or after the impression",
-                    ts,
-                    "rows",
-                    UNCHECKED,
-                    _count_if(f"list_max({_q(ts)}) >= {_q(ts_col)}"),
-                    f"group {g.name!r}: a leak of the future into the features",
-                )
-            )
-        out.append(
-            Check(
-                "sequence not newest first",
-                ts,
-                "rows",
-                UNCHECKED,
-                _count_if(f"NOT list_has_any({_q(ts)}, [NULL]) AND {_q(ts)} != list_reverse_sort({_q(ts)})"),
-                f"group {g.name!r}: truncation keeps the head of the list",
-            )
-        )
     return out
 
 
@@ -430,12 +218,12 @@ class GroupScanner:
             self.candidate_names = [n for n in names if n not in request_cols]
         self.cand: Optional[str] = None
         self.ref: Optional[str] = None
-        paths = ", ".join(_lit(f.path) for f in files)
+        paths = ", ".join(sql_literal(f.path) for f in files)
         offsets, acc = [], 0
         for f in files:
             offsets.append(acc)
             acc += sum(f.row_group_rows)
-        cols = ", ".join(_q(n) for n in names)
+        cols = ", ".join(sql_name(n) for n in names)
         sep = ", " if cols else ""
         self.src = (
             f"(SELECT file_index::BIGINT AS __f, file_row_number::BIGINT AS __r, NULL::BIGINT AS __k, "
@@ -451,12 +239,13 @@ class GroupScanner:
                 self.cand = None
             else:
                 ok = " AND ".join(
-                    [f"{_q(n)} IS NOT NULL" for n in cand] + [f"len({_q(n)}) = len({_q(self.ref)})" for n in cand]
+                    [f"{sql_name(n)} IS NOT NULL" for n in cand]
+                    + [f"len({sql_name(n)}) = len({sql_name(self.ref)})" for n in cand]
                 )
-                req = ", ".join(_q(n) for n in self.request_names)
-                unn = ", ".join(f"unnest({_q(n)}) AS {_q(n)}" for n in cand)
+                req = ", ".join(sql_name(n) for n in self.request_names)
+                unn = ", ".join(f"unnest({sql_name(n)}) AS {sql_name(n)}" for n in cand)
                 self.cand = (
-                    f"(SELECT __f, __r, unnest(range(len({_q(self.ref)}))) AS __k, __g, "
+                    f"(SELECT __f, __r, unnest(range(len({sql_name(self.ref)}))) AS __k, __g, "
                     f"{req + ', ' if req else ''}{unn} FROM {self.src} WHERE {ok})"
                 )
 
@@ -498,7 +287,7 @@ class GroupScanner:
             checks = []
             if name not in nulls_seen:
                 nulls_seen.add(name)
-                checks.append(Check("null", name, "rows", ERROR, _count_if(f"{_q(name)} IS NULL")))
+                checks.append(Check("null", name, "rows", ERROR, count_if(f"{sql_name(name)} IS NULL")))
             checks += column_checks(c, self.view_types[name], data, features)
             (cand_checks if name in self.candidate_names else req_checks).extend(checks)
         req_checks += group_checks(features, data, self.usable)
@@ -507,7 +296,7 @@ class GroupScanner:
             # from the candidate-level checks (it is counted here once).
             for n in self.candidate_names:
                 if n in self.usable:
-                    req_checks.append(Check("null", n, "rows", ERROR, _count_if(f"{_q(n)} IS NULL")))
+                    req_checks.append(Check("null", n, "rows", ERROR, count_if(f"{sql_name(n)} IS NULL")))
                 if n != self.ref and self.ref is not None:
                     req_checks.append(
                         Check(
@@ -515,7 +304,7 @@ class GroupScanner:
                             n,
                             "requests",
                             ERROR,
-                            _count_if(f"len({_q(n)}) != len({_q(self.ref)})"),
+                            count_if(f"len({sql_name(n)}) != len({sql_name(self.ref)})"),
                             f"its length differs from {self.ref!r}'s",
                         )
                     )
@@ -538,13 +327,13 @@ class GroupScanner:
             scan.rows += sum(sum(f.row_group_rows) for f in self.files)
         elif self.ref is not None:  # rows = candidates
             scan.rows += int(
-                self.con.execute(f"SELECT coalesce(sum(len({_q(self.ref)})), 0) FROM {self.src}").fetchone()[0]
+                self.con.execute(f"SELECT coalesce(sum(len({sql_name(self.ref)})), 0) FROM {self.src}").fetchone()[0]
             )
         if req not in self.usable:
             return
-        r = _q(req)
+        r = sql_name(req)
         if per_request:
-            n_sql = f"len({_q(self.ref)})" if self.ref else "0"
+            n_sql = f"len({sql_name(self.ref)})" if self.ref else "0"
             agg = (
                 f"SELECT {r} AS req, count(*) AS n, sum({n_sql}) AS cands, min({{'f': __f, 'r': __r, 'k': __k}}) AS p "
                 f"FROM {self.src} WHERE {r} IS NOT NULL GROUP BY {r}"
@@ -603,7 +392,7 @@ class GroupScanner:
         view = self._view(item)
         if view is None:
             return
-        r, i = _q(req), _q(item)
+        r, i = sql_name(req), sql_name(item)
         # A build maps the ids its vocabulary left out to 0 (unknown): two unknown candidates of a
         # request are two items, not one shown twice.
         unknown = f" AND {i} != 0" if self._item_has_vocabulary() else ""
@@ -640,12 +429,12 @@ class GroupScanner:
             for n in names:
                 c = self.usable.get(n)
                 t = self.view_types[n]
-                x = _q(n)
+                x = sql_name(n)
                 sel.append(f"count(*) FILTER (WHERE {x} IS NULL)")
                 keys.append((n, "nulls"))
                 role = c.role if c else ID  # the item column, when it is no feature
                 if role in (ID, SEQ_ID, SEQ_BAG, REQUEST):
-                    if _is_list(t):
+                    if is_list(t):
                         sel += [f"min(list_min({x}))", f"max(list_max({x}))"]
                         keys += [(n, "min"), (n, "max")]
                         lists.append(n)
@@ -664,7 +453,7 @@ class GroupScanner:
                     keys.append((n, "rate"))
             for g in features.sequence_groups:
                 if g.timestamp_column in names and g.timestamp_column in self.usable:
-                    sel.append(f"histogram(len({_q(g.timestamp_column)}))")
+                    sel.append(f"histogram(len({sql_name(g.timestamp_column)}))")
                     keys.append((g.name, "lengths"))
             if not sel:
                 continue
@@ -680,7 +469,7 @@ class GroupScanner:
             if lists:
                 distinct = self.con.execute(
                     f"SELECT {', '.join(f'count(DISTINCT u{i})' for i in range(len(lists)))} FROM "
-                    f"(SELECT {', '.join(f'unnest({_q(n)}) AS u{i}' for i, n in enumerate(lists))} FROM {view})"
+                    f"(SELECT {', '.join(f'unnest({sql_name(n)}) AS u{i}' for i, n in enumerate(lists))} FROM {view})"
                 ).fetchone()
                 for n, v in zip(lists, distinct):
                     _merge_stat(scan.columns.setdefault(n, {}), "distinct", v)
@@ -695,14 +484,12 @@ class GroupScanner:
         view = self._view(surface)
         if view is None or any(self._view(t.label_column) != view for t in labels):
             return
-        s = _q(surface)
+        s = sql_name(surface)
         if pa.types.is_integer(self.view_types[surface]):
-            names = ", ".join(_lit(x) for x in features.surfaces)
+            names = ", ".join(sql_literal(x) for x in features.surfaces)
             s = f"coalesce([{names}][{s} + 1], {s}::VARCHAR)"
-        sums = ", ".join(
-            f"sum({_q(t.label_column)}::DOUBLE) FILTER (WHERE {_q(t.label_column)} = 0 OR {_q(t.label_column)} = 1)"
-            for t in labels
-        )
+        label_sql = [sql_name(t.label_column) for t in labels]
+        sums = ", ".join(f"sum({x}::DOUBLE) FILTER (WHERE {x} = 0 OR {x} = 1)" for x in label_sql)
         for row in self.con.execute(f"SELECT {s}::VARCHAR, count(*), {sums} FROM {view} GROUP BY 1").fetchall():
             entry = scan.label_rates.setdefault(str(row[0]), {"rows": 0, **{t.name: 0.0 for t in labels}})
             entry["rows"] += int(row[1])
@@ -759,7 +546,7 @@ def _view_schema(f: FileInfo, features: FeaturesConfig) -> Tuple[pa.Schema, List
     for fld in f.schema:
         if fld.name in request_cols:
             fields.append(fld)
-        elif _is_list(fld.type):
+        elif is_list(fld.type):
             fields.append(pa.field(fld.name, fld.type.value_type))
         else:
             not_lists.append(fld.name)
@@ -769,7 +556,7 @@ def _view_schema(f: FileInfo, features: FeaturesConfig) -> Tuple[pa.Schema, List
 def scan_dataset(cfg: ExperimentConfig, data: Optional[str] = None, memory_limit: Optional[str] = None) -> Report:
     """Scan ``data`` (default ``cfg.data.train_dir``) against the config; every problem, counted."""
     features = cfg.features
-    data = data or cfg.data.train_dir
+    data = data or require(cfg, "data.train_dir")
     files = open_files(data, features)
     columns = contract_columns(features)
     scan = Scan(file_order={f.path: i for i, f in enumerate(files)})
@@ -811,10 +598,10 @@ def scan_dataset(cfg: ExperimentConfig, data: Optional[str] = None, memory_limit
     tmp = tempfile.mkdtemp(prefix="pinads_inspect_")
     con = duckdb.connect()
     try:
-        con.execute(f"SET temp_directory = {_lit(tmp)}")
+        con.execute(f"SET temp_directory = {sql_literal(tmp)}")
         con.execute("SET enable_progress_bar = false")
         if memory_limit:
-            con.execute(f"SET memory_limit = {_lit(memory_limit)}")
+            con.execute(f"SET memory_limit = {sql_literal(memory_limit)}")
         for (kind, _), members in groups.items():
             _, usable, types = members[0]
             GroupScanner(con, [m[0] for m in members], kind, usable, types, features, cfg.data, scan).run()

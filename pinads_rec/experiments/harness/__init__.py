@@ -1,12 +1,17 @@
 """The harness experiments, benchmarks and tests share, one job a module:
 
 - ``launch``: ``run_ranks`` / ``rank_results``, the one way code runs on several gloo ranks from
-  Python (spawned processes, file rendezvous, a deadline, every failed rank's traceback);
-- ``meters``: ``CpuMeter`` / ``wait_quiet`` (the machine is shared), ``rss_mib`` / ``peak_rss_mib``;
+  Python (spawned processes, file rendezvous, a deadline, every failed rank's traceback), and the
+  one launcher of ``pinads_rec/train.py`` of each kind: ``train_py`` (torchrun), ``torchx_train``;
+- ``meters``: ``CpuMeter`` / ``wait_quiet`` (the machine is shared), ``rss_mib`` / ``peak_rss_mib``,
+  another process's memory (``status_mib``), the ranks' peaks (``RankMemory``), a process tree's
+  (``TreePeak``);
+- ``provenance``: the code a report's runs ran (``code_version``, ``code_state``);
 - ``timing``: the instrumented training loop over a ``Trainer`` (``measured_trainer``,
   ``timed_steps``, ``measure_training``).
 
-The data cache experiments share is ``pinads_rec.data.synth.ensure``.
+The data cache experiments share is ``pinads_rec.data.synth.ensure``; the text tables they print,
+``pinads_rec.text_table``.
 """
 
 from pinads_rec.experiments.harness.launch import RanksFailed, quiet_library_logs, rank_results, run_ranks

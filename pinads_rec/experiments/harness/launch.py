@@ -7,6 +7,9 @@ to collide), and calls ``fn(rank, world_size, work_dir, *args)`` in each. A dead
 run; a failed rank's traceback (``work_dir/error-<rank>.txt``) is re-raised in the caller, every
 failed rank's, named by rank; the ranks die with the caller. ``rank_results(fn, ...)`` is the same
 for a ``fn(*args) -> dict`` whose per-rank results come back (kept as ``work_dir/rank-<rank>.json``).
+
+``train_py`` and ``torchx_train`` launch ``pinads_rec/train.py`` itself, under torchrun or TorchX: the
+one launcher of each kind the experiments, benchmarks and tests share.
 """
 
 from __future__ import annotations
@@ -240,3 +243,46 @@ def torchx_train(
                 os.killpg(proc.pid, signal.SIGKILL)  # torchx, the torchrun agents and the ranks share the session
                 proc.wait()
                 raise TimeoutError(f"torchx launch exceeded {timeout_s} s (output in {log_path})") from None
+
+
+class TrainFailed(RuntimeError):
+    """A ``train_py`` launch exited non-zero; the message ends with the last lines of its log."""
+
+
+def train_py(
+    config_path: str, overrides: List[str], ranks: int, log_path: Path, echo: Optional[Callable[[str], object]] = None
+) -> Dict[str, object]:
+    """``pinads_rec/train.py --config config_path --set ...`` on ``ranks`` gloo processes under
+    ``torchrun --standalone`` (a free rendezvous port of its own) from the repository root, its
+    combined output in ``log_path``; ``echo`` is given the command first. Returns the launch's
+    ``seconds`` and the ranks' peak RSS (``rank_peak_rss_mb`` in process-id order, ``peak_rss_mb`` the
+    largest: ``meters.RankMemory``, the ranks' own high-water marks). A failed launch raises
+    ``TrainFailed`` with the end of the log."""
+    import subprocess
+    import sys
+
+    from pinads_rec.experiments.harness.meters import RankMemory
+
+    repo = Path(__file__).resolve().parents[3]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    cmd += [str(repo / "pinads_rec" / "train.py"), "--config", str(config_path)]
+    for o in overrides:
+        cmd += ["--set", o]
+    if echo is not None:
+        echo("  $ " + " ".join(c if len(c) < 120 else c[:117] + "..." for c in cmd))
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=repo)
+        with RankMemory(proc.pid) as memory:
+            rc = proc.wait()
+    if rc != 0:
+        tail = log_path.read_text().strip().splitlines()[-15:]
+        raise TrainFailed(f"train.py failed (exit {rc}); end of {log_path}:\n" + "\n".join(tail))
+    peaks = memory.peaks()
+    return {
+        "seconds": time.perf_counter() - started,
+        "peak_rss_mb": max(peaks) if peaks else None,
+        "rank_peak_rss_mb": peaks,
+    }

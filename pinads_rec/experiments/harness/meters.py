@@ -128,6 +128,40 @@ def vm_hwm_mib(pid: int) -> Optional[float]:
     return status_mib(pid, "VmHWM")
 
 
+class RankMemory:
+    """The peak RSS (``VmHWM``, MiB) of each direct child of process ``pid`` -- torchrun's ranks --
+    polled from ``/proc`` every ``period_s`` while in the ``with`` block. VmHWM is the high-water
+    mark of the process's own address space (reset by exec), so a rank's figure is its own; it only
+    grows, so a poll misses at most a rank's last ``period_s`` of life."""
+
+    def __init__(self, pid: int, period_s: float = 0.2):
+        self.pid, self.period_s = pid, period_s
+        self._peaks: Dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="rank-memory", daemon=True)
+
+    def __enter__(self) -> "RankMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peaks(self) -> List[float]:
+        """Each child's peak RSS (MiB), in order of process id."""
+        return [round(self._peaks[p], 1) for p in sorted(self._peaks)]
+
+    def _poll(self) -> None:
+        while True:
+            for child in children(self.pid):
+                hwm = vm_hwm_mib(child)
+                if hwm is not None:
+                    self._peaks[child] = max(self._peaks.get(child, 0.0), hwm)
+            if self._stop.wait(self.period_s):
+                return
+
+
 class TreePeak:
     """The largest peak RSS (VmHWM, MiB) among the live descendants of a process (torchx, torchrun,
     the ranks, their loader workers), polled every ``period_s``: a ``watch`` for

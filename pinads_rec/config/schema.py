@@ -1,24 +1,14 @@
-"""Experiment configuration: typed dataclasses loaded from YAML, validated once at load.
+"""The experiment config's schema: every section a dataclass, every default in one place.
 
-Every default lives here. A config file only states what differs; a wrong key, a wrong type, a
-negative size or a reference to an undeclared table/column fails at load with the key's dotted path
-(``features.tables[2].num_embeddings: must be > 0, got -5``). Command-line overrides use the same
-paths: ``--set model.dcn.num_layers=3 --set train.lr=0.01``.
+Each field's meaning is the ``#`` comment above it (``config_reference`` renders them as
+docs/config.md). A config file only states what differs from these defaults; ``loading.py`` turns a
+YAML mapping into these classes, ``checks.py`` checks their values.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import math
-import re
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Dict, List, Literal, Optional, Sequence
-
-import yaml
+from typing import Dict, List, Literal, Optional
 
 # TorchRec's sharding types by name (train.sharding_types; the planner's --sharding-types).
 SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise", "data_parallel")
@@ -29,6 +19,20 @@ class ConfigError(ValueError):
 
 
 CANDIDATE_PREFIX = "candidate."
+
+# The keys a config must state although the schema gives them a placeholder (None, an empty list) so
+# that the sections build without them: key -> what it is, for the error that names it
+# (checks.require). No default is a demo's path or surface: a config that forgot one would silently
+# read or write the demo's files. features.* are checked on every config (checks.validate); the paths
+# by the tool that reads them (training: the Trainer), so the planner, build, inspect and serve load
+# a config without them.
+REQUIRED = {
+    "features.surfaces": "the surface names, at least one (the heads' logits, calibration and metrics are per surface)",
+    "features.tasks": "the prediction tasks, at least one, each a label column",
+    "data.train_dir": "the directory of the training Parquet files",
+    "data.eval_dir": "the directory of the evaluation Parquet files",
+    "train.run_dir": "the directory the run writes metrics.jsonl, config.json and its checkpoints to",
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -164,9 +168,9 @@ class ColumnsConfig:
 class FeaturesConfig:
     # Names of the identity columns every row has.
     columns: ColumnsConfig = field(default_factory=ColumnsConfig)
-    # Surface names: the heads' logits, calibration and metrics are per surface.
-    surfaces: List[str] = field(default_factory=lambda: ["home_feed", "related_pins", "search"])
-    # The prediction tasks (at least one), each a label column.
+    # Surface names, at least one: the heads' logits, calibration and metrics are per surface.
+    surfaces: List[str] = field(default_factory=list)
+    # The prediction tasks, at least one, each a label column.
     tasks: List[TaskConfig] = field(default_factory=list)
     tables: List[TableConfig] = field(default_factory=list)
     sparse: List[SparseFeatureConfig] = field(default_factory=list)
@@ -192,10 +196,12 @@ class RowFilterConfig:
 
 @dataclass
 class DataConfig:
-    # Directory of the training Parquet files (the contract: docs/data_build.md).
-    train_dir: str = "data/demo/train"
-    # Directory of the evaluation Parquet files (the final evaluation's).
-    eval_dir: str = "data/demo/eval"
+    # Directory of the training Parquet files (the contract: docs/data_build.md). Training requires
+    # it; the planner, build, inspect (it is --data's default) and serve do not.
+    train_dir: Optional[str] = None
+    # Directory of the evaluation Parquet files (the final evaluation's). Training requires it
+    # (serve's default data).
+    eval_dir: Optional[str] = None
     # Candidate rows per rank per step: the global batch is batch_size x the world size.
     batch_size: int = 512
     # Rows held for shuffling (whole requests are shuffled, never split by the buffer).
@@ -315,7 +321,7 @@ class SynthConfig:
 
 
 # --------------------------------------------------------------------------------------------
-# Building the contract from raw logs (pinads_rec/data/build.py; docs/data_build.md).
+# Building the contract from raw logs (pinads_rec/data/build/; docs/data_build.md).
 # Expressions are SQL (DuckDB's dialect, which Spark SQL also reads for everything used here).
 # --------------------------------------------------------------------------------------------
 
@@ -731,8 +737,9 @@ class TrainConfig:
     embedding_lr: float = 0.05
     # Fused embedding optimizer; on CPU only the exact SGD/Adagrad family is available.
     embedding_optimizer: Literal["rowwise_adagrad", "adagrad", "sgd", "adam"] = "rowwise_adagrad"
-    # Where the run writes metrics.jsonl, config.json, checkpoints and TensorBoard events.
-    run_dir: str = "runs/demo"
+    # Where the run writes metrics.jsonl, config.json, checkpoints and TensorBoard events. Training
+    # requires it.
+    run_dir: Optional[str] = None
     # Steps between checkpoints (0: none but the run's last and the best evaluation's).
     checkpoint_every: int = 0
     # Newest checkpoints kept (older ones are pruned; the best evaluation's is spared).
@@ -785,469 +792,3 @@ class ExperimentConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     build: BuildConfig = field(default_factory=BuildConfig)
-
-
-# --------------------------------------------------------------------------------------------
-# Loading: YAML -> dataclasses with type checks, then semantic checks.
-# --------------------------------------------------------------------------------------------
-
-
-def _convert(value: Any, tp: Any, path: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _convert(value, inner[0], path)
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{path}: must be one of {list(args)}, got {value!r}")
-        return value
-    if origin in (list, List, Sequence):
-        if not isinstance(value, list):
-            raise ConfigError(f"{path}: expected a list, got {type(value).__name__} {value!r}")
-        return [_convert(v, args[0], f"{path}[{i}]") for i, v in enumerate(value)]
-    if origin in (dict, Dict):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
-        return {str(k): _convert(v, args[1], f"{path}.{k}") for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, path)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{path}: expected true/false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{path}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{path}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{path}: expected a string, got {value!r}")
-        return value
-    raise ConfigError(f"{path}: unsupported config type {tp}")  # a bug in this module, not the user's
-
-
-def _build(cls: type, raw: Any, path: str) -> Any:
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path or '<root>'}: expected a mapping, got {type(raw).__name__} {raw!r}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
-    if unknown:
-        where = f"{path}.{unknown[0]}" if path else unknown[0]
-        raise ConfigError(f"{where}: unknown key (valid keys here: {sorted(names)})")
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        sub = f"{path}.{f.name}" if path else f.name
-        if f.name in raw:
-            kwargs[f.name] = _convert(raw[f.name], hints[f.name], sub)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{sub}: required key is missing")
-    return cls(**kwargs)
-
-
-def _set_override(raw: dict, assignment: str) -> None:
-    """``a.b.c=value``. A list of named mappings is entered by an element's name or index:
-    ``features.sequence_groups.pins.max_length=1000`` (or ``features.sequence_groups.0.max_length``)."""
-    if "=" not in assignment:
-        raise ConfigError(f"override {assignment!r}: expected key.path=value")
-    key, text = assignment.split("=", 1)
-    value = yaml.safe_load(text) if text else ""
-    node = raw
-    parts = key.strip().split(".")
-    for i, part in enumerate(parts[:-1]):
-        if isinstance(node, list):
-            nxt = node[_list_index(node, part, key, ".".join(parts[:i]))]
-        else:
-            nxt = node.get(part)
-            if nxt is None:
-                nxt = node[part] = {}
-        if not isinstance(nxt, (dict, list)):
-            raise ConfigError(f"override {key}: {'.'.join(parts[: i + 1])} is not a mapping")
-        node = nxt
-    if isinstance(node, list):
-        node[_list_index(node, parts[-1], key, ".".join(parts[:-1]))] = value
-    else:
-        node[parts[-1]] = value
-
-
-def _list_index(items: list, part: str, key: str, where: str) -> int:
-    """The index of ``part`` in a list: a number, or the name of one of its mappings."""
-    if part.isdigit():
-        if int(part) >= len(items):
-            raise ConfigError(f"override {key}: {where} has {len(items)} elements, no index {part}")
-        return int(part)
-    names = [x.get("name") for x in items if isinstance(x, dict)]
-    if part not in names:
-        raise ConfigError(f"override {key}: {where} has no element named {part!r} (names: {names})")
-    return names.index(part)
-
-
-# --------------------------------------------------------------------------------------------
-# Semantic checks, one function per section (each error names the key it is about).
-# --------------------------------------------------------------------------------------------
-
-
-def positive(path: str, value: float, allow_zero: bool = False) -> None:
-    if not math.isfinite(value):
-        raise ConfigError(f"{path}: must be a finite number, got {value}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value}")
-
-
-def unique(path: str, names: List[str]) -> None:
-    seen = set()
-    for i, n in enumerate(names):
-        if n in seen:
-            raise ConfigError(f"{path}[{i}].name: duplicate name {n!r}")
-        seen.add(n)
-
-
-def _validate(cfg: ExperimentConfig) -> None:
-    _validate_features(cfg.features)
-    _validate_data(cfg.data, cfg.features, cfg.model)
-    _validate_synth(cfg.synth)
-    _validate_model(cfg.model, cfg.features)
-    _validate_train(cfg.train, cfg)
-
-
-def _validate_features(f: FeaturesConfig) -> None:
-    unique("features.tables", [t.name for t in f.tables])
-    unique("features.sparse", [s.name for s in f.sparse])
-    unique("features.dense", [d.name for d in f.dense])
-    unique("features.sequence_groups", [g.name for g in f.sequence_groups])
-    unique("features.tasks", [t.name for t in f.tasks])
-    if not f.tasks:
-        raise ConfigError("features.tasks: at least one task (label column) is required")
-    if not f.surfaces:
-        raise ConfigError("features.surfaces: at least one surface is required")
-    for i, name in enumerate(f.surfaces):
-        if name in f.surfaces[:i]:
-            raise ConfigError(f"features.surfaces[{i}]: duplicate surface {name!r}")
-    for i, t in enumerate(f.tables):
-        positive(f"features.tables[{i}].num_embeddings", t.num_embeddings)
-        positive(f"features.tables[{i}].embedding_dim", t.embedding_dim)
-    tables = {t.name for t in f.tables}
-    for i, s in enumerate(f.sparse):
-        if s.table not in tables:
-            raise ConfigError(f"features.sparse[{i}].table: no table named {s.table!r} in features.tables")
-    for i, d in enumerate(f.dense):
-        positive(f"features.dense[{i}].dim", d.dim)
-        if d.norm == "minmax" and d.clip_max <= d.clip_min:
-            raise ConfigError(f"features.dense[{i}].clip_max: must exceed clip_min ({d.clip_min})")
-    for i, g in enumerate(f.sequence_groups):
-        positive(f"features.sequence_groups[{i}].max_length", g.max_length)
-        if not g.features:
-            raise ConfigError(f"features.sequence_groups[{i}].features: a group needs at least one id feature")
-        for j, sf in enumerate(g.features):
-            where = f"features.sequence_groups[{i}].features[{j}]"
-            if sf.table not in tables:
-                raise ConfigError(f"{where}.table: no table named {sf.table!r} in features.tables")
-            positive(f"{where}.max_values", sf.max_values)
-        if all(sf.multi_valued for sf in g.features):
-            # Its per-request event counts are read off a single-id attribute's lengths.
-            raise ConfigError(
-                f"features.sequence_groups[{i}].features: every feature of group {g.name!r} is a bag "
-                f"(max_values > 1); give the events one single-id attribute too (the item, the query, the action)"
-            )
-        if g.name + "." == CANDIDATE_PREFIX:
-            raise ConfigError(f"features.sequence_groups[{i}].name: 'candidate' is reserved")
-        if g.embedding_column is not None:
-            positive(f"features.sequence_groups[{i}].embedding_dim", g.embedding_dim)
-
-
-def validate_layout(f: FeaturesConfig, m: ModelConfig) -> None:
-    """Any mix of pooled, user-side, sequence and dense features trains (a collection without tables
-    is left out, features.py); a layout the model cannot be built or trained on is refused here
-    rather than deep inside torch. Called where a model is built (``models.build_model``: training,
-    planning, serving), not at load: configs for the data tools (build, inspect drafts) and the
-    defaults skeleton may declare no model inputs."""
-    if not (f.sparse or f.sequence_groups):
-        # Without a sharded collection TrainPipelineSparseDist's tracer treats no submodule as a leaf
-        # and fails inside the dense layers.
-        what = "the model has no input" if not f.dense else "no embedding table, which the sharded training needs"
-        raise ConfigError(
-            f"features: no sparse features and no sequence groups ({what}); declare at least one "
-            f"in features.sparse or features.sequence_groups"
-        )
-    if m.kind == "two_tower" and all(s.user_side for s in f.sparse) and all(d.user_side for d in f.dense):
-        raise ConfigError(
-            "features: model.kind two_tower needs a candidate-side feature for its ad tower; declare one in "
-            "features.sparse or features.dense without user_side: true"
-        )
-
-
-def _validate_data(d: DataConfig, f: FeaturesConfig, m: ModelConfig) -> None:
-    positive("data.batch_size", d.batch_size)
-    positive("data.shuffle_buffer_rows", d.shuffle_buffer_rows, allow_zero=True)
-    positive("data.num_workers", d.num_workers, allow_zero=True)
-    positive("data.prefetch_factor", d.prefetch_factor)
-    positive("data.max_unique_users_per_batch", d.max_unique_users_per_batch, allow_zero=True)
-    if not 0.0 <= d.calibration_holdout < 1.0:
-        raise ConfigError(f"data.calibration_holdout: must be in [0, 1), got {d.calibration_holdout}")
-    if d.calibration_dir and d.calibration_holdout > 0.0:
-        raise ConfigError(
-            f"data.calibration_holdout: {d.calibration_holdout} rows held out of training would go "
-            f"unused: the calibration is fit on data.calibration_dir; set it to 0"
-        )
-    if d.calibration_holdout == 0.0 and not d.calibration_dir and m.calibration != "none":
-        raise ConfigError(
-            f"data.calibration_holdout: model.calibration {m.calibration!r} is fit on "
-            f"unseen rows; set a fraction > 0 (e.g. 0.05), or data.calibration_dir, or "
-            f"model.calibration: none"
-        )
-    if d.row_filter is not None:
-        known = {c.column for c in f.sparse} | {getattr(f.columns, k) for k in ("surface", "user_id", "item_id")}
-        if d.row_filter.column not in known:
-            raise ConfigError(
-                f"data.row_filter.column: {d.row_filter.column!r} is not an int64 column of the "
-                f"contract (sparse feature columns or surface/user_id/item_id)"
-            )
-        if not d.row_filter.values:
-            raise ConfigError("data.row_filter.values: list at least one value to keep")
-
-
-def _validate_synth(s: SynthConfig) -> None:
-    positive("synth.calibration_requests", s.calibration_requests, allow_zero=True)
-    for name in (
-        "train_requests",
-        "eval_requests",
-        "num_users",
-        "num_items",
-        "num_advertisers",
-        "num_topics",
-        "sequence_length",
-        "event_embedding_dim",
-        "num_files",
-        "row_group_size",
-    ):
-        positive(f"synth.{name}", getattr(s, name))
-    positive("synth.candidates_per_request", s.candidates_per_request)
-
-
-def _validate_model(m: ModelConfig, f: FeaturesConfig) -> None:
-    group_names = [g.name for g in f.sequence_groups]
-    for name in m.sequence_groups:
-        if name not in group_names:
-            raise ConfigError(
-                f"model.sequence_groups.{name}: no sequence group named {name!r} in "
-                f"features.sequence_groups ({group_names})"
-            )
-    _validate_encoder("model.sequence", m.sequence, f, None)
-    for g in f.sequence_groups:
-        path = f"model.sequence_groups.{g.name}" if g.name in m.sequence_groups else "model.sequence"
-        _validate_encoder(path, m.sequence_for(g.name), f, g)
-    positive("model.dcn.num_layers", m.dcn.num_layers, allow_zero=True)
-    positive("model.dcn.low_rank", m.dcn.low_rank, allow_zero=True)
-    positive("model.mmoe.num_experts", m.mmoe.num_experts)
-    rbn = m.resilient_bn
-    positive("model.resilient_bn.minimal_variance", rbn.minimal_variance, allow_zero=True)
-    positive("model.resilient_bn.eps", rbn.eps)
-    if rbn.variance_shift_threshold <= 1.0:
-        raise ConfigError(
-            f"model.resilient_bn.variance_shift_threshold: must be > 1 (a ratio), got {rbn.variance_shift_threshold}"
-        )
-    if not 0.0 < rbn.momentum <= 1.0:
-        raise ConfigError(f"model.resilient_bn.momentum: must be in (0, 1], got {rbn.momentum}")
-    positive("model.two_tower.embedding_dim", m.two_tower.embedding_dim)
-    positive("model.two_tower.mmoe.num_experts", m.two_tower.mmoe.num_experts)
-    if not m.two_tower.mmoe.expert_dims:
-        raise ConfigError("model.two_tower.mmoe.expert_dims: at least one expert layer is required")
-    for name in ("expert_dims", "tower_dims"):
-        for i, v in enumerate(getattr(m.mmoe, name)):
-            positive(f"model.mmoe.{name}[{i}]", v)
-    if not m.mmoe.expert_dims:
-        raise ConfigError("model.mmoe.expert_dims: at least one expert layer is required")
-
-
-def _validate_train(t: TrainConfig, cfg: ExperimentConfig) -> None:
-    positive("train.epochs", t.epochs)
-    positive("train.keep_checkpoints", t.keep_checkpoints)
-    positive("train.max_steps", t.max_steps, allow_zero=True)
-    positive("train.lr", t.lr)
-    positive("train.embedding_lr", t.embedding_lr)
-    positive("train.warmup_steps", t.warmup_steps, allow_zero=True)
-    positive("train.collective_timeout_s", t.collective_timeout_s)
-    for i, st in enumerate(t.sharding_types):
-        if st not in SHARDING_TYPES:
-            raise ConfigError(f"train.sharding_types[{i}]: {st!r} is not one of {sorted(SHARDING_TYPES)}")
-    if t.profile_steps:
-        if len(t.profile_steps) != 2:
-            raise ConfigError(f"train.profile_steps: need [first, last] (two steps), got {t.profile_steps}")
-        first, last = t.profile_steps
-        positive("train.profile_steps[0]", first)
-        if last < first:
-            raise ConfigError(f"train.profile_steps: last step {last} is before first step {first}")
-        if t.max_steps and last > t.max_steps:
-            raise ConfigError(f"train.profile_steps: last step {last} is after train.max_steps {t.max_steps}")
-    _validate_evaluations(t, cfg)
-
-
-def _validate_evaluations(t: TrainConfig, cfg: ExperimentConfig) -> None:
-    """train.eval_every, train.eval_on and train.early_stop."""
-    if t.eval_every is None:
-        if t.early_stop is not None:
-            raise ConfigError("train.early_stop: needs train.eval_every (evaluations to compare), e.g. {epochs: 1}")
-        return
-    every = t.eval_every
-    positive("train.eval_every.epochs", every.epochs, allow_zero=True)
-    positive("train.eval_every.steps", every.steps, allow_zero=True)
-    if bool(every.epochs) == bool(every.steps):
-        raise ConfigError(
-            f"train.eval_every: set one of epochs or steps (e.g. {{epochs: 1}} or {{steps: 500}}), "
-            f"got epochs {every.epochs}, steps {every.steps}"
-        )
-    if every.epochs > t.epochs:
-        raise ConfigError(f"train.eval_every.epochs: {every.epochs} is more than train.epochs {t.epochs}")
-    d = cfg.data
-    if t.eval_on == "holdout" and not d.calibration_dir and d.calibration_holdout == 0.0:
-        raise ConfigError(
-            "train.eval_on: holdout evaluates on the rows held out for calibration, and this config holds "
-            "none out (data.calibration_dir unset, data.calibration_holdout 0); set one, or train.eval_on: eval"
-        )
-    stop = t.selection
-    if stop.task is not None and stop.task not in [x.name for x in cfg.features.tasks]:
-        raise ConfigError(
-            f"train.early_stop.task: no task named {stop.task!r} in features.tasks "
-            f"({[x.name for x in cfg.features.tasks]}); null for the mean over tasks"
-        )
-    if stop.surface not in ("mean", "all") and stop.surface not in cfg.features.surfaces:
-        raise ConfigError(
-            f"train.early_stop.surface: {stop.surface!r} is not 'mean', 'all' or one of features.surfaces "
-            f"{cfg.features.surfaces}"
-        )
-    if stop.mode is not None and stop.mode != SELECTION_METRICS[stop.metric]:
-        raise ConfigError(
-            f"train.early_stop.mode: {stop.metric} is better when "
-            f"{'higher' if SELECTION_METRICS[stop.metric] == 'max' else 'lower'}; mode {stop.mode} would keep "
-            f"the worst evaluation (leave it unset)"
-        )
-    positive("train.early_stop.patience", stop.patience, allow_zero=True)
-    positive("train.early_stop.min_delta", stop.min_delta, allow_zero=True)
-
-
-def _validate_encoder(
-    path: str, enc: SequenceEncoderConfig, features: FeaturesConfig, group: Optional[SequenceGroupConfig]
-) -> None:
-    # The registry holds each encoder's checks (it imports no torch: the data tools load configs too).
-    from pinads_rec.modules import encoders as registry
-
-    positive(f"{path}.d_model", enc.d_model)
-    positive(f"{path}.time_buckets", enc.time_buckets)
-    if len(set(enc.encoders)) != len(enc.encoders):
-        raise ConfigError(f"{path}.encoders: listed twice in {enc.encoders}")
-    if not enc.encoders:
-        raise ConfigError(f"{path}.encoders: list at least one (to drop a group's sequence, remove the group)")
-    for i, name in enumerate(enc.encoders):
-        if name not in registry.REGISTRY:
-            raise ConfigError(f"{path}.encoders[{i}]: must be one of {registry.names()}, got {name!r}")
-    e = enc.early_interaction
-    for key in ("cosine", "tokens"):
-        if len(set(getattr(e, key))) != len(getattr(e, key)):
-            raise ConfigError(f"{path}.early_interaction.{key}: listed twice in {getattr(e, key)}")
-    positive(f"{path}.window", enc.window, allow_zero=True)
-    if group is not None and enc.window > group.max_length:
-        raise ConfigError(
-            f"{path}.window: {enc.window} is more than the max_length {group.max_length} of "
-            f"sequence group {group.name!r}"
-        )
-    width = registry.event_width(features, group, enc)
-    for entry in registry.REGISTRY.values():
-        entry.check(registry.CheckContext(path, enc, features, group, width, entry.name in enc.encoders))
-
-
-def _merge(base: Any, over: Any) -> Any:
-    """``over`` on top of ``base``, mapping by mapping (lists and values replace)."""
-    if isinstance(base, dict) and isinstance(over, dict):
-        return {**base, **{k: _merge(base.get(k), v) for k, v in over.items()}}
-    return over
-
-
-def from_dict(raw: Dict[str, Any], overrides: Sequence[str] = ()) -> ExperimentConfig:
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"<root>: expected a mapping of sections, got {type(raw).__name__}")
-    raw = copy.deepcopy(raw)  # overrides must not write into the caller's dicts
-    for assignment in overrides:
-        _set_override(raw, assignment)
-    model = raw.get("model")
-    if isinstance(model, dict) and isinstance(model.get("sequence_groups"), dict):
-        # A group's encoder: its own keys over model.sequence's.
-        shared = model.get("sequence") or {}
-        model["sequence_groups"] = {
-            g: _merge(shared, over) if isinstance(over, dict) else over for g, over in model["sequence_groups"].items()
-        }
-    cfg = _build(ExperimentConfig, raw, "")
-    _validate(cfg)
-    return cfg
-
-
-def read_yaml(path: str | Path, _seen: Sequence[Path] = ()) -> Dict[str, Any]:
-    """A config file's mapping, with ``extends: <file>`` resolved: that file's mapping (a path
-    relative to this file's directory; it may extend another) under this one's, mappings merged and
-    lists and values replaced -- a config states only what differs from the one it extends."""
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(raw, dict) or "extends" not in raw:
-        return raw
-    raw = dict(raw)
-    base = Path(raw.pop("extends"))
-    base = base if base.is_absolute() else path.parent / base
-    if base.resolve() in [p.resolve() for p in (*_seen, path)]:
-        raise ConfigError(f"{path}: extends {base}, which extends it back")
-    return _merge(read_yaml(base, (*_seen, path)), raw)
-
-
-def load(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
-    """Load a YAML config (``extends:`` resolved: ``read_yaml``), apply ``key.path=value``
-    overrides, validate; ConfigError names the key."""
-    raw = read_yaml(path)
-    try:
-        return from_dict(raw, overrides)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
-
-
-def to_dict(cfg: ExperimentConfig) -> Dict[str, Any]:
-    return dataclasses.asdict(cfg)
-
-
-# --------------------------------------------------------------------------------------------
-# Overrides on a command line.
-# --------------------------------------------------------------------------------------------
-
-# `key.path=value` assignments separated by commas or whitespace; a comma inside a value (a YAML
-# list such as [a,b]) is kept because a split only happens before another `key=`.
-_OVERRIDE_SPLIT = re.compile(r"[,\s]+(?=[A-Za-z_][\w.\-]*=)")
-
-
-def split_overrides(text: Optional[str]) -> List[str]:
-    """Several overrides in one argument (as the TorchX components take them):
-    ``"a.b=1, c=[x,y]"`` -> ``["a.b=1", "c=[x,y]"]``."""
-    if not text or not text.strip():
-        return []
-    return [part for part in _OVERRIDE_SPLIT.split(text.strip().strip(",")) if part]
-
-
-def add_overrides_flag(parser, help: str) -> None:
-    """The commands' repeatable ``--set KEY=VALUE`` (into ``args.overrides``) on an argparse parser."""
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help)

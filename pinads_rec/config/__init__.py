@@ -1,0 +1,118 @@
+"""The experiment config: typed dataclasses loaded from YAML, validated once at load.
+
+Every default lives in the schema. A config file only states what differs; a wrong key, a wrong type,
+a negative size or a reference to an undeclared table/column fails at load with the key's dotted path
+(``features.tables[2].num_embeddings: must be > 0, got -5``). Command-line overrides use the same
+paths: ``--set model.dcn.num_layers=3 --set train.lr=0.01``.
+
+- ``schema.py``: the sections as dataclasses, each key's default and (in its comment) meaning, the
+  constants (``SHARDING_TYPES``, ``SELECTION_METRICS``, ``REQUIRED``...) and ``ConfigError``
+- ``loading.py``: YAML -> dataclasses (``load``, ``from_dict``, ``read_yaml`` with ``extends:``),
+  ``to_dict``, the ``--set`` overrides (``split_overrides``, ``add_overrides_flag``)
+- ``checks.py``: the semantic checks, one function per section (``validate``), ``validate_layout``
+  (where a model is built), ``require`` (a key only some tools need, asked for by the tool)
+
+Everything is re-exported here: ``from pinads_rec import config; config.load(...)``. A section's
+checks that only one tool reads live with that tool (``data.build.check_build``).
+"""
+
+from pinads_rec.config.checks import positive, require, unique, validate, validate_layout
+from pinads_rec.config.loading import add_overrides_flag, from_dict, load, read_yaml, split_overrides, to_dict
+from pinads_rec.config.schema import (
+    CANDIDATE_PREFIX,
+    REQUIRED,
+    SELECTION_METRICS,
+    SHARDING_TYPES,
+    BuildConfig,
+    ColumnsConfig,
+    ConfigError,
+    DataConfig,
+    DCNConfig,
+    DenseFeatureConfig,
+    EarlyInteractionConfig,
+    EarlyStopConfig,
+    EvalEveryConfig,
+    ExperimentConfig,
+    FaultsConfig,
+    FeaturesConfig,
+    HSTUConfig,
+    ImpressionsConfig,
+    LongHistoryConfig,
+    MMoEConfig,
+    ModelConfig,
+    NegativeDownsamplingConfig,
+    PrecisionConfig,
+    RawSourceConfig,
+    ResilientBNConfig,
+    RetrievalConfig,
+    RowFilterConfig,
+    SequenceEncoderConfig,
+    SequenceFeatureConfig,
+    SequenceGroupConfig,
+    SequenceProjectionConfig,
+    SequenceSourceConfig,
+    SideTableConfig,
+    SparseFeatureConfig,
+    SplitConfig,
+    SynthConfig,
+    TableConfig,
+    TaskConfig,
+    TrainConfig,
+    TwoTowerConfig,
+    VocabularyConfig,
+)
+
+__all__ = [
+    "BuildConfig",
+    "CANDIDATE_PREFIX",
+    "ColumnsConfig",
+    "ConfigError",
+    "DCNConfig",
+    "DataConfig",
+    "DenseFeatureConfig",
+    "EarlyInteractionConfig",
+    "EarlyStopConfig",
+    "EvalEveryConfig",
+    "ExperimentConfig",
+    "FaultsConfig",
+    "FeaturesConfig",
+    "HSTUConfig",
+    "ImpressionsConfig",
+    "LongHistoryConfig",
+    "MMoEConfig",
+    "ModelConfig",
+    "NegativeDownsamplingConfig",
+    "PrecisionConfig",
+    "REQUIRED",
+    "RawSourceConfig",
+    "ResilientBNConfig",
+    "RetrievalConfig",
+    "RowFilterConfig",
+    "SELECTION_METRICS",
+    "SHARDING_TYPES",
+    "SequenceEncoderConfig",
+    "SequenceFeatureConfig",
+    "SequenceGroupConfig",
+    "SequenceProjectionConfig",
+    "SequenceSourceConfig",
+    "SideTableConfig",
+    "SparseFeatureConfig",
+    "SplitConfig",
+    "SynthConfig",
+    "TableConfig",
+    "TaskConfig",
+    "TrainConfig",
+    "TwoTowerConfig",
+    "VocabularyConfig",
+    "add_overrides_flag",
+    "from_dict",
+    "load",
+    "positive",
+    "read_yaml",
+    "require",
+    "split_overrides",
+    "to_dict",
+    "unique",
+    "validate",
+    "validate_layout",
+]

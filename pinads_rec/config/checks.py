@@ -1,0 +1,285 @@
+"""The config's semantic checks, one function per section; each error names the key it is about.
+
+``validate`` runs them all on a freshly built config (``loading.from_dict``). ``require`` is for the
+keys without a default that only some tools read: the tool asks for them where it reads them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, List, Optional
+
+from pinads_rec.config.schema import (
+    CANDIDATE_PREFIX,
+    REQUIRED,
+    SELECTION_METRICS,
+    SHARDING_TYPES,
+    ConfigError,
+    DataConfig,
+    ExperimentConfig,
+    FeaturesConfig,
+    ModelConfig,
+    SequenceEncoderConfig,
+    SequenceGroupConfig,
+    TrainConfig,
+)
+
+
+def positive(path: str, value: float, allow_zero: bool = False) -> None:
+    if not math.isfinite(value):
+        raise ConfigError(f"{path}: must be a finite number, got {value}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def unique(path: str, names: List[str]) -> None:
+    seen = set()
+    for i, n in enumerate(names):
+        if n in seen:
+            raise ConfigError(f"{path}[{i}].name: duplicate name {n!r}")
+        seen.add(n)
+
+
+def require(cfg: ExperimentConfig, key: str) -> Any:
+    """The value of ``key``, a dotted path in ``schema.REQUIRED``: a ConfigError naming it and what it
+    is when the config leaves it unset (None or empty). The tool that reads a path calls it."""
+    what = REQUIRED[key]
+    value = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    if value is None or (isinstance(value, (str, list)) and not value):
+        raise ConfigError(f"{key}: required -- {what}")
+    return value
+
+
+def validate(cfg: ExperimentConfig) -> None:
+    """Every section's checks (run on each config built: ``loading.from_dict``)."""
+    for key in ("features.tasks", "features.surfaces"):
+        require(cfg, key)
+    _validate_features(cfg.features)
+    _validate_data(cfg.data, cfg.features, cfg.model)
+    _validate_model(cfg.model, cfg.features)
+    _validate_train(cfg.train, cfg)
+
+
+def _validate_features(f: FeaturesConfig) -> None:
+    unique("features.tables", [t.name for t in f.tables])
+    unique("features.sparse", [s.name for s in f.sparse])
+    unique("features.dense", [d.name for d in f.dense])
+    unique("features.sequence_groups", [g.name for g in f.sequence_groups])
+    unique("features.tasks", [t.name for t in f.tasks])
+    for i, name in enumerate(f.surfaces):
+        if name in f.surfaces[:i]:
+            raise ConfigError(f"features.surfaces[{i}]: duplicate surface {name!r}")
+    for i, t in enumerate(f.tables):
+        positive(f"features.tables[{i}].num_embeddings", t.num_embeddings)
+        positive(f"features.tables[{i}].embedding_dim", t.embedding_dim)
+    tables = {t.name for t in f.tables}
+    for i, s in enumerate(f.sparse):
+        if s.table not in tables:
+            raise ConfigError(f"features.sparse[{i}].table: no table named {s.table!r} in features.tables")
+    for i, d in enumerate(f.dense):
+        positive(f"features.dense[{i}].dim", d.dim)
+        if d.norm == "minmax" and d.clip_max <= d.clip_min:
+            raise ConfigError(f"features.dense[{i}].clip_max: must exceed clip_min ({d.clip_min})")
+    for i, g in enumerate(f.sequence_groups):
+        positive(f"features.sequence_groups[{i}].max_length", g.max_length)
+        if not g.features:
+            raise ConfigError(f"features.sequence_groups[{i}].features: a group needs at least one id feature")
+        for j, sf in enumerate(g.features):
+            where = f"features.sequence_groups[{i}].features[{j}]"
+            if sf.table not in tables:
+                raise ConfigError(f"{where}.table: no table named {sf.table!r} in features.tables")
+            positive(f"{where}.max_values", sf.max_values)
+        if all(sf.multi_valued for sf in g.features):
+            # Its per-request event counts are read off a single-id attribute's lengths.
+            raise ConfigError(
+                f"features.sequence_groups[{i}].features: every feature of group {g.name!r} is a bag "
+                f"(max_values > 1); give the events one single-id attribute too (the item, the query, the action)"
+            )
+        if g.name + "." == CANDIDATE_PREFIX:
+            raise ConfigError(f"features.sequence_groups[{i}].name: 'candidate' is reserved")
+        if g.embedding_column is not None:
+            positive(f"features.sequence_groups[{i}].embedding_dim", g.embedding_dim)
+
+
+def validate_layout(f: FeaturesConfig, m: ModelConfig) -> None:
+    """Any mix of pooled, user-side, sequence and dense features trains (a collection without tables
+    is left out, features.py); a layout the model cannot be built or trained on is refused here
+    rather than deep inside torch. Called where a model is built (``models.build_model``: training,
+    planning, serving), not at load: configs for the data tools (build, inspect drafts) and the
+    defaults skeleton may declare no model inputs."""
+    if not (f.sparse or f.sequence_groups):
+        # Without a sharded collection TrainPipelineSparseDist's tracer treats no submodule as a leaf
+        # and fails inside the dense layers.
+        what = "the model has no input" if not f.dense else "no embedding table, which the sharded training needs"
+        raise ConfigError(
+            f"features: no sparse features and no sequence groups ({what}); declare at least one "
+            f"in features.sparse or features.sequence_groups"
+        )
+    if m.kind == "two_tower" and all(s.user_side for s in f.sparse) and all(d.user_side for d in f.dense):
+        raise ConfigError(
+            "features: model.kind two_tower needs a candidate-side feature for its ad tower; declare one in "
+            "features.sparse or features.dense without user_side: true"
+        )
+
+
+def _validate_data(d: DataConfig, f: FeaturesConfig, m: ModelConfig) -> None:
+    positive("data.batch_size", d.batch_size)
+    positive("data.shuffle_buffer_rows", d.shuffle_buffer_rows, allow_zero=True)
+    positive("data.num_workers", d.num_workers, allow_zero=True)
+    positive("data.prefetch_factor", d.prefetch_factor)
+    positive("data.max_unique_users_per_batch", d.max_unique_users_per_batch, allow_zero=True)
+    if not 0.0 <= d.calibration_holdout < 1.0:
+        raise ConfigError(f"data.calibration_holdout: must be in [0, 1), got {d.calibration_holdout}")
+    if d.calibration_dir and d.calibration_holdout > 0.0:
+        raise ConfigError(
+            f"data.calibration_holdout: {d.calibration_holdout} rows held out of training would go "
+            f"unused: the calibration is fit on data.calibration_dir; set it to 0"
+        )
+    if d.calibration_holdout == 0.0 and not d.calibration_dir and m.calibration != "none":
+        raise ConfigError(
+            f"data.calibration_holdout: model.calibration {m.calibration!r} is fit on "
+            f"unseen rows; set a fraction > 0 (e.g. 0.05), or data.calibration_dir, or "
+            f"model.calibration: none"
+        )
+    if d.row_filter is not None:
+        known = {c.column for c in f.sparse} | {getattr(f.columns, k) for k in ("surface", "user_id", "item_id")}
+        if d.row_filter.column not in known:
+            raise ConfigError(
+                f"data.row_filter.column: {d.row_filter.column!r} is not an int64 column of the "
+                f"contract (sparse feature columns or surface/user_id/item_id)"
+            )
+        if not d.row_filter.values:
+            raise ConfigError("data.row_filter.values: list at least one value to keep")
+
+
+def _validate_model(m: ModelConfig, f: FeaturesConfig) -> None:
+    group_names = [g.name for g in f.sequence_groups]
+    for name in m.sequence_groups:
+        if name not in group_names:
+            raise ConfigError(
+                f"model.sequence_groups.{name}: no sequence group named {name!r} in "
+                f"features.sequence_groups ({group_names})"
+            )
+    _validate_encoder("model.sequence", m.sequence, f, None)
+    for g in f.sequence_groups:
+        path = f"model.sequence_groups.{g.name}" if g.name in m.sequence_groups else "model.sequence"
+        _validate_encoder(path, m.sequence_for(g.name), f, g)
+    positive("model.dcn.num_layers", m.dcn.num_layers, allow_zero=True)
+    positive("model.dcn.low_rank", m.dcn.low_rank, allow_zero=True)
+    positive("model.mmoe.num_experts", m.mmoe.num_experts)
+    rbn = m.resilient_bn
+    positive("model.resilient_bn.minimal_variance", rbn.minimal_variance, allow_zero=True)
+    positive("model.resilient_bn.eps", rbn.eps)
+    if rbn.variance_shift_threshold <= 1.0:
+        raise ConfigError(
+            f"model.resilient_bn.variance_shift_threshold: must be > 1 (a ratio), got {rbn.variance_shift_threshold}"
+        )
+    if not 0.0 < rbn.momentum <= 1.0:
+        raise ConfigError(f"model.resilient_bn.momentum: must be in (0, 1], got {rbn.momentum}")
+    positive("model.two_tower.embedding_dim", m.two_tower.embedding_dim)
+    positive("model.two_tower.mmoe.num_experts", m.two_tower.mmoe.num_experts)
+    if not m.two_tower.mmoe.expert_dims:
+        raise ConfigError("model.two_tower.mmoe.expert_dims: at least one expert layer is required")
+    for name in ("expert_dims", "tower_dims"):
+        for i, v in enumerate(getattr(m.mmoe, name)):
+            positive(f"model.mmoe.{name}[{i}]", v)
+    if not m.mmoe.expert_dims:
+        raise ConfigError("model.mmoe.expert_dims: at least one expert layer is required")
+
+
+def _validate_train(t: TrainConfig, cfg: ExperimentConfig) -> None:
+    positive("train.epochs", t.epochs)
+    positive("train.keep_checkpoints", t.keep_checkpoints)
+    positive("train.max_steps", t.max_steps, allow_zero=True)
+    positive("train.lr", t.lr)
+    positive("train.embedding_lr", t.embedding_lr)
+    positive("train.warmup_steps", t.warmup_steps, allow_zero=True)
+    positive("train.collective_timeout_s", t.collective_timeout_s)
+    for i, st in enumerate(t.sharding_types):
+        if st not in SHARDING_TYPES:
+            raise ConfigError(f"train.sharding_types[{i}]: {st!r} is not one of {sorted(SHARDING_TYPES)}")
+    if t.profile_steps:
+        if len(t.profile_steps) != 2:
+            raise ConfigError(f"train.profile_steps: need [first, last] (two steps), got {t.profile_steps}")
+        first, last = t.profile_steps
+        positive("train.profile_steps[0]", first)
+        if last < first:
+            raise ConfigError(f"train.profile_steps: last step {last} is before first step {first}")
+        if t.max_steps and last > t.max_steps:
+            raise ConfigError(f"train.profile_steps: last step {last} is after train.max_steps {t.max_steps}")
+    _validate_evaluations(t, cfg)
+
+
+def _validate_evaluations(t: TrainConfig, cfg: ExperimentConfig) -> None:
+    """train.eval_every, train.eval_on and train.early_stop."""
+    if t.eval_every is None:
+        if t.early_stop is not None:
+            raise ConfigError("train.early_stop: needs train.eval_every (evaluations to compare), e.g. {epochs: 1}")
+        return
+    every = t.eval_every
+    positive("train.eval_every.epochs", every.epochs, allow_zero=True)
+    positive("train.eval_every.steps", every.steps, allow_zero=True)
+    if bool(every.epochs) == bool(every.steps):
+        raise ConfigError(
+            f"train.eval_every: set one of epochs or steps (e.g. {{epochs: 1}} or {{steps: 500}}), "
+            f"got epochs {every.epochs}, steps {every.steps}"
+        )
+    if every.epochs > t.epochs:
+        raise ConfigError(f"train.eval_every.epochs: {every.epochs} is more than train.epochs {t.epochs}")
+    d = cfg.data
+    if t.eval_on == "holdout" and not d.calibration_dir and d.calibration_holdout == 0.0:
+        raise ConfigError(
+            "train.eval_on: holdout evaluates on the rows held out for calibration, and this config holds "
+            "none out (data.calibration_dir unset, data.calibration_holdout 0); set one, or train.eval_on: eval"
+        )
+    stop = t.selection
+    if stop.task is not None and stop.task not in [x.name for x in cfg.features.tasks]:
+        raise ConfigError(
+            f"train.early_stop.task: no task named {stop.task!r} in features.tasks "
+            f"({[x.name for x in cfg.features.tasks]}); null for the mean over tasks"
+        )
+    if stop.surface not in ("mean", "all") and stop.surface not in cfg.features.surfaces:
+        raise ConfigError(
+            f"train.early_stop.surface: {stop.surface!r} is not 'mean', 'all' or one of features.surfaces "
+            f"{cfg.features.surfaces}"
+        )
+    if stop.mode is not None and stop.mode != SELECTION_METRICS[stop.metric]:
+        raise ConfigError(
+            f"train.early_stop.mode: {stop.metric} is better when "
+            f"{'higher' if SELECTION_METRICS[stop.metric] == 'max' else 'lower'}; mode {stop.mode} would keep "
+            f"the worst evaluation (leave it unset)"
+        )
+    positive("train.early_stop.patience", stop.patience, allow_zero=True)
+    positive("train.early_stop.min_delta", stop.min_delta, allow_zero=True)
+
+
+def _validate_encoder(
+    path: str, enc: SequenceEncoderConfig, features: FeaturesConfig, group: Optional[SequenceGroupConfig]
+) -> None:
+    # The registry holds each encoder's checks (it imports no torch: the data tools load configs too).
+    from pinads_rec.modules import encoders as registry
+
+    positive(f"{path}.d_model", enc.d_model)
+    positive(f"{path}.time_buckets", enc.time_buckets)
+    if len(set(enc.encoders)) != len(enc.encoders):
+        raise ConfigError(f"{path}.encoders: listed twice in {enc.encoders}")
+    if not enc.encoders:
+        raise ConfigError(f"{path}.encoders: list at least one (to drop a group's sequence, remove the group)")
+    for i, name in enumerate(enc.encoders):
+        if name not in registry.REGISTRY:
+            raise ConfigError(f"{path}.encoders[{i}]: must be one of {registry.names()}, got {name!r}")
+    e = enc.early_interaction
+    for key in ("cosine", "tokens"):
+        if len(set(getattr(e, key))) != len(getattr(e, key)):
+            raise ConfigError(f"{path}.early_interaction.{key}: listed twice in {getattr(e, key)}")
+    positive(f"{path}.window", enc.window, allow_zero=True)
+    if group is not None and enc.window > group.max_length:
+        raise ConfigError(
+            f"{path}.window: {enc.window} is more than the max_length {group.max_length} of "
+            f"sequence group {group.name!r}"
+        )
+    width = registry.event_width(features, group, enc)
+    for entry in registry.REGISTRY.values():
+        entry.check(registry.CheckContext(path, enc, features, group, width, entry.name in enc.encoders))

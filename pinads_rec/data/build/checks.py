@@ -1,0 +1,258 @@
+"""The raw data's checks on the way through a build: times, nulls, labels, id types and ranges,
+surfaces, the side tables' defaults, and a failed step's expressions named by their config keys.
+Each error names the file, column and row; each repair (a CASE's ELSE, a dropped surface) is
+counted in the summary.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Dict, List, Optional
+
+import duckdb
+
+from pinads_rec.data import rules
+from pinads_rec.data.build.queries import INTEGERS, Queries
+from pinads_rec.data.contract import ID, ID_ROLES, ContractError
+from pinads_rec.data.raw_sources import RawSource, first_line, sql_name, sql_string
+
+
+class Checks(Queries):
+    """Mixed into ``Build``: reads the tables its steps made (``imp``, the events tables) and its
+    state (``b``, ``features``, ``columns``, ``computed``, ``imp_source``, ``side_sources``,
+    ``group_sources``), and adds to its ``counts``."""
+
+    def check_times(self, table: str, column: str, source: RawSource, expr: str, where: str) -> None:
+        bad = self.one(f"SELECT __file, count(*) FROM {table} WHERE {column} IS NULL GROUP BY __file LIMIT 1")
+        if bad:
+            total = self.scalar(f"SELECT count(*) FROM {table} WHERE {column} IS NULL")
+            raise ContractError(
+                f"{where}: {total} timestamp(s) missing or unparsable, first at "
+                f"{source.place(bad[0], f'({expr}) IS NULL')}"
+            )
+        stamp = rules.TIMESTAMP
+        bad = self.one(
+            f"SELECT __file, count(*), min({column}), max({column}) FROM {table} "
+            f"WHERE {stamp.where(column)} GROUP BY __file LIMIT 1"
+        )
+        if bad:
+            hint = " (milliseconds? divide by 1000 in the expression)" if bad[3] >= rules.LATEST else ""
+            raise ContractError(
+                f"{where}: {bad[1]} timestamp(s) outside 1990..2100 in {bad[0]}, first at "
+                f"{source.place(bad[0], stamp.where(f'({expr})'))}{hint}",
+                stamp,
+            )
+
+    def check_not_null(self, table: str, column: str, source: RawSource, expr: str, where: str, what: str) -> None:
+        bad = self.one(f"SELECT __file, count(*) FROM {table} WHERE {column} IS NULL GROUP BY __file")
+        if bad:
+            raise ContractError(
+                f"{where}: {bad[1]} impression(s) with no {what}, first at {source.place(bad[0], f'({expr}) IS NULL')}"
+            )
+
+    def check_no_nulls(self, table: str, columns: List[str], where: str, source: RawSource, exprs: dict) -> None:
+        """A null in a contract column (a blank field, a side table's missing key without a default)."""
+        if not columns:
+            return
+        counts = self.one(
+            f"SELECT {', '.join(f'count(*) FILTER (WHERE {sql_name(c)} IS NULL)' for c in columns)} FROM {table}"
+        )
+        for c, n in zip(columns, counts):
+            if n:
+                path = self.scalar(f"SELECT any_value(__file) FROM {table} WHERE {sql_name(c)} IS NULL")
+                raise ContractError(
+                    f"{where}.{c}: {n} null value(s), first at {source.place(path, f'({exprs[c]}) IS NULL')}; "
+                    f"give a value with coalesce(...) in the expression (or a side table's defaults)"
+                )
+        self.count_else(table, columns, where, exprs)
+
+    def check_label(self, column: str) -> None:
+        col = sql_name(column)
+        label = rules.LABEL
+        bad = self.one(
+            f"SELECT __file, count(*), any_value({col}) FROM imp WHERE {col} IS NULL OR {label.where(col)} "
+            f"GROUP BY __file LIMIT 1"
+        )
+        if bad:
+            expr = f"({self.b.columns[column]})"
+            raise ContractError(
+                f"build.columns.{column}: {bad[1]} label(s) not 0/1 (e.g. {bad[2]!r}), first at "
+                f"{self.imp_source.place(bad[0], f'{expr} IS NULL OR {label.where(expr)}')}",
+                label if bad[2] is not None else None,
+            )
+
+    def check_id_types(self) -> None:
+        for name, c in self.columns.items():
+            if name not in self.computed or c.role != ID:
+                continue
+            if not self.is_integer_column("imp", name, lists_ok=True) and not self.vocab_for(name):
+                raise ContractError(
+                    f"build.columns.{name}: gives {self.column_type('imp', name)} values; an id must be an integer "
+                    f"(map it with CASE, or declare a vocabulary for its table)"
+                )
+
+    def check_id_ranges(self) -> None:
+        """Ids (after the vocabularies) inside their tables, unless the table hashes: found here,
+        naming the row, rather than by the loader at training time."""
+        places = {c: ("imp", "build.columns", self.imp_source, self.b.columns) for c in self.computed}
+        for i, (events, source, group) in enumerate(self.group_sources.values()):
+            raw = RawSource.of(source, self.raw_dir, "") if source.path else self.imp_source
+            for f in group.features:
+                places[f.column] = (events, f"build.sequences[{i}].columns", raw, source.columns)
+        for name, (table, where, raw, exprs) in places.items():
+            c = self.columns[name]
+            if not c.table_size or c.hashed:
+                continue
+            col = sql_name(name)
+            is_list = self.column_type(table, name).endswith("[]")
+            low, high = (f"list_min({col})", f"list_max({col})") if is_list else (col, col)
+            bad = self.one(
+                f"SELECT __file, {low}, {high} FROM {table} WHERE {low} < 0 OR {high} >= {c.table_size} LIMIT 1"
+            )
+            if bad:
+                value = bad[1] if bad[1] < 0 else bad[2]
+                expr = exprs[name]
+                test = (
+                    f"list_min({expr}) < 0 OR list_max({expr}) >= {c.table_size}"
+                    if is_list
+                    else (f"({expr}) < 0 OR ({expr}) >= {c.table_size}")
+                )
+                at = self.side_place(expr, test) or raw.place(bad[0], test)
+                raise ContractError(
+                    f"{where}.{name}: id {value} at {at} is outside [0, {c.table_size}), the "
+                    f"table of {c.uses[0].what}; enlarge the table, set hash: true, or declare a vocabulary",
+                    rules.NEGATIVE_ID if value < 0 else rules.id_beyond(c.table_size),
+                )
+
+    def check_binds(self, relation: str, exprs: Dict[str, str], source: RawSource) -> None:
+        """After a step failed: the first expression that fails alone over ``relation``, named by its
+        config key (DuckDB's message names no file, and blames an output alias -- "referenced that
+        exists in the SELECT clause" -- for a column the file lacks)."""
+        for key, expr in exprs.items():
+            if not expr:  # an optional expression not given
+                continue
+            try:
+                self.con.execute(f"SELECT ({expr}) FROM {relation} LIMIT 0").fetchall()
+            except duckdb.Error as e:
+                missing = re.search(r'Referenced column "(.+?)" not found', str(e))
+                if not missing:
+                    raise ContractError(self.explain(e) or f"{key}: {expr!r}: {first_line(e)}") from None
+                described = self.con.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()
+                have = [f"{r[0]}.<column>" if r[1].startswith("STRUCT") else r[0] for r in described]
+                files = source.files[0] + (" ..." if len(source.files) > 1 else "")
+                raise ContractError(
+                    f"{key}: {expr!r} reads column {missing.group(1)!r}, which {files} does not have (its columns: "
+                    f"{', '.join(h for h in have if not h.startswith('__'))})"
+                ) from None
+
+    def check_default_types(self, side, source: RawSource, where: str) -> None:
+        """A number for the default of a column DuckDB reads as text (one text value makes it so)
+        names that value; DuckDB would say only "Cannot mix values of type VARCHAR and ..."."""
+        if not side.defaults:
+            return
+        kinds = dict(
+            self.con.execute(
+                f"SELECT column_name, column_type FROM (DESCRIBE SELECT * FROM {source.scan()})"
+            ).fetchall()
+        )
+        for col, default in side.defaults.items():
+            try:
+                kind = self.scalar(f"SELECT typeof({default})")
+            except duckdb.Error:
+                continue
+            if kinds[col] != "VARCHAR" or not (kind in INTEGERS or kind.startswith(("DECIMAL", "DOUBLE", "FLOAT"))):
+                continue
+            name = sql_name(col)
+            for path in source.files:
+                found = source.find(path, f"{name} IS NOT NULL AND TRY_CAST({name} AS DOUBLE) IS NULL", name)
+                if found:
+                    raise ContractError(
+                        f"{where}.defaults.{col}: {source.at(path, found[0])}, column {col!r}: value {found[1]!r} "
+                        f"makes the column text, and its default {default} is a number; fix the value, or quote the "
+                        f"default"
+                    )
+            raise ContractError(
+                f"{where}.defaults.{col}: column {col!r} of {source.files[0]} is read as text (blank throughout?) "
+                f"but its default {default} is a number; quote the default"
+            )
+
+    def check_surfaces(self) -> None:
+        """Every impression's surface is one of features.surfaces (else the loader refuses the
+        output at training time): an error naming the row, or dropped and counted (unknown_surface)."""
+        name, surfaces = self.features.columns.surface, self.features.surfaces
+        if self.is_integer_column("imp", name):  # surfaces as indices
+
+            def unknown(x: str) -> str:
+                return f"({x}) < 0 OR ({x}) >= {len(surfaces)}"
+        else:
+
+            def unknown(x: str) -> str:
+                return f"CAST(({x}) AS VARCHAR) NOT IN ({', '.join(sql_string(s) for s in surfaces)})"
+
+        bad = unknown(sql_name(name))
+        n = self.scalar(f"SELECT count(*) FROM imp WHERE {bad}")
+        if n and self.b.impressions.unknown_surface == "error":
+            path, value = self.one(f"SELECT __file, {sql_name(name)} FROM imp WHERE {bad} LIMIT 1")
+            raise ContractError(
+                f"build.columns.{name}: {n} impression(s) on a surface not in features.surfaces {surfaces} (e.g. "
+                f"{value!r}), first at {self.imp_source.place(path, unknown(self.b.columns[name]))}; add it to "
+                f"features.surfaces, or set build.impressions.unknown_surface: drop"
+            )
+        self.counts["impressions on a surface not in features.surfaces (dropped)"] = n
+        if n:
+            self.con.execute(f"DELETE FROM imp WHERE {bad}")
+
+    def count_else(self, table: str, columns: List[str], where: str, exprs: Dict[str, str]) -> None:
+        """Counts the rows a CASE gave its ELSE in an id column (a mapping's default: an unknown
+        behaviour type becomes id 0), so the summary shows what no WHEN matched. A label's ELSE is
+        its negative class, and a surface's is checked by check_surfaces: neither is counted."""
+        what = "impressions" if table == "imp" else "events"
+        for c in columns:
+            if self.columns[c].role not in ID_ROLES:
+                continue
+            default = self.else_value(exprs[c])
+            if default is not None and not self.is_list_column(table, c):
+                n = self.scalar(f"SELECT count(*) FROM {table} WHERE {sql_name(c)} = {default}")
+                self.counts[f"{where}.{c}: {what} given the CASE's ELSE value {default}"] = n
+
+    def else_value(self, expr: str) -> Optional[str]:
+        """The ELSE of ``expr`` as SQL when ``expr`` is a CASE whose ELSE is a constant that no THEN
+        gives too (then its rows are exactly the unmatched ones); None otherwise."""
+        tree = json.loads(self.scalar(f"SELECT json_serialize_sql({sql_string('SELECT ' + expr)})"))
+        try:
+            node = tree["statements"][0]["node"]
+            case = node["select_list"][0]
+        except (KeyError, IndexError):
+            return None  # not parsed: the step itself says why
+        otherwise = case.get("else_expr") or {}
+        if case.get("class") != "CASE" or otherwise.get("class") != "CONSTANT":
+            return None
+        if otherwise.get("literal", {}).get("kind") == "NULL_LITERAL":
+            return None
+
+        def sql(e: dict) -> str:
+            node["select_list"] = [e]
+            return self.scalar(f"SELECT json_deserialize_sql({sql_string(json.dumps(tree))})")[len("SELECT ") :]
+
+        value = sql(otherwise)
+        return None if any(sql(check["then_expr"]) == value for check in case["case_checks"]) else value
+
+    def side_place(self, expr: str, test: str) -> Optional[str]:
+        """Where ``test`` first holds in a side table's file when ``expr`` reads that one side table
+        alone (``profile.cms_segid + 1``): the value is there, not in the impression log."""
+        read = [s.name for s in self.b.side_tables if re.search(rf"\b{re.escape(s.name)}\s*\.", expr)]
+        if len(read) != 1 or read[0] not in self.side_sources:
+            return None
+        source = self.side_sources[read[0]]["source"]
+        fields = set(re.findall(rf"\b{re.escape(read[0])}\s*\.\s*(\w+)", expr))
+        column = f", column {fields.pop()!r}" if len(fields) == 1 else ""
+        for path in source.files:
+            row = source.locate(path, test, row_as=read[0])
+            if row is not None:
+                return f"{source.at(path, row)}{column} (side table {read[0]})"
+        return None
+
+    def vocab_for(self, column: str) -> bool:
+        tables = {s.table for s in self.features.sparse if s.column == column}
+        return any(v.table in tables for v in self.b.vocabularies)

@@ -1,0 +1,170 @@
+"""What a build writes besides its steps' SQL: the split's Parquet files (``SplitWriter``, the
+contract's canonical Arrow types), ``summary.json`` (counts read back from the written files) and
+the manifest (inputs, config, outputs).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Dict, List, Optional
+from zoneinfo import ZoneInfo
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pinads_rec.config import to_dict
+from pinads_rec.data import layout
+from pinads_rec.data.build.queries import Queries
+from pinads_rec.data.raw_sources import RawSource, sql_name, sql_string
+
+
+class Reports(Queries):
+    """Mixed into ``Build``: the summary and the manifest of its outputs."""
+
+    def summarize(self, outputs: Dict[str, dict], seconds: float) -> dict:
+        """Counts read back from the written files: what the build produced, not what it meant to."""
+        f = self.features
+        out = {"splits": {}, "repairs": self.counts, "seconds": round(seconds, 2), "threads": self.threads}
+        for split, o in outputs.items():
+            entry = {"requests": o["requests"], "rows": o["rows"], "files": len(o["files"])}
+            if o["files"]:
+                scan = "read_parquet([" + ", ".join(sql_string(str(self.out / p)) for p in o["files"]) + "])"
+                surface = sql_name(f.columns.surface)
+                labels = ", ".join(
+                    f"avg(CAST(unnest_l.{sql_name(t.label_column)} AS DOUBLE)) AS {sql_name(t.name)}" for t in f.tasks
+                )
+                unnested = ", ".join(
+                    f"unnest({sql_name(c)}) AS {sql_name(c)}"
+                    for c in [f.columns.surface] + [t.label_column for t in f.tasks]
+                )
+                rows = self.con.execute(
+                    f"SELECT CAST(unnest_l.{surface} AS VARCHAR), count(*), {labels} "
+                    f"FROM (SELECT {unnested} FROM {scan}) unnest_l GROUP BY ALL ORDER BY 1"
+                ).fetchall()
+                entry["surfaces"] = {
+                    r[0]: {"rows": r[1], "label_rate": {t.name: round(v, 6) for t, v in zip(f.tasks, r[2:])}}
+                    for r in rows
+                }
+                entry["sequence_lengths"] = {}
+                for g in f.sequence_groups:
+                    c = sql_name(g.timestamp_column)
+                    q = self.one(
+                        f"SELECT avg(len({c})), quantile_disc(len({c}), [0.5, 0.9, 0.99]), max(len({c})), "
+                        f"count(*) FILTER (WHERE len({c}) = 0) FROM {scan}"
+                    )
+                    entry["sequence_lengths"][g.name] = {
+                        "mean": round(q[0], 2),
+                        "p50": q[1][0],
+                        "p90": q[1][1],
+                        "p99": q[1][2],
+                        "max": q[2],
+                        "empty": q[3],
+                    }
+            out["splits"][split] = entry
+        out["join_misses"] = {
+            s.name: self.scalar(f"SELECT count(*) FROM imp WHERE NOT {sql_name('__hit_' + s.name)}")
+            for s in self.b.side_tables
+        }
+        return out
+
+    def manifest(self, outputs: Dict[str, dict], summary: dict) -> dict:
+        def describe(files) -> List[dict]:
+            return [
+                {
+                    "path": p,
+                    "bytes": os.path.getsize(p),
+                    "modified": datetime.fromtimestamp(os.path.getmtime(p)).isoformat(timespec="seconds"),
+                }
+                for p in files
+            ]
+
+        inputs = {"impressions": describe(self.imp_source.files)}
+        for side in self.b.side_tables:
+            inputs[f"side_table:{side.name}"] = describe(RawSource.of(side, self.raw_dir, "").files)
+        for s in self.b.sequences:
+            if s.path:
+                inputs[f"sequence:{s.group}"] = describe(RawSource.of(s, self.raw_dir, "").files)
+        span = self.one("SELECT min(__t), max(__t) FROM imp")
+        cfg = to_dict(self.cfg)
+        return {
+            "inputs": inputs,
+            "impression_time_range": [_iso(span[0], self.b.timezone), _iso(span[1], self.b.timezone)],
+            "config": {"build": cfg["build"], "features": cfg["features"]},
+            "negative_downsampling": cfg["build"]["negative_downsampling"],
+            "outputs": outputs,
+            "memory_limit": self.memory_limit,
+            "versions": {"duckdb": duckdb.__version__, "pyarrow": pa.__version__},
+            "built": datetime.now().isoformat(timespec="seconds"),
+        }
+
+
+class SplitWriter:
+    """Request rows (Arrow batches, in order) -> row groups of ``per_group`` requests, files of
+    ``per_file`` requests; the schema in the contract's canonical Arrow types."""
+
+    def __init__(self, out: Path, per_group: int, per_file: int, features):
+        self.out, self.per_group, self.per_file = out, per_group, per_file
+        self.features = features
+        self.label = features.tasks[0].label_column
+        self.schema: Optional[pa.Schema] = None
+        self.buffer: Optional[pa.Table] = None
+        self.writer: Optional[pq.ParquetWriter] = None
+        self.files: List[str] = []
+        self.in_file = self.requests = self.rows = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if self.schema is None:
+            stored_once = layout.request_level_columns(self.features)
+            self.schema = _canonical_schema(batch.schema).with_metadata(
+                layout.per_request_metadata(batch.schema.names, stored_once)
+            )
+        table = pa.Table.from_batches([batch]).cast(self.schema)
+        self.buffer = table if self.buffer is None else pa.concat_tables([self.buffer, table])
+        while self.buffer.num_rows >= self.per_group:
+            self._write(self.buffer.slice(0, self.per_group))
+            self.buffer = self.buffer.slice(self.per_group)
+
+    def close(self) -> dict:
+        if self.buffer is not None and self.buffer.num_rows:
+            self._write(self.buffer)
+        if self.writer is not None:
+            self.writer.close()
+        return {"files": self.files, "requests": self.requests, "rows": self.rows}
+
+    def _write(self, table: pa.Table) -> None:
+        if self.writer is None:
+            path = self.out / f"part-{len(self.files):05d}.parquet"
+            self.files.append(str(path))
+            self.writer = pq.ParquetWriter(path, self.schema, compression="lz4", use_dictionary=False)
+        self.writer.write_table(table.combine_chunks(), row_group_size=table.num_rows)
+        self.requests += table.num_rows
+        self.rows += int(pc.sum(pc.list_value_length(table.column(self.label))).as_py() or 0)
+        self.in_file += table.num_rows
+        if self.in_file >= self.per_file:
+            self.writer.close()
+            self.writer, self.in_file = None, 0
+
+
+def _iso(seconds: Optional[float], tz: str) -> Optional[str]:
+    if seconds is None:
+        return None
+    return datetime.fromtimestamp(seconds, ZoneInfo(tz)).isoformat(timespec="seconds")
+
+
+def _canonical_type(t: pa.DataType) -> pa.DataType:
+    """DuckDB names list children ``l``; the contract's writers use pyarrow's ``item``."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(_canonical_type(t.value_type))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(_canonical_type(t.value_type), t.list_size)
+    if pa.types.is_string_view(t) or pa.types.is_large_string(t):
+        return pa.string()
+    return t
+
+
+def _canonical_schema(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([pa.field(f.name, _canonical_type(f.type)) for f in schema])

@@ -1,0 +1,120 @@
+"""What ``summary.json`` says of a split: rows, requests and bytes, the oracle's metrics per surface
+and task (``oracle_metrics``), the sequences' lengths and, with long histories, what the dormant
+term is worth.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List
+
+import numpy as np
+
+from pinads_rec import metrics
+from pinads_rec.config import SynthConfig
+from pinads_rec.data.synth.blocks import sequence_caps
+from pinads_rec.data.synth.timeline import SplitPlan, Timeline
+from pinads_rec.data.synth.truth import BURST_WINDOWS, SURFACES, TASKS
+
+
+def oracle_metrics(surface: np.ndarray, labels: Dict[str, np.ndarray], probs: Dict[str, np.ndarray]) -> Dict[str, dict]:
+    """Per surface (and "all") x task: rows, label rate, mean true p, oracle AUC and NE."""
+    out = {}
+    for si, name in [(None, "all")] + list(enumerate(SURFACES)):
+        m = np.ones(len(surface), bool) if si is None else surface == si
+        entry: dict = {"rows": int(m.sum())}
+        for t in TASKS:
+            y, p = labels[t][m], probs[t][m]
+            entry[t] = {
+                "rate": float(y.mean()) if len(y) else float("nan"),
+                "mean_true_p": float(p.mean()) if len(p) else float("nan"),
+                "oracle_auc": metrics.auc(p, y),
+                "oracle_ne": metrics.normalized_entropy(p, y),
+            }
+        out[name] = entry
+    return out
+
+
+def _iso(t: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+
+
+def _history_stats(tl: Timeline, s: SynthConfig, a: int, b: int) -> dict:
+    """Mean sequence length per group, and the pins sequences' length quantiles, for the split's
+    requests [a, b)."""
+    out = {}
+    for group, cap in sequence_caps(s).items():
+        n, _ = getattr(tl, group).window(tl.user[a:b], tl.time[a:b], cap)
+        out[f"mean_{group}_length"] = round(float(n.mean()), 2) if len(n) else 0.0
+        if group == "pins" and len(n):
+            out["pins_length"] = {
+                "median": float(np.median(n)),
+                "p90": float(np.quantile(n, 0.9)),
+                "max": int(n.max()),
+                "mean": round(float(n.mean()), 2),
+            }
+    return out
+
+
+def burst_in_newest(tl: Timeline, user: np.ndarray, time: np.ndarray, window: int) -> np.ndarray:
+    """Per request (long histories): whether its user's newest ``window`` pins events before it
+    hold an event of the dormant burst."""
+    n, idx = tl.pins.window(user, time, window)
+    hits = np.bincount(np.repeat(np.arange(len(n)), n), weights=tl.pins_burst[idx], minlength=len(n))
+    return hits > 0
+
+
+def _dormant_summary(tl: Timeline, s: SynthConfig, a: int, b: int, surface, click, p_click, blind) -> dict:
+    """Long histories: the dormant term's worth per surface, the click oracle AUC with the true
+    probabilities and with the term removed from the logit (about the best a model blind to the
+    old events can do), and how often the burst lies in the requests' newest events."""
+    out: dict = {"surfaces": {}}
+    for si, name in enumerate(SURFACES):
+        m = surface == si
+        full, without = metrics.auc(p_click[m], click[m]), metrics.auc(blind[m], click[m])
+        out["surfaces"][name] = {
+            "oracle_auc": full,
+            "oracle_auc_without_dormant": without,
+            "dormant_lift": full - without,
+        }
+    user, time = tl.user[a:b], tl.time[a:b]
+    has = tl.dormant[user] > 0
+    out["dormant_request_share"] = round(float(has.mean()), 4) if len(has) else 0.0
+    # Requests of users with a dormant topic whose newest W pins events hold a burst event.
+    out["burst_in_newest"] = {
+        str(w): round(float(burst_in_newest(tl, user[has], time[has], w).mean()), 5) if has.any() else 0.0
+        for w in BURST_WINDOWS
+    }
+    return out
+
+
+def split_summary(tl: Timeline, plan: SplitPlan, files: List[dict]) -> dict:
+    surface = np.concatenate([f.pop("_surface") for f in files])
+    labels = {t: np.concatenate([f["_labels"][t] for f in files]) for t in TASKS}
+    probs = {t: np.concatenate([f["_probs"][t] for f in files]) for t in TASKS}
+    metrics = oracle_metrics(surface, labels, probs)
+    n = plan.num_requests
+    a, b = plan.first_request, plan.first_request + n
+    dormant = None
+    if plan.synth.long_history.enabled:
+        blind = np.concatenate([f["_blind"] for f in files])
+        dormant = _dormant_summary(tl, plan.synth, a, b, surface, labels["click"], probs["click"], blind)
+    for f in files:
+        del f["_labels"], f["_probs"], f["_blind"]
+    start, end = tl.boundaries[plan.name]
+    out = {
+        "requests": n,
+        "rows": int(plan.row_offsets[-1]),
+        "files": files,
+        "bytes": sum(f["bytes"] for f in files),
+        "surfaces": metrics,
+        "request_ids": [a, b - 1],
+        "time_range": [int(tl.time[a]), int(tl.time[b - 1])],
+        "window": [start, end],
+        "window_utc": [_iso(start), _iso(end)],
+        "users": int(len(np.unique(tl.user[a:b]))),
+        **_history_stats(tl, plan.synth, a, b),
+    }
+    if dormant is not None:
+        out["dormant"] = dormant
+    return out
