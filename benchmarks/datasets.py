@@ -64,7 +64,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pinads_rec import config, metrics
-from pinads_rec.data import layout
+from pinads_rec.data import storage_layout
 from pinads_rec.data.build import build
 from pinads_rec.data.shaped_logs import DATASETS, config_with_truth, truth_overrides
 from pinads_rec.data.shaped_logs.common import auc
@@ -176,10 +176,10 @@ class Split:
     def __init__(self, path: Path, features: config.FeaturesConfig, columns: Sequence[str]):
         files = sorted(path.glob("*.parquet"))
         schema = pq.read_schema(files[0])
-        self.request_level = layout.stored_request_level(schema, features)
+        self.request_level = storage_layout.stored_request_level(schema, features)
         table = pa.concat_tables(pq.read_table(f, columns=list(dict.fromkeys(columns))) for f in files)
         self.table = table
-        counts = layout.candidate_counts(table, features)
+        counts = storage_layout.candidate_counts(table, features)
         self.req = np.repeat(np.arange(len(counts)), counts)
         self.n = len(self.req)
 

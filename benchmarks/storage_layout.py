@@ -37,8 +37,8 @@ import torch
 from pinads_rec import config
 from pinads_rec.data import synth
 from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
-from pinads_rec.data.layout import rewrite_per_request, rewrite_per_row
 from pinads_rec.data.reader import list_files
+from pinads_rec.data.storage_layout import rewrite_per_request, rewrite_per_row
 
 REPO = Path(__file__).resolve().parents[1]
 LAYOUTS = ("per_row", "per_request")

@@ -218,7 +218,8 @@ def measure_plain(
     from pinads_rec.data.dataset import LoaderSettings, make_loader
     from pinads_rec.models import build_model
     from pinads_rec.models.train_task import TrainTask
-    from pinads_rec.training.trainer import EndTogether, evaluation_rows
+    from pinads_rec.training.evaluation import evaluation_rows
+    from pinads_rec.training.trainer import EndTogether
 
     env = parallel.init_distributed()
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, broadcast=False))

@@ -18,8 +18,9 @@ from conftest import load_tiny
 
 from pinads_rec import config
 from pinads_rec.experiments.harness import run_ranks
+from pinads_rec.training.evaluation import improves, selection_name, selection_value
 from pinads_rec.training.run_log import read_run_log
-from pinads_rec.training.trainer import Hook, improves, selection_name, selection_value
+from pinads_rec.training.trainer import Hook
 
 pytestmark = pytest.mark.slow
 

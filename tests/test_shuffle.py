@@ -7,9 +7,9 @@ import collections
 import numpy as np
 import pyarrow as pa
 
-from pinads_rec.data.layout import Requests
 from pinads_rec.data.reader import RowGroup
 from pinads_rec.data.shuffle import BatchRows, RequestSpan, ShufflePool, compact, request_spans
+from pinads_rec.data.storage_layout import Requests
 
 
 def group_table(first_request: int, sizes):
@@ -28,9 +28,9 @@ def rows_of(b):
     """The batch's row ids, after checking each row's request carries that request's values."""
     rows = b.requests.rows.column("row").to_numpy()
     of_row = b.requests.request_of_rows()
-    assert (b.requests.requests.column("request_id").to_numpy()[of_row] == rows // 100).all()
+    assert (b.requests.request_table.column("request_id").to_numpy()[of_row] == rows // 100).all()
     assert b.requests.request_column("history").to_pylist() == [
-        [int(i)] * 3 for i in b.requests.requests.column("request_id").to_numpy()
+        [int(i)] * 3 for i in b.requests.request_table.column("request_id").to_numpy()
     ]
     return rows.tolist()
 
@@ -125,5 +125,5 @@ def test_compact_copies_the_waiting_requests_of_a_drawn_row_group():
     assert [(s.request, s.start, s.length) for s in kept[:2]] == [(0, 0, 3), (1, 3, 4)]
     assert kept[0].block is not block and kept[0].block.num_rows == 7 and kept[0].block.num_requests == 2
     assert kept[1].block.rows.column("row").to_pylist()[3:] == block.rows.column("row").to_pylist()[4:]
-    assert kept[1].block.requests.column("history").to_pylist() == [[0] * 3, [2] * 3]
+    assert kept[1].block.request_table.column("history").to_pylist() == [[0] * 3, [2] * 3]
     assert all(s.block is untouched for s in kept[2:])  # nothing drawn from it: not copied

@@ -22,7 +22,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
 from pinads_rec.data.contract import checked_columns, contract_columns
-from pinads_rec.data.layout import Requests, request_starts
+from pinads_rec.data.storage_layout import Requests, request_starts
 from pinads_rec.features import FeatureLayout
 
 
@@ -212,9 +212,9 @@ class BatchBuilder:
             rows = pa.concat_tables([block.rows, block.rows.take(pa.array(np.full(pad_to - valid, valid - 1)))])
             offsets = block.offsets.copy()
             offsets[-1] = pad_to
-            block, num_valid = Requests(block.requests, rows, offsets), valid
+            block, num_valid = Requests(block.request_table, rows, offsets), valid
         if not self.broadcast:  # every row its own request slot: user-side work done per row
-            requests = block.requests
+            requests = block.request_table
             if requests.num_columns:
                 requests = requests.take(pa.array(block.request_of_rows()))
             block = Requests(requests, block.rows, np.arange(block.num_rows + 1, dtype=np.int64))

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from pinads_rec.config import DataConfig, FeaturesConfig
 from pinads_rec.data import rules
-from pinads_rec.data.layout import Requests, request_level_columns
+from pinads_rec.data.storage_layout import Requests, request_level_columns
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class Use:
 class Column:
     """One Parquet column and every use the config makes of it (a column may feed several features:
     pooled and sequence, two groups...). ``request_level``: stored once per request in the
-    per-request layout (data/layout.py)."""
+    per-request layout (data/storage_layout.py)."""
 
     name: str
     uses: Tuple[Use, ...]
@@ -343,7 +343,7 @@ class RowGroupChecker:
         self.surface_index = pa.array(features.surfaces)
         self.repairs: Counter = Counter()
         self.names = checked_columns(self.columns)
-        # Held once per request in memory (data/layout.py): request-level columns and their derived ones.
+        # Held once per request in memory (data/storage_layout.py): request-level columns and their derived ones.
         self.request_level = set(request_level_columns(features))
         self.request_level.update(d for c in self.columns if c.request_level for d in c.derived)
 
@@ -370,7 +370,7 @@ class RowGroupChecker:
         fixed: Dict[str, pa.Array] = {}
         beside: Dict[str, str] = {}
         for c in self.columns:
-            locate = _row if c.name in block.requests.column_names else candidate
+            locate = _row if c.name in block.request_table.column_names else candidate
             out = self._check(c, block.column(c.name), f"{where}, column {c.name!r}", locate)
             fixed.update(out)
             beside.update((n, c.name) for n in out)

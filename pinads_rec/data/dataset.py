@@ -6,7 +6,7 @@ filter), ``ShufflePool`` (data/shuffle.py: whole requests, bounded shuffle buffe
 they read of the experiment is ``LoaderSettings`` (``LoaderSettings.of(cfg)``): the feature layout,
 the data section, the seed and ``model.broadcast`` -- never the whole config.
 
-- Both storage layouts are read (data/layout.py: one row per candidate, or one per request); in
+- Both storage layouts are read (data/storage_layout.py: one row per candidate, or one per request); in
   memory a request's sequences are held once, from the file to the batch.
 - Row groups are dealt to (rank, worker) slots round-robin after a per-epoch shuffle, so every row
   is read exactly once per epoch by exactly one slot.

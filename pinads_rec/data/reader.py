@@ -8,12 +8,12 @@ of row groups to (rank, worker) slots, and reading one row group at a time.
 - ``select_part``: all row groups, the training ones, or the calibration holdout (the last ones).
 - ``assign_row_groups``: one slot's row groups for an epoch; the slots partition the list, so every
   row is read exactly once per epoch by exactly one slot.
-- ``RowGroupReader.read_requests``: one row group's contract columns -> ``Requests`` (data/layout.py:
+- ``RowGroupReader.read_requests``: one row group's contract columns -> ``Requests`` (data/storage_layout.py:
   request-level columns once per request, the others once per candidate) after the contract's
   per-row-group checks and repairs (ids hashed, surfaces as indices, ...) and ``data.row_filter``.
   ``read``: the same as one ``pa.Table`` row per candidate. Never the whole dataset.
 
-Both storage layouts are read (data/layout.py), file by file: per row (one row per candidate) and
+Both storage layouts are read (data/storage_layout.py), file by file: per row (one row per candidate) and
 per request (one row per request, its candidate columns lists). A per-request row group's footer
 counts requests; its candidates are counted from the footer too (the first label column's values:
 every request holds at least one candidate, so the count is exact).
@@ -34,7 +34,13 @@ import pyarrow.parquet as pq
 from pinads_rec.config import DataConfig, FeaturesConfig
 from pinads_rec.data.build_output import require_complete
 from pinads_rec.data.contract import ContractError, RowGroupChecker, check_schema, contract_columns
-from pinads_rec.data.layout import Requests, is_per_request, request_level_columns, request_starts, stored_request_level
+from pinads_rec.data.storage_layout import (
+    Requests,
+    is_per_request,
+    request_level_columns,
+    request_starts,
+    stored_request_level,
+)
 
 # Prefix of the copies ``RowGroupReader(keep_as_read=...)`` adds: a column before the contract's repairs.
 AS_READ_PREFIX = "__as_read_"
@@ -201,7 +207,7 @@ class RowGroupReader:
             return block
         col = block.column(keep.column)
         mask = pc.is_in(col, pa.array(keep.values, col.type)).to_numpy(zero_copy_only=False)
-        if keep.column in block.requests.column_names:
+        if keep.column in block.request_table.column_names:
             return block.filter_requests(mask)
         return block.filter_rows(mask)
 

@@ -292,8 +292,14 @@ def request_tables(features: config.FeaturesConfig, data_dir: str, candidates: i
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pinads_rec.data.layout import is_per_request, request_starts, stored_request_level, to_per_request, to_per_row
     from pinads_rec.data.reader import list_files
+    from pinads_rec.data.storage_layout import (
+        is_per_request,
+        request_starts,
+        stored_request_level,
+        to_per_request,
+        to_per_row,
+    )
 
     def widened(rows: pa.Table, stored) -> pa.Table:
         rows = rows.take(pa.array(np.arange(candidates) % rows.num_rows))
@@ -357,8 +363,8 @@ def mean_history_length(cfg: config.ExperimentConfig, group: str, data_dir: Opti
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from pinads_rec.data.layout import is_per_request, request_starts
     from pinads_rec.data.reader import list_files
+    from pinads_rec.data.storage_layout import is_per_request, request_starts
 
     features = cfg.features
     g = next((g for g in features.sequence_groups if g.name == group), None)

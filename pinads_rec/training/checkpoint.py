@@ -43,7 +43,7 @@ class TrainState:
     batches_in_epoch: int = 0  # per-rank batches of `epoch` already trained: resume skips these
     world_size: int = 1  # of the run that wrote the checkpoint
     # Evaluations during training (train.eval_every); a checkpoint older than these holds none.
-    selection: Optional[str] = None  # what picks the best (trainer.selection_name); a resume under another resets it
+    selection: Optional[str] = None  # what picks the best (evaluation.selection_name); a resume under another resets it
     best_value: Optional[float] = None  # the best evaluation's value (None before a finite one)
     best_step: Optional[int] = None  # its step: checkpoints/step-<best_step> holds its weights
     evals_since_best: int = 0  # evaluations since then without improvement (early stopping's count)

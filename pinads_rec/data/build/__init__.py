@@ -16,7 +16,7 @@ The build runs as SQL on DuckDB, which streams the files, uses every core and sp
    equal times, so each request counts the events strictly before (its time - ``min_gap_s``); the
    newest ``max_length`` of them, newest first.
 3. **Vocabularies** (optional): raw ids -> 1..V by frequency on the fitting split, 0 out of vocabulary.
-4. **Output**: one row per request (the per-request layout, data/layout.py): the request-level columns
+4. **Output**: one row per request (the per-request layout, data/storage_layout.py): the request-level columns
    once, the candidates' columns as lists, requests in time order, in ``<out>/<split>/part-*.parquet``;
    ``summary.json`` (rows per split and surface, label rates, sequence lengths, join misses, every
    repair counted) and, last, ``manifest.json`` (inputs, config, outputs, every file's sha256, the

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pinads_rec.config import to_dict
-from pinads_rec.data import layout
+from pinads_rec.data import storage_layout
 from pinads_rec.data.build.queries import Queries
 from pinads_rec.data.raw_sources import RawSource, sql_name, sql_string
 
@@ -118,9 +118,9 @@ class SplitWriter:
 
     def add(self, batch: pa.RecordBatch) -> None:
         if self.schema is None:
-            stored_once = layout.request_level_columns(self.features)
+            stored_once = storage_layout.request_level_columns(self.features)
             self.schema = _canonical_schema(batch.schema).with_metadata(
-                layout.per_request_metadata(batch.schema.names, stored_once)
+                storage_layout.per_request_metadata(batch.schema.names, stored_once)
             )
         table = pa.Table.from_batches([batch]).cast(self.schema)
         self.buffer = table if self.buffer is None else pa.concat_tables([self.buffer, table])

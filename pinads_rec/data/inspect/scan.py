@@ -29,7 +29,7 @@ import duckdb
 import pyarrow as pa
 
 from pinads_rec.config import DataConfig, ExperimentConfig, FeaturesConfig, require
-from pinads_rec.data import layout
+from pinads_rec.data import storage_layout
 from pinads_rec.data.contract import (
     FLOAT,
     ID,
@@ -106,11 +106,11 @@ class Problem:
 
 
 def file_layout(schema: pa.Schema, features: Optional[FeaturesConfig]) -> str:
-    """The loader's rule (``layout.is_per_request``); without a config, the writer's schema metadata."""
+    """The loader's rule (``storage_layout.is_per_request``); without a config, the writer's schema metadata."""
     if features is not None and features.tasks:
-        return PER_REQUEST if layout.is_per_request(schema, features) else PER_ROW
+        return PER_REQUEST if storage_layout.is_per_request(schema, features) else PER_ROW
     meta = schema.metadata or {}
-    return PER_REQUEST if meta.get(layout.LAYOUT_KEY) == layout.PER_REQUEST else PER_ROW
+    return PER_REQUEST if meta.get(storage_layout.LAYOUT_KEY) == storage_layout.PER_REQUEST else PER_ROW
 
 
 def open_files(data: str, features: Optional[FeaturesConfig]) -> List[FileInfo]:
@@ -203,7 +203,7 @@ class GroupScanner:
             data,
             scan,
         )
-        request_cols = layout.stored_request_level(files[0].schema, features)  # as the writer stored them
+        request_cols = storage_layout.stored_request_level(files[0].schema, features)  # as the writer stored them
         names = list(usable)
         item = features.columns.item_id
         self.item = item if item in view_types else None
@@ -541,7 +541,7 @@ def _view_schema(f: FileInfo, features: FeaturesConfig) -> Tuple[pa.Schema, List
     per-request layout; and the candidate columns of a per-request file that are not lists."""
     if f.layout == PER_ROW:
         return f.schema, []
-    request_cols = layout.stored_request_level(f.schema, features)
+    request_cols = storage_layout.stored_request_level(f.schema, features)
     fields, not_lists = [], []
     for fld in f.schema:
         if fld.name in request_cols:

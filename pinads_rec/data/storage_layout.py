@@ -150,11 +150,11 @@ def to_per_row(table: pa.Table, features: FeaturesConfig) -> pa.Table:
 
 @dataclass(frozen=True, eq=False)
 class Requests:
-    """Requests and their candidates: ``requests`` holds the request-level columns (one row per
+    """Requests and their candidates: ``request_table`` holds the request-level columns (one row per
     request), ``rows`` the candidate-level ones (one row per candidate, requests in order); request
     i's candidates are ``rows[offsets[i] : offsets[i + 1]]``. A column lives in one of the two."""
 
-    requests: pa.Table
+    request_table: pa.Table
     rows: pa.Table
     offsets: np.ndarray  # int64 [num_requests + 1], offsets[0] == 0
 
@@ -172,7 +172,7 @@ class Requests:
 
     @property
     def nbytes(self) -> int:
-        return self.requests.nbytes + self.rows.nbytes
+        return self.request_table.nbytes + self.rows.nbytes
 
     def request_of_rows(self) -> np.ndarray:
         """[num_rows] int64: each candidate's request."""
@@ -182,21 +182,23 @@ class Requests:
         """A column per candidate; a request-level one repeated on each of the request's candidates."""
         if name in self.rows.column_names:
             return self.rows.column(name).combine_chunks()
-        return self.requests.column(name).combine_chunks().take(pa.array(self.request_of_rows()))
+        return self.request_table.column(name).combine_chunks().take(pa.array(self.request_of_rows()))
 
     def request_column(self, name: str) -> pa.Array:
         """A column per request; a candidate-level one from each request's first candidate."""
-        if name in self.requests.column_names:
-            return self.requests.column(name).combine_chunks()
+        if name in self.request_table.column_names:
+            return self.request_table.column(name).combine_chunks()
         return self.rows.column(name).combine_chunks().take(pa.array(self.offsets[:-1]))
 
     def column(self, name: str) -> pa.Array:
         """The column as stored: per request or per candidate."""
-        return (self.requests if name in self.requests.column_names else self.rows).column(name).combine_chunks()
+        return (
+            (self.request_table if name in self.request_table.column_names else self.rows).column(name).combine_chunks()
+        )
 
     def with_columns(self, values: Dict[str, pa.Array], beside: Optional[Dict[str, str]] = None) -> "Requests":
         """Columns replaced where they live; a new one added to the table of the column ``beside[name]``."""
-        requests, rows = self.requests, self.rows
+        requests, rows = self.request_table, self.rows
         for name, array in values.items():
             home = (beside or {}).get(name, name)
             if home in requests.column_names:
@@ -208,7 +210,7 @@ class Requests:
     def per_row(self, names: Optional[Sequence[str]] = None) -> pa.Table:
         """One row per candidate (request-level values repeated), the columns ``names`` (default all,
         request-level first)."""
-        names = list(names) if names is not None else self.requests.column_names + self.rows.column_names
+        names = list(names) if names is not None else self.request_table.column_names + self.rows.column_names
         return pa.table({n: self.row_column(n) for n in names})
 
     def filter_rows(self, keep: np.ndarray) -> "Requests":
@@ -216,7 +218,7 @@ class Requests:
         counts = np.bincount(self.request_of_rows()[keep], minlength=self.num_requests)
         alive = counts > 0
         return Requests(
-            self.requests.filter(pa.array(alive)),
+            self.request_table.filter(pa.array(alive)),
             self.rows.filter(pa.array(keep)),
             np.concatenate([[0], np.cumsum(counts[alive])]).astype(np.int64),
         )
@@ -248,7 +250,7 @@ class Requests:
             entry[3].append(n)
         requests, rows, lengths = [], [], []
         for block, reqs, idx, ns in by_block.values():
-            requests.append(block.requests.take(pa.array(np.asarray(reqs, np.int64))))
+            requests.append(block.request_table.take(pa.array(np.asarray(reqs, np.int64))))
             rows.append(block.rows.take(pa.array(np.concatenate(idx))))
             lengths += ns
         return cls(

@@ -1,4 +1,4 @@
-"""Storage layouts (data/layout.py): per row and per request hold the same data, and the loader gives
+"""Storage layouts (data/storage_layout.py): per row and per request hold the same data, and the loader gives
 the same batches from either -- shuffled or in file order, with the request bound, the row filter,
 the calibration holdout, padding, loader workers, two ranks and serving -- while holding a request's
 sequences once; per-request files get the contract's checks, errors naming file, row group, column,
@@ -21,7 +21,9 @@ from test_loader import _assert_same_batch, _fingerprints
 
 from pinads_rec.data.contract import ContractError
 from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader
-from pinads_rec.data.layout import (
+from pinads_rec.data.reader import list_files, list_row_groups
+from pinads_rec.data.shuffle import ShufflePool, read_requests
+from pinads_rec.data.storage_layout import (
     LAYOUT_KEY,
     PER_REQUEST,
     is_per_request,
@@ -31,8 +33,6 @@ from pinads_rec.data.layout import (
     to_per_request,
     to_per_row,
 )
-from pinads_rec.data.reader import list_files, list_row_groups
-from pinads_rec.data.shuffle import ShufflePool, read_requests
 
 SEQUENCE_COLUMNS = [
     "seq_pin_ts",
@@ -134,7 +134,7 @@ def test_reader_reads_both_layouts_alike(both):
     for k, g in (("per_row", g_row), ("per_request", g_req)):
         block = ds[k].reader.read_requests(g)
         assert block.num_requests == len(np.unique(a["request_id"].to_numpy())) and block.num_rows == a.num_rows
-        assert set(SEQUENCE_COLUMNS) <= set(block.requests.column_names)
+        assert set(SEQUENCE_COLUMNS) <= set(block.request_table.column_names)
         assert not set(SEQUENCE_COLUMNS) & set(block.rows.column_names)
 
 
@@ -143,8 +143,8 @@ def test_batches_hold_each_requests_sequences_once(both):
     ds = ParquetBatches(str(dirs["per_request"] / "train"), LoaderSettings.of(cfg), shuffle=True)
     pool = ShufflePool(ds.batch_size, ds.max_requests, cfg.data.shuffle_buffer_rows, np.random.default_rng(0))
     for rows in pool.batches(read_requests(ds.reader, ds.row_groups)):
-        assert rows.requests.requests.num_rows == rows.requests.num_requests < rows.num_rows
-        assert "seq_pin_item" in rows.requests.requests.column_names
+        assert rows.requests.request_table.num_rows == rows.requests.num_requests < rows.num_rows
+        assert "seq_pin_item" in rows.requests.request_table.column_names
 
 
 # --------------------------------------------------------------------------------------------
