@@ -303,7 +303,8 @@ def test_tensorboard_holds_every_eval_cell_of_the_metrics_log_summary(two_rank_r
     _, run_root = two_rank_run
     scalars = tensorboard_scalars(f"{run_root}/long")
     summary = read_run_log(f"{run_root}/long").summary
-    metrics = ["auc", "ne", "log_loss", "calibration", "ece", "oracle_auc", "oracle_ne", "calibration_vs_truth"]
+    metrics = ["auc", "ne", "log_loss", "calibration", "ece", "gauc", "gauc_coverage"]
+    metrics += ["oracle_auc", "oracle_ne", "calibration_vs_truth"]
     expected = {}
     for row in summary["eval"]:
         cell = f"{row['surface']}/{row['task']}"

@@ -46,6 +46,9 @@ class Batch(Pipelineable):
     labels: torch.Tensor  # [B, T] float32
     valid: torch.Tensor  # [B] bool: False for rows that only pad the last batch to full size
     true_probs: Optional[torch.Tensor] = None  # [B, T] float32 when the data carries them (synthetic)
+    # [B] int64 each row's user (features.columns.user_id, as checked) when the config reads that
+    # column (a feature uses it): the per-user metrics (GAUC) group by it; the model never reads it
+    user_id: Optional[torch.Tensor] = None
     source: str = ""  # the row groups the rows came from (named in errors about this batch)
 
     @property
@@ -190,6 +193,7 @@ class BatchBuilder:
         self.shared_columns = [names["sparse", k] for k in layout.shared_keys]
         self.timestamp_columns = {g.name: names["timestamp", g.name] for g in f.sequence_groups}
         self.embedding_columns = {g.name: names["embedding", g.name] for g in f.sequence_groups if g.embedding_column}
+        self.user_id_column = user_id_column(f)
 
     def build(self, table: pa.Table, source: str = "", pad_to: Optional[int] = None) -> Batch:
         """The batch of ``table``'s rows (one per candidate, a request's rows contiguous; its
@@ -275,6 +279,9 @@ class BatchBuilder:
         oracle = [t.true_probability_column for t in f.tasks]
         true_probs = _stack(block, oracle, new) if all(oracle) else None
         surface = torch.from_numpy(block.row_column(f.columns.surface).to_numpy().astype(np.int64))
+        user_id = None
+        if self.user_id_column is not None:
+            user_id = torch.from_numpy(block.row_column(self.user_id_column).to_numpy().astype(np.int64))
         valid = torch.ones(B, dtype=torch.bool)
         if num_valid is not None:
             valid[num_valid:] = False
@@ -291,8 +298,19 @@ class BatchBuilder:
             labels=labels,
             valid=valid,
             true_probs=true_probs,
+            user_id=user_id,
             source=source,
         )
+
+
+def user_id_column(features) -> Optional[str]:
+    """The checked column holding ``features.columns.user_id``'s ids when the config reads it (a
+    single-id feature uses it), else None: the batches then carry no user ids."""
+    for c in contract_columns(features):
+        if c.name == features.columns.user_id:
+            names = checked_columns([c])
+            return next((names[u.key] for u in c.uses if u.key[0] == "sparse"), None)
+    return None
 
 
 def _kjt(keys: List[str], columns: List[pa.ChunkedArray], stride: int) -> KeyedJaggedTensor:

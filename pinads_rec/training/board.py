@@ -8,7 +8,8 @@ stores them as float32):
   step itself: ``loss``, ``lr``, ``examples_per_s``, ``logit_abs_max``, ``nonfinite_skipped``,
   ``fp16_fallbacks``, ``epoch``.
 * ``eval/<metric>/<surface>/<task>`` at the run's last step: every float of the evaluation rows
-  (``auc``, ``ne``, ``log_loss``, ``calibration``, ``ece``; with an oracle ``oracle_auc``,
+  (``auc``, ``ne``, ``log_loss``, ``calibration``, ``ece``; with user ids ``gauc``,
+  ``gauc_coverage``; with an oracle ``oracle_auc``,
   ``oracle_ne``, ``calibration_vs_truth``) and ``lift``, the oracle lift of the console table
   (:func:`pinads_rec.metrics.oracle_lift`). Surfaces include ``all``.
 * ``summary/<key>`` at the run's last step: the summary's numbers (``train_examples_per_s``,

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from pinads_rec import config, parallel
-from pinads_rec.data.batch import Batch
+from pinads_rec.data.batch import Batch, user_id_column
 from pinads_rec.data.contract import ContractError
 from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader
 from pinads_rec.metrics import ALL_SURFACES, MetricAccumulator, gather_rows
@@ -87,7 +87,8 @@ def evaluation_rows(
     gathered over the ranks."""
     tasks = [t.name for t in cfg.features.tasks]
     has_oracle = all(t.true_probability_column for t in cfg.features.tasks)
-    acc = MetricAccumulator(tasks, cfg.features.surfaces, has_oracle)
+    has_users = user_id_column(cfg.features) is not None  # GAUC beside AUC
+    acc = MetricAccumulator(tasks, cfg.features.surfaces, has_oracle, has_users)
     if split == "holdout":
         loader, where = heldout_loader(cfg, env)
         what = f"holdout ({where})"
@@ -96,7 +97,9 @@ def evaluation_rows(
         what = f"eval ({cfg.data.eval_dir})"
     spare = functools.partial(spare_batch, cfg, env)  # a rank with no row group of the split replays it masked
     for batch, logits in scoring_pass(model, env, group, loader, what, spare):
-        acc.update(torch.sigmoid(logits), batch.labels, batch.surface, batch.true_probs, valid=batch.valid)
+        acc.update(
+            torch.sigmoid(logits), batch.labels, batch.surface, batch.true_probs, valid=batch.valid, users=batch.user_id
+        )
     return acc.compute()
 
 
