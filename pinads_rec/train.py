@@ -26,7 +26,7 @@ from pinads_rec.data.contract import ContractError
 from pinads_rec.models.train_task import NonFiniteError
 from pinads_rec.modules.precision import PrecisionOverflow
 from pinads_rec.training.board import TensorBoardWriter
-from pinads_rec.training.checkpoint import IncompatibleCheckpoint
+from pinads_rec.training.checkpoint import IncompatibleCheckpoint, NoCheckpoint
 from pinads_rec.training.console import ConsoleReport
 from pinads_rec.training.profiler import StepProfiler
 from pinads_rec.training.run_log import RunLog
@@ -82,10 +82,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         # It names the rank and the step; exit at once: torchrun then stops the ranks still waiting.
         print(str(e), file=sys.stderr, flush=True)
         os._exit(2)
-    except (ContractError, IncompatibleCheckpoint, NonFiniteError, PrecisionOverflow) as e:
+    except (ContractError, IncompatibleCheckpoint, NoCheckpoint, NonFiniteError, PrecisionOverflow) as e:
         # A DataLoader worker's error arrives wrapped with its traceback; the user needs the last line.
         message = str(e).strip().splitlines()[-1]
-        kind = {ContractError: "data error", IncompatibleCheckpoint: "checkpoint error"}.get(type(e), "numerics error")
+        kinds = {
+            ContractError: "data error",
+            IncompatibleCheckpoint: "checkpoint error",
+            NoCheckpoint: "checkpoint error",
+        }
+        kind = kinds.get(type(e), "numerics error")
         print(f"[rank {env.rank}] {kind}: {message}", file=sys.stderr, flush=True)
         # Exit at once: the launcher then stops the other ranks instead of leaving them in a collective.
         os._exit(2)

@@ -744,6 +744,17 @@ class TrainConfig:
     checkpoint_every: int = 0
     # Newest checkpoints kept (older ones are pruned; the best evaluation's is spared).
     keep_checkpoints: int = 3
+    # Warm start (not a resume): a run directory (its newest checkpoint: the run's final model) or a
+    # checkpoint directory (<run_dir>/checkpoints/step-N) whose weights start this run, on new data
+    # and any world size (its sharding plan is reused, its shards re-placed). The step, epoch, LR
+    # schedule (warm-up included), RNG, metrics and best evaluation start fresh; its features and
+    # model must be this config's (a difference is an error naming the keys). Ignored once this
+    # run's own train.run_dir holds a checkpoint: a relaunch resumes from that.
+    init_from: Optional[str] = None
+    # Optimizer state the warm start carries over: "all" (the dense AdamW moments and the embedding
+    # optimizer's), "embedding" (the embedding tables' only; the dense layers' moments start at
+    # zero) or "none" (the weights only). This run's learning rates and weight decay apply either way.
+    init_optimizer: Literal["all", "embedding", "none"] = "all"
     # Steps between step records (metrics.jsonl, console, TensorBoard).
     log_every: int = 20
     # Sharding types the planner may use (subset of table_wise, row_wise, column_wise,

@@ -14,6 +14,11 @@ saved as a checkpoint of its step, and ``train_state.json`` carries the selectio
 its step, the evaluations since (early stopping's count). Pruning to
 ``train.keep_checkpoints`` spares the best step's checkpoint, so a resumed run keeps both its
 best weights and its patience counter; :func:`load_model` reads the best weights back.
+
+A warm start (train.init_from, :func:`warm_start`) reads another run's checkpoint into a new run:
+its weights and, as train.init_optimizer says, its optimizer state -- never its step, LR schedule,
+RNG or best evaluation, which start fresh. DCP re-places the shards for this world size, as for a
+resume on another world size.
 """
 
 from __future__ import annotations
@@ -172,3 +177,48 @@ def load_model(path: Path, dmp) -> None:
     state = {"model": dmp.state_dict()}
     dcp.load(state, checkpoint_id=str(path))
     dmp.load_state_dict(state["model"])
+
+
+class NoCheckpoint(FileNotFoundError):
+    """train.init_from names no complete checkpoint."""
+
+
+def resolve(path: str | Path) -> Path:
+    """train.init_from -> the checkpoint directory: a checkpoint itself, or a run directory's newest
+    (its final model). NoCheckpoint, naming the path, when there is neither."""
+    p = Path(path)
+    if (p / STATE_FILE).exists():
+        return p
+    found = latest(p)
+    if found is None:
+        raise NoCheckpoint(
+            f"train.init_from {path}: no complete checkpoint there (a run directory with checkpoints/step-N, "
+            f"or one step-N directory holding {STATE_FILE})"
+        )
+    return found
+
+
+def warm_start(path: Path, dmp, optimizer, carry: str) -> None:
+    """Reads checkpoint ``path``'s weights into ``dmp`` and, as ``carry`` (train.init_optimizer)
+    says, its optimizer state: "all", "embedding" (the dense AdamW's moments and step count back to
+    zero, as a new optimizer's) or "none". The optimizers keep this run's hyperparameters
+    (learning rates, weight decay): the checkpoint's are its old schedule's."""
+    if carry == "none":
+        load_model(path, dmp)
+        return
+    hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    optimizer.init_state()  # DCP loads in place: the state must exist (see load)
+    optimizer.zero_grad(set_to_none=True)
+    state = {"model": dmp.state_dict(), "optimizer": optimizer.state_dict()}
+    dcp.load(state, checkpoint_id=str(path))
+    dmp.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    for group, fresh in zip(optimizer.param_groups, hyper):
+        group.update(fresh)
+    if carry == "embedding":  # the dense AdamW as freshly made: zero moments, step 0
+        for name, part in optimizer.optimizers:
+            if name == "dense":
+                for param_state in part.state.values():
+                    for value in param_state.values():
+                        if isinstance(value, torch.Tensor):
+                            value.zero_()

@@ -250,7 +250,8 @@ class Trainer:
     ``data_group`` (gloo; None on one rank), ``dmp`` (the sharded TrainTask), ``guard``,
     ``optimizer``, ``schedule`` (the dense LR schedule), ``loader`` (this rank's training batches),
     ``state`` (checkpoint.TrainState), ``pipeline``, ``total_steps``, ``run_dir``, ``resumed_from``
-    (the checkpoint loaded, or None) and ``pipelined_modules`` (known after the first step);
+    (the checkpoint resumed, or None), ``warm_from`` (the checkpoint a warm start read: train.init_from)
+    and ``pipelined_modules`` (known after the first step);
     ``started_at`` (wall clock, seconds) from construction on."""
 
     # The config's keys without a default that training reads (config.require: a config that forgot
@@ -285,8 +286,12 @@ class Trainer:
         timeout = datetime.timedelta(seconds=self.cfg.train.collective_timeout_s)
         self.data_group = dist.new_group(backend="gloo", timeout=timeout) if self.env.world_size > 1 else None
         self.resumed_from = checkpoint.latest(self.run_dir)
-        if self.resumed_from is not None:
-            self.cfg = resume_config(self.cfg, self.resumed_from)
+        # A warm start only starts a run: once it has checkpoints of its own, a relaunch resumes.
+        self.warm_from = None
+        if self.resumed_from is None and self.cfg.train.init_from:
+            self.warm_from = checkpoint.resolve(self.cfg.train.init_from)
+        if self.resumed_from is not None or self.warm_from is not None:
+            self.cfg = resume_config(self.cfg, self.resumed_from or self.warm_from)
         cfg, env = self.cfg, self.env
         settings = LoaderSettings.of(cfg)
         pin_memory = env.device.type == "cuda"
@@ -333,6 +338,15 @@ class Trainer:
     def _restored_state(self) -> checkpoint.TrainState:
         """The resumed checkpoint's state, model and optimizers loaded; a fresh state without one."""
         world = self.env.world_size
+        if self.warm_from is not None:
+            checkpoint.warm_start(self.warm_from, self.dmp, self.optimizer, self.cfg.train.init_optimizer)
+            if self.env.is_main:
+                log.info(
+                    "warm start from %s (optimizer state: %s); step, LR schedule and metrics start fresh",
+                    self.warm_from,
+                    self.cfg.train.init_optimizer,
+                )
+            return checkpoint.TrainState(world_size=world)
         if self.resumed_from is None:
             return checkpoint.TrainState(world_size=world)
         state = checkpoint.load(self.resumed_from, self.dmp, self.optimizer, self.schedule)
