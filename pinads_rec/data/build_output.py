@@ -11,10 +11,14 @@ to ``<name>``, the old one removed. A failed or killed build never touches ``<na
 - ``recover(out)``: what killed builds left beside ``out``, found by name: a temporary directory
   is removed; a previous output set aside and never replaced (killed between the two renames) is
   renamed back. Every build starts with it.
+- ``recover_under(parent)``: the same for every output in ``parent`` (a day build's days).
 - ``require_complete(path)``: the readers' rule, in ``reader.list_files`` (loader, trainer,
   inspect, serve) and ``Vocabularies.load``.
 - ``verify(out)``: every file's sha256 against the manifest; returns the fingerprint.
 - ``kill_point(step)``: the test hook that stops a build at a named step.
+
+A day build (data/build/days.py) makes each day's partition, ``<out>/days/<day>/``, a complete
+build directory of its own: its files at its top, its manifest (no splits), ``replacing`` it alone.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ from pinads_rec.data.contract import ContractError
 
 MANIFEST = "manifest.json"
 _LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<kind>building|previous)-(?P<pid>\d+)")
-# Test hook (tests/test_build_atomic.py): the build SIGKILLs itself at this step, one of
-# ``split:<name>`` (that split written), ``publish`` (manifest written, nothing renamed yet),
+# Test hook (tests/test_build_atomic.py, tests/test_build_days.py): the build SIGKILLs itself at
+# this step, one of ``split:<name>`` (that split written; a day build's ``split:<day>``: that day's
+# files written), ``publish`` (manifest written, nothing renamed yet),
 # ``swap`` (the old output renamed aside, the new one not yet in) and ``cleanup`` (the new one in,
 # the old one not yet removed).
 KILL_AT = "PINADS_BUILD_KILL_AT"
@@ -102,6 +107,17 @@ def recover(out: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def recover_under(parent: Path) -> None:
+    """``recover`` for every output directory that killed builds left something of in ``parent``
+    (a day build's ``<out>/days``: yesterday's killed day is cleaned up by today's build)."""
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return
+    for name in dict.fromkeys(m["name"] for m in map(_LEFTOVER.fullmatch, names) if m):
+        recover(parent / name)
+
+
 @contextmanager
 def replacing(out_dir: str) -> Iterator[Path]:
     """The directory a build writes into; on a normal exit it must hold a complete manifest and
@@ -156,7 +172,8 @@ def _files(directory: Path, prefix: str = "") -> Dict[str, int]:
     return found
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
+    """A file's sha256, as the manifest lists it."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -173,7 +190,7 @@ def _fingerprint(files: Dict[str, dict]) -> str:
 def write_manifest(root: Path, manifest: dict, splits: List[str]) -> None:
     """``manifest`` plus every file under ``root`` (bytes, sha256), their fingerprint, the splits
     and, last, ``complete: true``: the last file of the build."""
-    files = {rel: {"bytes": n, "sha256": _sha256(root / rel)} for rel, n in sorted(_files(root).items())}
+    files = {rel: {"bytes": n, "sha256": sha256(root / rel)} for rel, n in sorted(_files(root).items())}
     manifest = {**manifest, "splits": list(splits), "files": files, "fingerprint": _fingerprint(files)}
     manifest["complete"] = True
     (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -258,7 +275,7 @@ def verify(out_dir: str) -> str:
         raise ContractError(f"{out_dir}: not a complete build ({problem})")
     m = json.loads((root / MANIFEST).read_text())
     for rel, f in sorted(m["files"].items()):
-        if _sha256(root / rel) != f["sha256"]:
+        if sha256(root / rel) != f["sha256"]:
             raise ContractError(f"{root / rel}: its sha256 differs from {MANIFEST}'s: changed since the build")
     if _fingerprint(m["files"]) != m.get("fingerprint"):
         raise ContractError(f"{root / MANIFEST}: its fingerprint does not match its file list")

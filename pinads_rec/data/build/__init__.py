@@ -1,6 +1,7 @@
 """Raw impression and behaviour logs -> the training contract, point in time, beyond memory.
 
     python -m pinads_rec.data.build --config X.yaml --raw RAW_DIR --out DIR [--memory-limit 2GB] [--threads N]
+    python -m pinads_rec.data.build ... --day 2024-01-03[:2024-01-09] [--vocabularies FULL_BUILD_DIR]
 
 The ``build:`` section of the config (``BuildConfig``; docs/data_build.md) says which raw file is what.
 The build runs as SQL on DuckDB, which streams the files, uses every core and spills to disk under
@@ -32,6 +33,8 @@ One job a module:
 - ``writer.py``: the split's Parquet files (``SplitWriter``), ``summary.json`` and the manifest
 - ``queries.py``: the small queries all of them ask of the DuckDB connection
 - ``config_checks.py``: what a build needs of the config (``check_build``)
+- ``days.py``: builds by day (``--day``): ``build_days``, each day's requests as a partition
+  ``<out>/days/<day>/`` of its own, the vocabularies of an existing build applied (``DayBuild``)
 - ``cli.py``: the command line (``main``) and the summary as text
 - ``data/build_output.py`` (beside the package): what a complete build directory is, the temporary
   directory and its one-step swap into ``--out``
@@ -41,6 +44,7 @@ The names callers use are re-exported here; everything else is imported from its
 
 from pinads_rec.data.build.cli import format_summary, main
 from pinads_rec.data.build.config_checks import check_build
+from pinads_rec.data.build.days import DayBuild, build_days, day_dir, parse_days
 from pinads_rec.data.build.steps import Build, build
 
-__all__ = ["Build", "build", "check_build", "format_summary", "main"]
+__all__ = ["Build", "DayBuild", "build", "build_days", "check_build", "day_dir", "format_summary", "main", "parse_days"]

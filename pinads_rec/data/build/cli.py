@@ -1,6 +1,7 @@
 """The command line, and the summary as text:
 
 python -m pinads_rec.data.build --config X.yaml --raw RAW_DIR --out DIR [--memory-limit 2GB] [--threads N]
+    [--day YYYY-MM-DD[:YYYY-MM-DD] [--vocabularies BUILD_DIR]]
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import sys
 from typing import List, Optional
 
 from pinads_rec.config import ConfigError, add_overrides_flag, load
+from pinads_rec.data.build.days import DAYS, build_days, parse_days
 from pinads_rec.data.build.steps import build
 from pinads_rec.data.contract import ContractError
 
@@ -44,7 +46,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--out",
         required=True,
         help="output directory (<split>/, vocabularies/, summary.json, manifest.json), replaced whole once the "
-        "build is complete",
+        f"build is complete; with --day, each day's partition {DAYS}/<day>/ in it is",
+    )
+    ap.add_argument(
+        "--day",
+        default=None,
+        metavar="DAY[:LAST]",
+        help=f"build only the requests of this day (YYYY-MM-DD, in build.timezone), or of each day of a range "
+        f"YYYY-MM-DD:YYYY-MM-DD (both ends included), each into its own partition OUT/{DAYS}/<day>/; build.splits is "
+        f"ignored (docs/data_build.md, Builds by day)",
+    )
+    ap.add_argument(
+        "--vocabularies",
+        default=None,
+        metavar="BUILD_DIR",
+        help="with --day: the build (its --out) whose vocabularies map the ids, the same on every day; required "
+        "when the config has build.vocabularies",
     )
     ap.add_argument("--memory-limit", default=None, help="DuckDB memory cap, e.g. 2GB (spills to disk beyond it)")
     ap.add_argument("--threads", type=int, default=None, help="worker threads (default: every core)")
@@ -52,9 +69,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = ap.parse_args(argv)
     try:
         cfg = load(args.config, args.overrides)
-        summary = build(cfg, args.raw, args.out, args.memory_limit, args.threads)
+        if args.day is None:
+            if args.vocabularies is not None:
+                raise ConfigError("--vocabularies: only with --day (a full build fits build.vocabularies itself)")
+            print(format_summary(build(cfg, args.raw, args.out, args.memory_limit, args.threads)))
+            return 0
+        days = parse_days(args.day)
+        if cfg.build.splits:
+            print(
+                f"note: --day: build.splits ignored ({', '.join(s.name for s in cfg.build.splits)}): each day is its "
+                f"own partition, {args.out}/{DAYS}/<day>/ (train on a day, evaluate on the next)",
+                file=sys.stderr,
+            )
+        if args.vocabularies is not None and not cfg.build.vocabularies:
+            print("note: --vocabularies: the config has no build.vocabularies; ignored", file=sys.stderr)
+        summaries = build_days(cfg, args.raw, args.out, days, args.vocabularies, args.memory_limit, args.threads)
     except (ConfigError, ContractError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(format_summary(summary))
+    for day, summary in summaries.items():
+        print(f"{args.out}/{DAYS}/{day}/: " + format_summary(summary))
     return 0

@@ -14,12 +14,14 @@ def embedding_columns(g: SequenceGroupConfig) -> List[str]:
     return [g.embedding_column] if g.embedding_column else []
 
 
-def check_build(cfg: ExperimentConfig) -> None:
-    """What a build needs of the config beyond its types; ConfigError names the key."""
+def check_build(cfg: ExperimentConfig, by_day: bool = False) -> None:
+    """What a build needs of the config beyond its types; ConfigError names the key. ``by_day``: a
+    day build (days.py), which ignores build.splits and the split names that refer to them
+    (negative_downsampling.splits, vocabularies[].fit_split)."""
     b, f = cfg.build, cfg.features
     if not b.impressions.path:
         raise ConfigError("build.impressions.path: the config has no build section (no impression log given)")
-    if not b.splits:
+    if not b.splits and not by_day:
         raise ConfigError("build.splits: declare at least one split (e.g. train and eval by time)")
     names = [s.name for s in b.splits]
     for i, n in enumerate(names):
@@ -90,14 +92,14 @@ def check_build(cfg: ExperimentConfig) -> None:
                 raise ConfigError(f"build.negative_downsampling.rates.{s}: not one of features.surfaces")
             if not 0.0 < r <= 1.0:
                 raise ConfigError(f"build.negative_downsampling.rates.{s}: must be in (0, 1], got {r}")
-        for s in d.splits:
+        for s in [] if by_day else d.splits:
             if s not in names:
                 raise ConfigError(f"build.negative_downsampling.splits: no split {s!r}")
     tables = {t.name for t in f.tables}
     for i, v in enumerate(b.vocabularies):
         if v.table not in tables:
             raise ConfigError(f"build.vocabularies[{i}].table: no table {v.table!r} in features.tables")
-        if v.fit_split not in names:
+        if v.fit_split not in names and not by_day:
             raise ConfigError(f"build.vocabularies[{i}].fit_split: no split {v.fit_split!r}")
         if v.min_count < 1:
             raise ConfigError(f"build.vocabularies[{i}].min_count: must be >= 1, got {v.min_count}")

@@ -24,7 +24,11 @@ class Queries:
 
     def column_type(self, table: str, column: str) -> str:
         row = self.one(f"SELECT typeof({sql_name(column)}) FROM {table} LIMIT 1")
-        return row[0] if row else "BIGINT"
+        if row:
+            return row[0]
+        # No row (a day build's events of a group none of the day's users has): the declared type.
+        described = self.con.execute(f"DESCRIBE SELECT {sql_name(column)} FROM {table}").fetchall()
+        return described[0][1] if described else "BIGINT"
 
     def is_list_column(self, table: str, column: str) -> bool:
         return self.column_type(table, column).endswith("[]")

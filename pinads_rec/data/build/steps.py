@@ -52,11 +52,14 @@ def _time_of_day(text: str, tz: str, where: str) -> float:
 class Build(Checks, Reports):
     """One build of the raw files into ``out_dir`` (``run``): a DuckDB connection, a temp table a step."""
 
+    # The count of requests whose impressions fall in two splits.
+    ACROSS = "requests across a split boundary (put in the split of their earliest impression)"
+
     def __init__(
         self, cfg: ExperimentConfig, raw_dir: str, out_dir: str, memory_limit: Optional[str], threads: Optional[int]
     ):
         self.cfg, self.b, self.features = cfg, cfg.build, cfg.features
-        check_build(cfg)
+        self.check_config()
         self.raw_dir, self.out = raw_dir, Path(out_dir)  # build() gives it its temporary directory
         self.threads = threads or os.cpu_count() or 1
         self.memory_limit = memory_limit
@@ -84,10 +87,24 @@ class Build(Checks, Reports):
         self.splits = [s.name for s in self.b.splits]
         self.group_sources: Dict[str, tuple] = {}  # group -> (events table, source, group)
 
+    def check_config(self) -> None:
+        check_build(self.cfg)
+
     # --- the steps ---------------------------------------------------------------------------
 
     def run(self) -> dict:
         start = time.time()
+        outputs = self.steps()
+        summary = self.summarize(outputs, time.time() - start)
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        manifest = self.manifest(outputs, summary)
+        self.con.close()  # no query left that could spill again into the files the manifest lists
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        build_output.write_manifest(self.out, manifest, self.splits)
+        return summary
+
+    def steps(self) -> Dict[str, dict]:
+        """Every step, each split's files written; returns what ``write`` returned per split."""
         try:
             self.impressions()
             self.requests()
@@ -99,18 +116,11 @@ class Build(Checks, Reports):
             for events, source, group in self.group_sources.values():
                 self.sequences(events, source, group)
             self.candidates()
-            outputs = {split: self.write(split) for split in self.splits}
+            return {split: self.write(split) for split in self.splits}
         except duckdb.Error as e:  # a raw file DuckDB refused: its file, line, column and value
             raise ContractError(self.explain(e) or f"build: {first_line(e)}") from None
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
-        summary = self.summarize(outputs, time.time() - start)
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        manifest = self.manifest(outputs, summary)
-        self.con.close()  # no query left that could spill again into the files the manifest lists
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        build_output.write_manifest(self.out, manifest, self.splits)
-        return summary
 
     def impressions(self) -> None:
         imp = self.b.impressions
@@ -139,8 +149,7 @@ class Build(Checks, Reports):
             self.con.execute(f"CREATE TEMP VIEW impressions_joined AS {joined}")
         except duckdb.Error as e:
             raise ContractError(self.explain(e) or f"build: joining the side tables: {first_line(e)}") from None
-        split_tests = [self.split_test(i) for i in range(len(self.b.splits))]
-        split_case = "CASE " + " ".join(f"WHEN {t} THEN {sql_string(s)}" for t, s in zip(split_tests, self.splits))
+        split, n_splits = self.split_columns()
         keys = self.request_keys()
         key_columns = ", ".join(f"({k}) AS __key{i}" for i, k in enumerate(keys))
         order = imp.order or imp.item
@@ -151,8 +160,7 @@ class Build(Checks, Reports):
                 "building the impressions",
                 f"""CREATE TEMP TABLE imp AS
                 SELECT {key_columns}, {self.imp_time} AS __t, ({imp.user}) AS __user, ({imp.item}) AS __item,
-                       ({order}) AS __order, {split_case} END AS __split,
-                       {" + ".join(f"CAST(coalesce({t}, false) AS INTEGER)" for t in split_tests)} AS __n_splits,
+                       ({order}) AS __order, {split} AS __split, {n_splits} AS __n_splits,
                        __file, {outputs}{hits}
                 FROM ({joined})""",
             )
@@ -166,7 +174,7 @@ class Build(Checks, Reports):
                 else [f"build.impressions.request_key[{i}]" for i in range(len(keys))]
             )
             exprs.update(zip(key_names, keys))
-            exprs.update({f"build.splits[{i}].filter": s.filter for i, s in enumerate(self.b.splits) if s.filter})
+            exprs.update(self.split_filters())
             self.check_binds("impressions_joined", exprs, self.imp_source)
             raise
         self.check_times("imp", "__t", self.imp_source, self.imp_time, "build.impressions.time")
@@ -174,6 +182,27 @@ class Build(Checks, Reports):
         for task in self.features.tasks:
             self.check_label(task.label_column)
         self.check_no_nulls("imp", self.computed, "build.columns", self.imp_source, self.b.columns)
+        self.drop_outside_splits()
+        self.check_surfaces()
+        self.number_requests(keys)
+        self.keep_built_requests()
+        self.check_id_types()
+        self.drop_duplicates()
+        if self.b.negative_downsampling:
+            self.downsample()
+
+    def split_columns(self) -> Tuple[str, str]:
+        """SQL over the joined impression row: ``__split``, the split it falls in (NULL: none), and
+        ``__n_splits``, how many splits it falls in."""
+        tests = [self.split_test(i) for i in range(len(self.b.splits))]
+        case = "CASE " + " ".join(f"WHEN {t} THEN {sql_string(s)}" for t, s in zip(tests, self.splits)) + " END"
+        return case, " + ".join(f"CAST(coalesce({t}, false) AS INTEGER)" for t in tests)
+
+    def split_filters(self) -> Dict[str, str]:
+        """The splits' filters by config key (to name the one DuckDB refused)."""
+        return {f"build.splits[{i}].filter": s.filter for i, s in enumerate(self.b.splits) if s.filter}
+
+    def drop_outside_splits(self) -> None:
         over = self.scalar("SELECT count(*) FROM imp WHERE __n_splits > 1")
         if over:
             raise ContractError(
@@ -185,12 +214,9 @@ class Build(Checks, Reports):
         self.sql("dropping the impressions outside every split", "DELETE FROM imp WHERE __split IS NULL")
         if not self.scalar("SELECT count(*) FROM imp"):
             raise ContractError(f"build.splits: no impression of {self.imp_source.files[0]}... falls in any split")
-        self.check_surfaces()
-        self.number_requests(keys)
-        self.check_id_types()
-        self.drop_duplicates()
-        if self.b.negative_downsampling:
-            self.downsample()
+
+    def keep_built_requests(self) -> None:
+        """Every numbered request is built (a day build keeps those of its days: days.py)."""
 
     def request_keys(self) -> List[str]:
         imp = self.b.impressions
@@ -275,8 +301,7 @@ class Build(Checks, Reports):
         alias, side = info["alias"], info["side"]
         on = " AND ".join(f"{alias}.__k{j} = ({key[k]})" for j, k in enumerate(side.key))
         if side.as_of:
-            date = f"CAST(timezone({sql_string(self.b.timezone)}, to_timestamp({time})) AS DATE)"
-            on += f" AND {alias}.__date = {date}"
+            on += f" AND {alias}.__date = {self.date_of(time)}"
         values = {c: f"{alias}.__fields.{sql_name(c)}" for c in info["fields"]}
         packed = ", ".join(
             f"{sql_name(c)} := " + (f"coalesce({v}, {side.defaults[c]})" if c in side.defaults else v)
@@ -284,6 +309,10 @@ class Build(Checks, Reports):
         )
         struct = f"struct_pack({packed}, __hit := {alias}.__k0 IS NOT NULL) AS {sql_name(side.name)}"
         return f"LEFT JOIN {alias} ON {on}", struct
+
+    def date_of(self, seconds: str) -> str:
+        """SQL: the DATE, in build.timezone, of ``seconds`` (SQL giving epoch seconds)."""
+        return f"CAST(timezone({sql_string(self.b.timezone)}, to_timestamp({seconds})) AS DATE)"
 
     def split_test(self, i: int) -> str:
         s = self.b.splits[i]
@@ -317,7 +346,7 @@ class Build(Checks, Reports):
         )
         moved = self.scalar("SELECT count(*) FROM req WHERE __splits > 1")
         if moved:
-            self.counts["requests across a split boundary (put in the split of their earliest impression)"] = moved
+            self.counts[self.ACROSS] = moved
             self.sql(
                 "moving requests to one split",
                 "UPDATE imp SET __split = req.__split FROM req WHERE imp.__req = req.__req",
@@ -412,6 +441,7 @@ class Build(Checks, Reports):
                     f"{where}.columns.{c}: gives {self.column_type(events, c)} values; a sequence id must be "
                     f"{what} (map it, or declare a vocabulary for table {f.table!r})"
                 )
+        self.prune_events(events)
         for f in group.features:
             if f.multi_valued:  # a counted repair, as the loader's overlong_sequence: truncate does
                 col = sql_name(f.column)
@@ -425,17 +455,14 @@ class Build(Checks, Reports):
                     )
         self.group_sources[group.name] = (events, source, group)
 
+    def prune_events(self, events: str) -> None:
+        """Every event may precede a request (a day build keeps those that can: days.py)."""
+
     def vocabulary(self, vocab) -> None:
         """Maps every column feeding ``vocab.table`` (candidate and sequence ones) to 1..V by
         frequency on the fitting split; 0 is out of vocabulary."""
         table = self.features.table(vocab.table)
-        imp_cols = [s.column for s in self.features.sparse if s.table == vocab.table]
-        event_cols = [
-            (events, f.column)
-            for events, _, g in self.group_sources.values()
-            for f in g.features
-            if f.table == vocab.table
-        ]
+        imp_cols, event_cols = self.vocabulary_columns(vocab.table)
         end = self.scalar(f"SELECT max(__t) FROM imp WHERE __split = {sql_string(vocab.fit_split)}")
         if end is None:
             raise ContractError(f"build.vocabularies: split {vocab.fit_split!r} has no impression to fit on")
@@ -469,6 +496,25 @@ class Build(Checks, Reports):
                   HAVING count(*) >= {int(vocab.min_count)})
             QUALIFY idx < {table.num_embeddings}""",
         )
+        self.apply_vocabulary(vocab.table, name)
+        vocab_dir = self.out / "vocabularies"
+        vocab_dir.mkdir(exist_ok=True)
+        self.con.execute(
+            f"COPY (SELECT * FROM {name} ORDER BY idx) TO {sql_string(str(vocab_dir / (vocab.table + '.parquet')))} "
+            f"(FORMAT parquet)"
+        )
+
+    def vocabulary_columns(self, table: str) -> Tuple[List[str], List[Tuple[str, str]]]:
+        """The columns feeding ``table``: those of the impressions, and (events table, column) of the groups."""
+        imp_cols = [s.column for s in self.features.sparse if s.table == table]
+        event_cols = [
+            (events, f.column) for events, _, g in self.group_sources.values() for f in g.features if f.table == table
+        ]
+        return imp_cols, event_cols
+
+    def apply_vocabulary(self, table: str, name: str) -> None:
+        """Every column feeding ``table`` mapped by the vocabulary table ``name`` (raw, idx, count)."""
+        imp_cols, event_cols = self.vocabulary_columns(table)
         # Each column once (two features may read one), then what it mapped to 0: out of vocabulary
         # is a default too, and the summary shows it.
         out_of_vocabulary = 0
@@ -477,14 +523,8 @@ class Build(Checks, Reports):
             col = sql_name(c)
             zero = f"len(list_filter({col}, lambda x: x = 0))" if self.is_list_column(table_name, c) else f"{col} = 0"
             out_of_vocabulary += self.scalar(f"SELECT coalesce(sum(CAST({zero} AS BIGINT)), 0) FROM {table_name}")
-        self.counts[f"vocabulary {vocab.table}: ids out of vocabulary (mapped to 0)"] = int(out_of_vocabulary)
-        vocab_dir = self.out / "vocabularies"
-        vocab_dir.mkdir(exist_ok=True)
-        self.con.execute(
-            f"COPY (SELECT * FROM {name} ORDER BY idx) TO {sql_string(str(vocab_dir / (vocab.table + '.parquet')))} "
-            f"(FORMAT parquet)"
-        )
-        self.counts[f"vocabulary {vocab.table}: ids kept"] = self.scalar(f"SELECT count(*) FROM {name}")
+        self.counts[f"vocabulary {table}: ids out of vocabulary (mapped to 0)"] = int(out_of_vocabulary)
+        self.counts[f"vocabulary {table}: ids kept"] = self.scalar(f"SELECT count(*) FROM {name}")
 
     def remap(self, table: str, column: str, vocab: str) -> None:
         col = sql_name(column)
@@ -566,8 +606,7 @@ class Build(Checks, Reports):
         """The split's per-request Parquet files, requests in time order; returns their paths
         (relative to the output directory: they stay true once it is moved in) and counts. Only the
         keys are sorted; each file's requests are then read by their rank."""
-        out = self.out / split
-        out.mkdir()
+        out, root = self.split_dir(split)
         names = self.features.columns
         self.sql(
             f"ordering the requests of split {split!r}",
@@ -599,9 +638,14 @@ class Build(Checks, Reports):
             except duckdb.Error as e:
                 raise ContractError(f"build: writing split {split!r}: {str(e).strip().splitlines()[0]}") from None
         written = writer.close()
-        written["files"] = [Path(f).relative_to(self.out).as_posix() for f in written["files"]]
+        written["files"] = [Path(f).relative_to(root).as_posix() for f in written["files"]]
         build_output.kill_point(f"split:{split}")
         return written
+
+    def split_dir(self, split: str) -> Tuple[Path, Path]:
+        """The directory the split's files go to (made here) and the one their paths are relative to."""
+        (self.out / split).mkdir()
+        return self.out / split, self.out
 
     def drop_duplicates(self) -> None:
         """The same (request, item) twice: an error, or keep the first by order then labels."""
@@ -638,13 +682,15 @@ class Build(Checks, Reports):
             for s, r in d.rates.items()
         )
         rate += " ELSE 1.0 END"
-        splits = ", ".join(sql_string(s) for s in d.splits)
         drop = (
-            f"__split IN ({splits}) AND {label} = 0 AND "
-            f"(hash(__req, __item, {int(d.seed)}) % 1000000) / 1000000.0 >= {rate}"
+            f"{self.sampled()} AND {label} = 0 AND (hash(__req, __item, {int(d.seed)}) % 1000000) / 1000000.0 >= {rate}"
         )
         self.counts[f"negatives of {d.task} downsampled away"] = self.scalar(f"SELECT count(*) FROM imp WHERE {drop}")
         self.con.execute(f"DELETE FROM imp WHERE {drop}")
+
+    def sampled(self) -> str:
+        """SQL over an impression: whether its negatives are downsampled (its split is listed)."""
+        return f"__split IN ({', '.join(sql_string(s) for s in self.b.negative_downsampling.splits)})"
 
     # --- times and dates as SQL --------------------------------------------------------------
 

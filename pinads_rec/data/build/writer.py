@@ -25,14 +25,19 @@ from pinads_rec.data.raw_sources import RawSource, sql_name, sql_string
 class Reports(Queries):
     """Mixed into ``Build``: the summary and the manifest of its outputs."""
 
-    def summarize(self, outputs: Dict[str, dict], seconds: float) -> dict:
-        """Counts read back from the written files: what the build produced, not what it meant to."""
+    def summarize(
+        self, outputs: Dict[str, dict], seconds: float, root: Optional[Path] = None, impressions: str = "imp"
+    ) -> dict:
+        """Counts read back from the written files (their paths relative to ``root``, default the
+        output directory): what the build produced, not what it meant to. The join misses are
+        those of ``impressions`` (SQL: the impressions written)."""
         f = self.features
+        root = self.out if root is None else root
         out = {"splits": {}, "repairs": self.counts, "seconds": round(seconds, 2), "threads": self.threads}
         for split, o in outputs.items():
             entry = {"requests": o["requests"], "rows": o["rows"], "files": len(o["files"])}
             if o["files"]:
-                scan = "read_parquet([" + ", ".join(sql_string(str(self.out / p)) for p in o["files"]) + "])"
+                scan = "read_parquet([" + ", ".join(sql_string(str(root / p)) for p in o["files"]) + "])"
                 surface = sql_name(f.columns.surface)
                 labels = ", ".join(
                     f"avg(CAST(unnest_l.{sql_name(t.label_column)} AS DOUBLE)) AS {sql_name(t.name)}" for t in f.tasks
@@ -66,12 +71,12 @@ class Reports(Queries):
                     }
             out["splits"][split] = entry
         out["join_misses"] = {
-            s.name: self.scalar(f"SELECT count(*) FROM imp WHERE NOT {sql_name('__hit_' + s.name)}")
+            s.name: self.scalar(f"SELECT count(*) FROM {impressions} WHERE NOT {sql_name('__hit_' + s.name)}")
             for s in self.b.side_tables
         }
         return out
 
-    def manifest(self, outputs: Dict[str, dict], summary: dict) -> dict:
+    def manifest(self, outputs: Dict[str, dict], summary: dict, impressions: str = "imp") -> dict:
         def describe(files) -> List[dict]:
             return [
                 {
@@ -88,7 +93,7 @@ class Reports(Queries):
         for s in self.b.sequences:
             if s.path:
                 inputs[f"sequence:{s.group}"] = describe(RawSource.of(s, self.raw_dir, "").files)
-        span = self.one("SELECT min(__t), max(__t) FROM imp")
+        span = self.one(f"SELECT min(__t), max(__t) FROM {impressions}")
         cfg = to_dict(self.cfg)
         return {
             "inputs": inputs,
