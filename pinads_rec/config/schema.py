@@ -284,6 +284,30 @@ class LongHistoryConfig:
 
 
 @dataclass
+class DriftConfig:
+    """A world that drifts day by day, written one directory a day (docs/synthetic_data.md, "A
+    drifting world"): ads launch and retire, users' interests rotate, a topic trends for a few days.
+    Set (e.g. ``--set synth.drift.days=14``) it replaces the train / calibration / eval splits."""
+
+    # Consecutive calendar days from 2023-11-15 (UTC): <out>/days/<YYYY-MM-DD>/ each.
+    days: int = 14
+    # Requests per day (synth.train_requests, eval_requests and calibration_requests are not read).
+    requests_per_day: int = 20000
+    # From the second day: share of a day's candidate draws that go to the ads launched that day.
+    new_ads_share: float = 0.2
+    # Days an ad is shown: round(num_items / ad_lifetime_days) ads launch a day (new ids, above all
+    # earlier ones) and about as many retire (no impressions after); the first day's over its first days.
+    ad_lifetime_days: int = 10
+    # Users' interests rotate: each day this fraction of every topic's weight in a user's mixtures
+    # (long-term and shopping) moves on to the next topic (k -> k + 1, the last to the first).
+    interest_shift_per_day: float = 0.1
+    # A trending topic lasts this many days, then another one trends.
+    trend_days: int = 3
+    # Added to the click logit of a candidate of the day's trending topic.
+    trend_boost: float = 1.5
+
+
+@dataclass
 class SynthConfig:
     """Sizes and seed of the planted-truth synthetic data (see docs/synthetic_data.md)."""
 
@@ -318,6 +342,8 @@ class SynthConfig:
     row_group_size: int = 8192
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     long_history: LongHistoryConfig = field(default_factory=LongHistoryConfig)
+    # A world that drifts day by day (DriftConfig); null: the fixed world and its splits.
+    drift: Optional[DriftConfig] = None
 
 
 # --------------------------------------------------------------------------------------------

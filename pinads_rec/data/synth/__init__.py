@@ -18,6 +18,10 @@ recoverable only by the model part meant to find it:
 - dormant interest (synth.long_history, off by   -> a burst of pins events older than the newest
   default; long-tailed pins histories to 4,000)     100 (the log's first 15 days)
 
+A drifting world (synth.drift, off by default) replaces the splits by consecutive days, one
+directory each: ads launch (new ids) and retire, users' interests rotate, a topic trends for a few
+days; ``summary.json`` measures how fast the truth of one day goes stale on the next ones.
+
 Splits are time windows: train, then calibration, then eval. ``--raw`` also writes the raw logs
 (behaviour logs keyed by user and time, impression log, items table) that configs/demo.yaml's
 ``build:`` section turns back into the same contract (pinads_rec.data.build).
@@ -33,6 +37,8 @@ One job a module, in the order the data are made:
 
 - ``truth.py``: the planted truth (every coefficient), the query-token scheme, the seeded streams
 - ``world.py``: topics, items, advertisers, users and their topic mixtures (``make_world``)
+- ``drift.py``: a drifting world's days: when each ad is shown, rotating interests, trends
+  (``make_drift``)
 - ``checks.py``: what the generator needs of the ``synth:`` section (``check_synth_config``)
 - ``timeline.py``: visits, requests, behaviour logs and candidates in time; the splits' windows
   (``make_timeline``)
@@ -51,7 +57,8 @@ from pinads_rec.data.synth.blocks import Block, sample_block, sequence_caps
 from pinads_rec.data.synth.cache import ensure, is_cached
 from pinads_rec.data.synth.checks import check_synth_config
 from pinads_rec.data.synth.cli import format_summary, main
-from pinads_rec.data.synth.summary import burst_in_newest, oracle_metrics
+from pinads_rec.data.synth.drift import Drift, day_names, new_ads_per_day, num_item_ids
+from pinads_rec.data.synth.summary import burst_in_newest, drift_summary, oracle_metrics
 from pinads_rec.data.synth.tables import contract_schema, schema
 from pinads_rec.data.synth.timeline import (
     SPLITS,
@@ -61,11 +68,13 @@ from pinads_rec.data.synth.timeline import (
     pins_totals,
     split_boundaries,
     touched_surfaces,
+    windows,
 )
 from pinads_rec.data.synth.truth import (
     BLOCK_REQUESTS,
     CLICK_OFFSET,
     CONTEXT_COEF,
+    DAY_S,
     DENSE_COLUMNS,
     INTENT_COEF,
     INTEREST_SCALE,
@@ -75,6 +84,7 @@ from pinads_rec.data.synth.truth import (
     SESSION_EVENTS,
     SHOPPING_OFFSET,
     SPAN_S,
+    STALE_DAYS,
     SURFACES,
     T0,
     TASKS,
@@ -82,12 +92,20 @@ from pinads_rec.data.synth.truth import (
     query_tokens_per_topic,
 )
 from pinads_rec.data.synth.world import World, make_world
-from pinads_rec.data.synth.writing import PARQUET_OPTIONS, RAW_LOGS, check_raw, generate, write_raw
+from pinads_rec.data.synth.writing import (
+    PARQUET_OPTIONS,
+    RAW_LOGS,
+    check_raw,
+    days_build_config,
+    generate,
+    write_raw,
+)
 
 __all__ = [
     "BLOCK_REQUESTS",
     "CLICK_OFFSET",
     "CONTEXT_COEF",
+    "DAY_S",
     "DENSE_COLUMNS",
     "INTENT_COEF",
     "INTEREST_SCALE",
@@ -100,17 +118,22 @@ __all__ = [
     "SHOPPING_OFFSET",
     "SPAN_S",
     "SPLITS",
+    "STALE_DAYS",
     "SURFACES",
     "T0",
     "TASKS",
     "Z_P90",
     "Block",
+    "Drift",
     "Timeline",
     "World",
     "burst_in_newest",
     "check_raw",
     "check_synth_config",
     "contract_schema",
+    "day_names",
+    "days_build_config",
+    "drift_summary",
     "ensure",
     "format_summary",
     "generate",
@@ -119,6 +142,8 @@ __all__ = [
     "main",
     "make_timeline",
     "make_world",
+    "new_ads_per_day",
+    "num_item_ids",
     "oracle_metrics",
     "pins_totals",
     "query_tokens_per_topic",
@@ -127,5 +152,6 @@ __all__ = [
     "sequence_caps",
     "split_boundaries",
     "touched_surfaces",
+    "windows",
     "write_raw",
 ]

@@ -1,7 +1,8 @@
 """A block of ``BLOCK_REQUESTS`` requests of the timeline, sampled from its own stream: their
 sequences (each user's events before the request), their rows and the planted probabilities and
 labels (``sample_block``), and the feature faults applied to them. ``slice_block`` cuts a block
-into the requests of a row group.
+into the requests of a row group. In a drifting world a block also scores its rows with the truth of
+each of the days before theirs (``stale_logits``: the drift check).
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from typing import Dict, Tuple
 import numpy as np
 
 from pinads_rec.config import SynthConfig
-from pinads_rec.data.synth.timeline import Events, Group, Timeline, segment_positions, touched_surfaces
+from pinads_rec.data.synth.timeline import Events, Group, Timeline, segment_positions, span_end, touched_surfaces
 from pinads_rec.data.synth.truth import (
     BLOCK_REQUESTS,
     CLICK_OFFSET,
     CONTEXT_COEF,
+    DAY_S,
     DENSE_COLUMNS,
     GOOD_INTENT_COEF,
     GOOD_OFFSET,
@@ -36,12 +38,12 @@ from pinads_rec.data.synth.truth import (
     SAVE_SHOPPING_OFFSET,
     SEARCH,
     SHOPPING_OFFSET,
-    SPAN_S,
+    STALE_DAYS,
     T0,
     sigmoid,
     stream,
 )
-from pinads_rec.data.synth.world import World, dense_mixtures
+from pinads_rec.data.synth.world import World, mixtures_at
 
 
 @dataclass
@@ -109,7 +111,7 @@ def sample_block(world: World, tl: Timeline, s: SynthConfig, block: int) -> Bloc
     reqs = np.arange(R)
     user, ts, surface = tl.user[lo:hi], tl.time[lo:hi], tl.surface[lo:hi]
     intent, query_topic, context_topic = tl.intent[lo:hi], tl.query_topic[lo:hi], tl.context_topic[lo:hi]
-    frac = (ts - T0) / SPAN_S
+    frac = (ts - T0) / (span_end(s) - T0)
     caps = sequence_caps(s)
     pins, pin_idx = _history(world, tl.pins, "pins", user, ts, caps["pins"])
     ads, _ = _history(world, tl.ads, "ads", user, ts, caps["ads"])
@@ -127,9 +129,7 @@ def sample_block(world: World, tl: Timeline, s: SynthConfig, block: int) -> Bloc
     surf = surface[r]
     k = world.item_topic[cand]
     shopping = world.item_ad_type[cand]
-    theta = dense_mixtures(world.theta[0][user], world.theta[1][user], T)
-    phi = dense_mixtures(world.phi[0][user], world.phi[1][user], T)
-    w = np.where(shopping == 1, phi[r, k - 1], theta[r, k - 1]).astype(np.float64)
+    w = _long_term_weights(world, user, ts, r, k, shopping)
     is_intent = (k == intent[r]).astype(np.float64)
     interest = INTEREST_SCALE[surf] * (LONG_TERM_COEF * w + INTENT_COEF * is_intent)
     query_match = ((surf == SEARCH) & (k == query_topic[r])).astype(np.float64)
@@ -142,6 +142,11 @@ def sample_block(world: World, tl: Timeline, s: SynthConfig, block: int) -> Bloc
         + CONTEXT_COEF * context_match
         + world.item_quality[cand]
     )
+    drift = world.drift
+    trend_match = np.zeros(N)
+    if drift is not None:  # the day's trending topic
+        trend_match = (k == drift.trend[drift.day(ts)][r]).astype(np.float64)
+        logit_click = logit_click + drift.cfg.trend_boost * trend_match
     lh = s.long_history
     dormant_match = np.zeros(N)
     if lh.enabled:
@@ -197,8 +202,18 @@ def sample_block(world: World, tl: Timeline, s: SynthConfig, block: int) -> Bloc
         "quality": world.item_quality[cand],
         "saves_on_topic": saves_on_topic,
         "dormant_match": dormant_match,  # 1[k = d_u] on a touched surface (0 without long histories)
+        "trend_match": trend_match,  # 1[k = the day's trending topic] (0 in the fixed world)
         "logit_click": logit_click,
     }
+    if drift is not None:
+        fixed = (
+            CLICK_OFFSET[surf]
+            + SHOPPING_OFFSET * shopping
+            + INTEREST_SCALE[surf] * INTENT_COEF * is_intent
+            + QUERY_COEF * query_match
+            + CONTEXT_COEF * context_match
+        )
+        latent["stale_logit"] = stale_logits(world, user, ts, r, cand, surf, fixed)
     _apply_faults(rows, frac[r], s, stream(s.seed, 4, block))
     return Block(
         lo,
@@ -220,6 +235,35 @@ def sample_block(world: World, tl: Timeline, s: SynthConfig, block: int) -> Bloc
         rows,
         latent,
     )
+
+
+def _long_term_weights(world: World, user, times, r, k, shopping) -> np.ndarray:
+    """Per row the weight of its candidate's topic k in its user's mixture at the request ``times``:
+    the shopping mixture for a shopping ad, the long-term one otherwise."""
+    theta = mixtures_at(world, world.theta, user, times)
+    phi = mixtures_at(world, world.phi, user, times)
+    return np.where(shopping == 1, phi[r, k - 1], theta[r, k - 1]).astype(np.float64)
+
+
+def stale_logits(world: World, user, ts, r, cand, surf, fixed) -> np.ndarray:
+    """A drifting world's rows [N, STALE_DAYS + 1]: column j the click logit under the truth of the
+    day j days before the row's own (NaN before the first day): that day's user interests (at its
+    noon), its trending topic and its ads -- an ad launched after it counts its advertiser's effect
+    a_adv, not its own quality. ``fixed``: the rest of the logit (offsets, intent, query and context
+    matches), the same on every day."""
+    drift = world.drift
+    k, shopping = world.item_topic[cand], world.item_ad_type[cand]
+    day = drift.day(ts)
+    out = np.full((len(cand), STALE_DAYS + 1), np.nan)
+    for j in range(STALE_DAYS + 1):
+        ref = np.maximum(day - j, 0)
+        w = _long_term_weights(world, user, T0 + ref * DAY_S + DAY_S // 2, r, k, shopping)
+        known = drift.launch[cand] <= ref[r]
+        quality = np.where(known, world.item_quality[cand], world.advertiser_effect[world.item_advertiser[cand]])
+        trend = drift.cfg.trend_boost * (k == drift.trend[ref][r])
+        logit = fixed + INTEREST_SCALE[surf] * LONG_TERM_COEF * w + quality + trend
+        out[:, j] = np.where((day - j >= 0)[r], logit, np.nan)
+    return out
 
 
 def _apply_faults(

@@ -24,6 +24,8 @@ def is_cached(s: SynthConfig, out_dir: str | Path, at_least: Sequence[str] = ())
         return False
     if isinstance(old, dict) and "long_history" not in old:  # written before the key existed: it was off
         old["long_history"] = dataclasses.asdict(LongHistoryConfig())
+    if isinstance(old, dict) and "drift" not in old:  # written before synth.drift existed: a fixed world
+        old["drift"] = None
     want = json.loads(json.dumps(dataclasses.asdict(s)))  # tuples as lists, as the summary holds them
     return all(old.get(k, -math.inf) >= v if k in at_least else k in old and old[k] == v for k, v in want.items())
 
@@ -36,7 +38,9 @@ def ensure(cfg: ExperimentConfig, out_dir: str | Path, at_least: Sequence[str] =
     if is_cached(cfg.synth, out_dir, at_least):
         say(f"data {out_dir}: reusing it (same synth settings)")
         return False
-    say(f"data {out_dir}: generating {cfg.synth.train_requests:,} train requests")
+    d = cfg.synth.drift
+    what = f"{d.days} days of {d.requests_per_day:,} requests" if d else f"{cfg.synth.train_requests:,} train requests"
+    say(f"data {out_dir}: generating {what}")
     summary = generate(cfg, out_dir)
     say(f"data {out_dir}: generated in {summary['seconds']:.1f} s")
     return True

@@ -4,6 +4,8 @@ that generates runs it (``generate``, ``ensure``, ``make_world``); ConfigError n
 
 from __future__ import annotations
 
+import math
+
 from pinads_rec.config import ConfigError, SynthConfig, positive
 from pinads_rec.data.synth.truth import DENSE_COLUMNS, LOG_START, MIXTURE_SLOTS, QUERY_VOCAB, SURFACES, T0
 
@@ -39,6 +41,8 @@ def check_synth_config(s: SynthConfig) -> None:
         raise ConfigError(f"synth.faults.zero_fill_window: expected [start, end], got {f.zero_fill_window}")
     if not 0.0 <= f.stale_fraction < 1.0:
         raise ConfigError(f"synth.faults.stale_fraction: must be in [0, 1), got {f.stale_fraction}")
+    if s.drift is not None:
+        _check_drift(s)
     lh = s.long_history
     if lh.enabled:
         key = "synth.long_history"
@@ -63,3 +67,27 @@ def check_synth_config(s: SynthConfig) -> None:
                 f"synth.num_topics: must be > {MIXTURE_SLOTS} with {key}.enabled (a dormant topic lies outside "
                 f"the user's mixture), got {s.num_topics}"
             )
+
+
+def _check_drift(s: SynthConfig) -> None:
+    d, key = s.drift, "synth.drift"
+    for name in ("days", "requests_per_day", "ad_lifetime_days", "trend_days"):
+        positive(f"{key}.{name}", getattr(d, name))
+    if not 0.0 <= d.new_ads_share < 1.0:
+        raise ConfigError(f"{key}.new_ads_share: must be in [0, 1), got {d.new_ads_share}")
+    positive(f"{key}.interest_shift_per_day", d.interest_shift_per_day, allow_zero=True)
+    if not math.isfinite(d.trend_boost):
+        raise ConfigError(f"{key}.trend_boost: must be a finite number, got {d.trend_boost}")
+    if s.num_topics < 2:
+        raise ConfigError(f"synth.num_topics: must be >= 2 with {key} (a trend moves to another topic), got 1")
+    launched = round(s.num_items / d.ad_lifetime_days)
+    if launched < s.num_topics:
+        raise ConfigError(
+            f"{key}.ad_lifetime_days: synth.num_items / ad_lifetime_days = {launched} ads launch a day, fewer than "
+            f"synth.num_topics ({s.num_topics}): every topic launches one a day"
+        )
+    if s.long_history.enabled:
+        raise ConfigError(
+            f"{key}: not with synth.long_history.enabled (a dormant topic lies outside a user's mixture, which "
+            "rotates in a drifting world)"
+        )

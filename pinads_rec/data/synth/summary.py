@@ -1,6 +1,7 @@
 """What ``summary.json`` says of a split: rows, requests and bytes, the oracle's metrics per surface
 and task (``oracle_metrics``), the sequences' lengths and, with long histories, what the dormant
-term is worth.
+term is worth; of a drifting world's day, also its ads, its trend and how well the earlier days'
+truths still rank its impressions (``day_summary``, ``drift_summary``: the drift check).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pinads_rec import metrics
 from pinads_rec.config import SynthConfig
 from pinads_rec.data.synth.blocks import sequence_caps
 from pinads_rec.data.synth.timeline import SplitPlan, Timeline
-from pinads_rec.data.synth.truth import BURST_WINDOWS, SURFACES, TASKS
+from pinads_rec.data.synth.truth import BURST_WINDOWS, STALE_DAYS, SURFACES, TASKS
+from pinads_rec.data.synth.world import World
 
 
 def oracle_metrics(surface: np.ndarray, labels: Dict[str, np.ndarray], probs: Dict[str, np.ndarray]) -> Dict[str, dict]:
@@ -100,7 +102,7 @@ def split_summary(tl: Timeline, plan: SplitPlan, files: List[dict]) -> dict:
         blind = np.concatenate([f["_blind"] for f in files])
         dormant = _dormant_summary(tl, plan.synth, a, b, surface, labels["click"], probs["click"], blind)
     for f in files:
-        del f["_labels"], f["_probs"], f["_blind"]
+        del f["_labels"], f["_probs"], f["_blind"], f["_stale"]
     start, end = tl.boundaries[plan.name]
     out = {
         "requests": n,
@@ -118,3 +120,48 @@ def split_summary(tl: Timeline, plan: SplitPlan, files: List[dict]) -> dict:
     if dormant is not None:
         out["dormant"] = dormant
     return out
+
+
+def day_summary(world: World, tl: Timeline, plan: SplitPlan, files: List[dict], day: int) -> dict:
+    """A drifting world's day ``day``: its ads (launched that day, retired at its start, shown; the
+    share of its impressions that went to the ads launched that day), its trending topic, the
+    oracle's AUC per task, and ``stale_truth_auc``: j -> the click AUC on its impressions of the
+    truth of day ``day - j`` (blocks.stale_logits), j = 0 .. STALE_DAYS; then split_summary's numbers."""
+    drift = world.drift
+    click = np.concatenate([f["_labels"]["click"] for f in files])
+    stale = np.concatenate([f["_stale"] for f in files])
+    a, b = plan.first_request, plan.first_request + plan.num_requests
+    items = tl.cand_item[tl.cand_offsets[a] : tl.cand_offsets[b]]
+    out = split_summary(tl, plan, files)
+    return {
+        "day": day,
+        "impressions": out["rows"],
+        "new_ad_share": round(float((drift.launch[items] == day).mean()), 5),
+        "launched_ads": int((drift.launch == day).sum()),
+        "retired_ads": int((drift.retire == day).sum()),
+        "live_ads": int(((drift.launch <= day) & (day < drift.retire)).sum()),
+        "item_ids": [int(items.min()), int(items.max())],
+        "trend_topic": int(drift.trend[day]),
+        "oracle_auc": {t: out["surfaces"]["all"][t]["oracle_auc"] for t in TASKS},
+        "stale_truth_auc": {str(j): metrics.auc(stale[:, j], click) for j in range(min(day, STALE_DAYS) + 1)},
+        **out,
+    }
+
+
+def drift_summary(days: Dict[str, dict]) -> dict:
+    """The drift check over a drifting world's days (``day_summary``): per j = 0 .. STALE_DAYS, the
+    mean over the days d >= j of the click AUC of day d - j's truth on day d's impressions, of the
+    oracle's on the same days, and of their difference (``drop``)."""
+    stale_truth = {}
+    for j in range(STALE_DAYS + 1):
+        pairs = [(v["stale_truth_auc"][str(j)], v["oracle_auc"]["click"]) for v in days.values() if v["day"] >= j]
+        if pairs:
+            stale, oracle = np.array(pairs).T
+            stale_truth[str(j)] = {
+                "days": len(pairs),
+                "auc": float(stale.mean()),
+                "oracle_auc": float(oracle.mean()),
+                "drop": float((oracle - stale).mean()),
+            }
+    shares = [v["new_ad_share"] for v in days.values() if v["day"] > 0]
+    return {"stale_truth": stale_truth, "new_ad_share": float(np.mean(shares)) if shares else 0.0}

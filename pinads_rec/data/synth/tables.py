@@ -5,7 +5,7 @@ logs, items).
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -159,9 +159,10 @@ def impression_table(b: Block) -> pa.Table:
     return pa.Table.from_arrays([cols[f.name] for f in IMPRESSION_SCHEMA], schema=IMPRESSION_SCHEMA)
 
 
-def log_table(world: World, log: Events, group: str) -> pa.Table:
-    """A behaviour log keyed by user and time only, in time order (as logs are written)."""
-    order = np.argsort(log.time, kind="stable")
+def log_table(world: World, log: Events, group: str, order: Optional[np.ndarray] = None) -> pa.Table:
+    """A behaviour log keyed by user and time only, in time order (as logs are written); ``order``:
+    the events written, in that order (default: all, by time)."""
+    order = np.argsort(log.time, kind="stable") if order is None else order
     cols = {"user_id": pa.array(log.user[order]), "timestamp": pa.array(log.time[order])}
     cols.update({name: pa.array(v[order]) for name, v in log.cols.items()})
     if group == "pins":
@@ -169,14 +170,16 @@ def log_table(world: World, log: Events, group: str) -> pa.Table:
     return pa.table(cols)
 
 
-def items_table(world: World) -> pa.Table:
+def items_table(world: World, ids: Optional[np.ndarray] = None) -> pa.Table:
+    """The items side table: every item, or those of ``ids``."""
+    ids = np.arange(len(world.item_topic), dtype=np.int64) if ids is None else ids.astype(np.int64)
     return pa.table(
         {
-            "item_id": pa.array(np.arange(len(world.item_topic), dtype=np.int64)),
-            "advertiser_id": pa.array(world.item_advertiser),
-            "ad_type": pa.array(world.item_ad_type),
-            "topic": pa.array(world.item_topic),
-            "ctr_prior": pa.array(world.item_prior),
-            "embedding": _arrow(world.item_emb),
+            "item_id": pa.array(ids),
+            "advertiser_id": pa.array(world.item_advertiser[ids]),
+            "ad_type": pa.array(world.item_ad_type[ids]),
+            "topic": pa.array(world.item_topic[ids]),
+            "ctr_prior": pa.array(world.item_prior[ids]),
+            "embedding": _arrow(world.item_emb[ids]),
         }
     )

@@ -1,18 +1,19 @@
 """The timeline: every split's visits and requests in time, every user's behaviour events (pins,
 ads, queries; with long histories also the dormant topics and their bursts) and every request's
 candidates -- everything but the labels (``make_timeline``). A split is a time window of it
-(``split_boundaries``, ``plan_split``).
+(``split_boundaries``, ``plan_split``); in a drifting world (synth.drift) a day is (``windows``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from pinads_rec.config import LongHistoryConfig, SynthConfig
+from pinads_rec.data.synth.drift import day_names
 from pinads_rec.data.synth.truth import (
     ACTIVITY_SD,
     AD_ACTION_PROBS,
@@ -21,6 +22,7 @@ from pinads_rec.data.synth.truth import (
     ANCHOR_FROM_MIXTURE,
     BLOCK_REQUESTS,
     CANDIDATE_SOURCES,
+    DAY_S,
     INTENT_FROM_MIXTURE,
     ITEM_POPULARITY_POWER,
     LOG_END,
@@ -47,7 +49,7 @@ from pinads_rec.data.synth.truth import (
     query_tokens_per_topic,
     stream,
 )
-from pinads_rec.data.synth.world import World, dense_mixtures
+from pinads_rec.data.synth.world import World, dense_mixtures, mixtures_at
 
 SPLITS = ("train", "eval", "calibration")  # output directories
 TIME_ORDER = ("train", "calibration", "eval")  # the splits' order on the timeline
@@ -70,6 +72,33 @@ def split_boundaries(s: SynthConfig) -> Dict[str, Tuple[int, int]]:
         out[name] = (start, end if done < total else max(end, T0 + SPAN_S))
         start = out[name][1]
     return out
+
+
+def span_end(s: SynthConfig) -> int:
+    """The end of the requests' span and of the behaviour logs: 30 days after T0, or the end of a
+    drifting world's last day."""
+    return LOG_END if s.drift is None else T0 + s.drift.days * DAY_S
+
+
+def windows(s: SynthConfig) -> Dict[str, Tuple[int, int]]:
+    """The time windows requests are drawn in, in time order, by name: the splits
+    (``split_boundaries``), or a drifting world's days (named by their dates: ``drift.day_names``)."""
+    if s.drift is None:
+        return split_boundaries(s)
+    return {name: (T0 + d * DAY_S, T0 + (d + 1) * DAY_S) for d, name in enumerate(day_names(s))}
+
+
+def window_sizes(s: SynthConfig) -> Dict[str, int]:
+    """Requests per window of ``windows``."""
+    return split_sizes(s) if s.drift is None else {name: s.drift.requests_per_day for name in day_names(s)}
+
+
+def output_names(s: SynthConfig) -> List[str]:
+    """The windows written, in the order they are written: the splits (calibration only with
+    requests), or the days."""
+    if s.drift is not None:
+        return day_names(s)
+    return [name for name in SPLITS if name != "calibration" or s.calibration_requests]
 
 
 @dataclass
@@ -159,13 +188,13 @@ def _tie_free(user: np.ndarray, time: np.ndarray, cols: Dict[str, np.ndarray]) -
 
 
 def _background(
-    rng: np.random.Generator, world: World, users: np.ndarray, per_30_days: float
+    rng: np.random.Generator, world: World, users: np.ndarray, per_30_days: float, log_end: int
 ) -> Tuple[np.ndarray, np.ndarray]:
     """Each user's background events: Poisson(per_30_days * rel. activity * log days / 30) events
-    at uniform times over the whole log."""
+    at uniform times over the whole log, [LOG_START, log_end)."""
     rel = world.activity[users] / math.exp(ACTIVITY_SD**2 / 2)  # E[a_u] = 1
-    n = rng.poisson(per_30_days * rel * (LOG_END - LOG_START) / (30 * 86400))
-    return np.repeat(users, n), rng.integers(LOG_START, LOG_END, int(n.sum()))
+    n = rng.poisson(per_30_days * rel * (log_end - LOG_START) / (30 * 86400))
+    return np.repeat(users, n), rng.integers(LOG_START, log_end, int(n.sum()))
 
 
 def history_lengths(lh: LongHistoryConfig, z: np.ndarray) -> np.ndarray:
@@ -215,11 +244,14 @@ def _long_background(rng: np.random.Generator, world: World, s: SynthConfig, pre
     return np.repeat(present, n_bg), bg_time, np.repeat(present, burst), burst_time, dormant
 
 
-def _mixture_topics(rng, world: World, mix, users: np.ndarray, uniform_prob: float) -> np.ndarray:
-    """One topic per entry of ``users``: ~ the user's mixture, or uniform w.p. uniform_prob."""
+def _mixture_topics(rng, world: World, mix, users: np.ndarray, times: np.ndarray, uniform_prob: float) -> np.ndarray:
+    """One topic per entry of ``users``: ~ the user's mixture (at ``times`` in a drifting world), or
+    uniform w.p. uniform_prob."""
     uniq, inv = np.unique(users, return_inverse=True)
     dense = dense_mixtures(mix[0][uniq], mix[1][uniq], world.num_topics)
     t = _sample_topics(rng, dense, inv)
+    if world.drift is not None:
+        t = world.drift.rotate(rng, t, times)
     return np.where(rng.random(len(users)) < uniform_prob, rng.integers(1, world.num_topics + 1, len(users)), t)
 
 
@@ -227,13 +259,14 @@ def make_timeline(world: World, s: SynthConfig) -> Timeline:
     """Visits and requests of every split, the users' behaviour logs and every request's
     candidates: everything but labels (sample_block). Deterministic for the seed and sizes."""
     T, K = world.num_topics, query_tokens_per_topic(world.num_topics)
-    bounds = split_boundaries(s)
-    sizes = split_sizes(s)
+    bounds = windows(s)
+    sizes = window_sizes(s)
+    log_end = span_end(s)
 
-    # ---- visits and their requests, split by split -------------------------------------
+    # ---- visits and their requests, window by window (split or day) ----------------------
     v_user, v_time, r_visit, r_time = [], [], [], []
     n_visits = 0
-    for index, name in enumerate(TIME_ORDER):
+    for index, name in enumerate(bounds):
         n = sizes[name]
         if not n:
             continue
@@ -258,7 +291,7 @@ def make_timeline(world: World, s: SynthConfig) -> Timeline:
     r_visit, r_time = r_visit[order], r_time[order]
     N = len(r_time)
     split_range, first = {}, 0
-    for name in TIME_ORDER:
+    for name in bounds:
         split_range[name] = (first, first + sizes[name])
         first += sizes[name]
 
@@ -267,12 +300,12 @@ def make_timeline(world: World, s: SynthConfig) -> Timeline:
     user = v_user[r_visit]
     v_intent = np.where(
         rng.random(n_visits) < INTENT_FROM_MIXTURE,
-        _mixture_topics(rng, world, world.theta, v_user, 0.0),
+        _mixture_topics(rng, world, world.theta, v_user, v_time, 0.0),
         rng.integers(1, T + 1, n_visits),
     )
     intent = v_intent[r_visit]
     surface = rng.choice(len(SURFACES), size=N, p=SURFACE_PROBS)
-    anchor = _mixture_topics(rng, world, world.theta, user, 1.0 - ANCHOR_FROM_MIXTURE)
+    anchor = _mixture_topics(rng, world, world.theta, user, r_time, 1.0 - ANCHOR_FROM_MIXTURE)
     query_topic = np.where(surface == SEARCH, anchor, 0)
     context_topic = np.where(surface == RELATED, anchor, 0)
     n_qt = np.where(surface == SEARCH, rng.integers(1, 4, N), 0)
@@ -290,8 +323,8 @@ def make_timeline(world: World, s: SynthConfig) -> Timeline:
     if lh.enabled:
         bg_user, bg_time, burst_user, burst_time, dormant = _long_background(rng, world, s, present, v_user)
     else:
-        bg_user, bg_time = _background(rng, world, present, PINS_PER_30_DAYS * L)
-    bg_topic = _mixture_topics(rng, world, world.theta, bg_user, OLD_UNIFORM_PROB)
+        bg_user, bg_time = _background(rng, world, present, PINS_PER_30_DAYS * L, log_end)
+    bg_topic = _mixture_topics(rng, world, world.theta, bg_user, bg_time, OLD_UNIFORM_PROB)
     # A visit opens with a session of SESSION_EVENTS pins events, mostly on its intent.
     ss_visit = np.repeat(np.arange(n_visits), SESSION_EVENTS)
     ss_user = v_user[ss_visit]
@@ -300,7 +333,7 @@ def make_timeline(world: World, s: SynthConfig) -> Timeline:
     ss_topic = np.where(
         rng.random(len(ss_visit)) < SESSION_INTENT_PROB,
         v_intent[ss_visit],
-        _mixture_topics(rng, world, world.theta, ss_user, 0.0),
+        _mixture_topics(rng, world, world.theta, ss_user, ss_time, 0.0),
     )
     p_user = np.concatenate([bg_user, ss_user])
     p_topic = np.concatenate([bg_topic, ss_topic])
@@ -309,7 +342,7 @@ def make_timeline(world: World, s: SynthConfig) -> Timeline:
         p_user = np.concatenate([p_user, burst_user])
         p_topic = np.concatenate([p_topic, dormant[burst_user]])
         p_time = np.concatenate([p_time, burst_time])
-    p_item = _items_of_topics(rng, world, p_topic)
+    p_item = _items_of_topics(rng, world, p_topic, p_time)
     p_cols = {
         "item": p_item,
         "action": _actions(rng, world.save_propensity[p_user], PIN_ACTION_PROBS),
@@ -321,13 +354,13 @@ def make_timeline(world: World, s: SynthConfig) -> Timeline:
     pins_burst = pins.cols.pop("burst") if lh.enabled else None
 
     rng = stream(s.seed, 2, 1)
-    a_user, a_time = _background(rng, world, present, ADS_PER_30_DAYS * L)
-    a_topic = _mixture_topics(rng, world, world.phi, a_user, ADS_UNIFORM_PROB)
+    a_user, a_time = _background(rng, world, present, ADS_PER_30_DAYS * L, log_end)
+    a_topic = _mixture_topics(rng, world, world.phi, a_user, a_time, ADS_UNIFORM_PROB)
     ads = _tie_free(
         a_user,
         a_time,
         {
-            "item": _items_of_topics(rng, world, a_topic),
+            "item": _items_of_topics(rng, world, a_topic, a_time),
             "action": _actions(rng, world.save_propensity[a_user], AD_ACTION_PROBS),
             "topic": a_topic.astype(np.int64),
         },
@@ -336,8 +369,8 @@ def make_timeline(world: World, s: SynthConfig) -> Timeline:
     # Search queries: background ones, and each search request's own query (its first token) at
     # the request's time: later requests see it, the request itself does not.
     rng = stream(s.seed, 2, 2)
-    q_user, q_time = _background(rng, world, present, QUERIES_PER_30_DAYS * L)
-    q_topic = _mixture_topics(rng, world, world.theta, q_user, QUERIES_UNIFORM_PROB)
+    q_user, q_time = _background(rng, world, present, QUERIES_PER_30_DAYS * L, log_end)
+    q_topic = _mixture_topics(rng, world, world.theta, q_user, q_time, QUERIES_UNIFORM_PROB)
     q_token = 1 + (q_topic - 1) * K + rng.integers(0, K, len(q_user))
     searched = np.flatnonzero(n_qt > 0)
     queries = _tie_free(
@@ -362,6 +395,7 @@ def make_timeline(world: World, s: SynthConfig) -> Timeline:
                 intent[lo:hi],
                 anchor[lo:hi],
                 n_cand[lo:hi],
+                r_time[lo:hi],
                 (dormant, lh) if lh.enabled else None,
             )
         )
@@ -394,17 +428,18 @@ def touched_surfaces(lh: LongHistoryConfig) -> np.ndarray:
 
 
 def _candidates(
-    rng, world: World, user, surface, intent, anchor, n_cand, dormant=None
+    rng, world: World, user, surface, intent, anchor, n_cand, times, dormant=None
 ) -> Tuple[np.ndarray, np.ndarray]:
-    """Candidate items of these requests (topic by surface-specific sources); an item drawn twice
-    for one request is shown once. Returns (items, candidates per request). ``dormant``: (topic per
-    user, LongHistoryConfig) with long histories: a candidate of a user with a dormant topic is of
-    that topic with probability candidate_share on the touched surfaces."""
+    """Candidate items of these requests (topic by surface-specific sources, the user's mixtures at
+    the request ``times``); an item drawn twice for one request is shown once. Returns (items,
+    candidates per request). ``dormant``: (topic per user, LongHistoryConfig) with long histories: a
+    candidate of a user with a dormant topic is of that topic with probability candidate_share on the
+    touched surfaces. In a drifting world the items are the day's (Drift.candidate_items)."""
     R, T = len(user), world.num_topics
     r = np.repeat(np.arange(R), n_cand)
     N = len(r)
-    theta = dense_mixtures(world.theta[0][user], world.theta[1][user], T)
-    phi = dense_mixtures(world.phi[0][user], world.phi[1][user], T)
+    theta = mixtures_at(world, world.theta, user, times)
+    phi = mixtures_at(world, world.phi, user, times)
     src = (rng.random(N)[:, None] >= np.cumsum(CANDIDATE_SOURCES[surface[r]], axis=1)).sum(axis=1)
     options = np.stack(
         [_sample_topics(rng, theta, r), _sample_topics(rng, phi, r), intent[r], rng.integers(1, T + 1, N), anchor[r]]
@@ -415,7 +450,10 @@ def _candidates(
         d = d_topic[user[r]]
         pick = touched_surfaces(lh)[surface[r]] & (d > 0) & (rng.random(N) < lh.candidate_share)
         topic = np.where(pick, d, topic)
-    item = _items_of_topics(rng, world, topic)
+    if world.drift is not None:
+        item = world.drift.candidate_items(rng, topic, times[r])
+    else:
+        item = _items_of_topics(rng, world, topic, times[r])
     key = r * world.item_topic.size + item
     order = np.argsort(key, kind="stable")
     repeat = np.zeros(N, bool)
@@ -443,7 +481,11 @@ def _sample_topics(rng: np.random.Generator, mix: np.ndarray, which: np.ndarray)
     return np.minimum(idx, T - 1) + 1
 
 
-def _items_of_topics(rng: np.random.Generator, world: World, topics: np.ndarray) -> np.ndarray:
+def _items_of_topics(rng: np.random.Generator, world: World, topics: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """An item of each topic, the topic's popular head first; in a drifting world one shown on the
+    day of its time (Drift.event_items)."""
+    if world.drift is not None:
+        return world.drift.event_items(rng, topics, times)
     start = world.topic_start[topics - 1]
     count = world.topic_start[topics] - start
     pick = np.floor(count * rng.random(len(topics)) ** ITEM_POPULARITY_POWER).astype(np.int64)

@@ -95,6 +95,10 @@ SAVE_CLICK_BOOST = 2.0
 Z_P90 = 1.2815515655446004  # the standard normal's 90th percentile: sigma = ln(p90 / median) / Z_P90
 BURST_WINDOWS = (100, 1000, 4000)  # newest-event windows the summary checks for burst events
 
+# A drifting world (synth.drift; its knobs are config, these are fixed).
+DAY_S = 86400
+STALE_DAYS = 7  # each row is also scored by the truth of each of the 7 days before its own (the drift check)
+
 TASKS = ("click", "good_click", "save")
 DENSE_COLUMNS = ("user_activity", "item_ctr_prior", "item_embedding")
 

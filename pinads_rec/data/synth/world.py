@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
 from pinads_rec.config import SynthConfig
 from pinads_rec.data.synth.checks import check_synth_config
+from pinads_rec.data.synth.drift import Drift, make_drift, new_ads_per_day
 from pinads_rec.data.synth.truth import (
     ACTIVITY_SD,
     ADVERTISER_SD,
@@ -47,6 +48,8 @@ class World:
     phi: Tuple[np.ndarray, np.ndarray]  # shopping mixture (revealed by the ads sequence), sparse
     activity: np.ndarray  # [U] a_u
     save_propensity: np.ndarray  # [U]
+    advertiser_effect: np.ndarray  # [A] a_adv (the part of q_i an advertiser's ads share)
+    drift: Optional[Drift] = None  # synth.drift: when each item is shown, the trends (drift.py)
 
 
 def _unit_vectors(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
@@ -79,6 +82,33 @@ def dense_mixtures(topic: np.ndarray, weight: np.ndarray, num_topics: int) -> np
     return np.bincount(flat, weights=weight.ravel(), minlength=R * num_topics).reshape(R, num_topics)
 
 
+def mixtures_at(world: World, mix, users: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """[R, T] float64: the mixtures ``mix`` (world.theta or world.phi) of ``users`` at ``times``: as
+    drawn in the fixed world, rotated to the time in a drifting one (Drift.rotated)."""
+    topic, weight = mix[0][users], mix[1][users]
+    if world.drift is not None:
+        topic, weight = world.drift.rotated(topic, weight, times)
+    return dense_mixtures(topic, weight, world.num_topics)
+
+
+def _launched_ads(rng, s: SynthConfig, pop, centroids, event_centroids, adv_effect) -> Tuple[np.ndarray, ...]:
+    """synth.drift: the ads launched on the days after the first, new_ads_per_day(s) a day, each day's
+    covering every topic (the rest by popularity); drawn as the first day's are. Returns (topic,
+    advertiser, quality, prior, embedding, event embedding)."""
+    T, n = s.num_topics, new_ads_per_day(s)
+    days = [
+        rng.permutation(np.concatenate([np.arange(1, T + 1), 1 + rng.choice(T, size=n - T, p=pop)]))
+        for _ in range(s.drift.days - 1)
+    ]
+    topic = np.concatenate(days).astype(np.int64) if days else np.zeros(0, np.int64)
+    advertiser = rng.integers(0, s.num_advertisers, len(topic))
+    quality = rng.normal(0.0, QUALITY_SD, len(topic)) + adv_effect[advertiser]
+    prior = sigmoid(PRIOR_BASE + quality + rng.normal(0.0, PRIOR_NOISE, len(topic))).astype(np.float32)
+    emb = _noisy_topic_vectors(rng, centroids, topic)
+    event_emb = emb if event_centroids is centroids else _noisy_topic_vectors(rng, event_centroids, topic)
+    return topic, advertiser, quality, prior, emb, event_emb
+
+
 def make_world(s: SynthConfig) -> World:
     check_synth_config(s)
     rng = stream(s.seed, 0)
@@ -96,15 +126,23 @@ def make_world(s: SynthConfig) -> World:
     prior = sigmoid(PRIOR_BASE + quality + rng.normal(0.0, PRIOR_NOISE, I)).astype(np.float32)
     item_emb = _noisy_topic_vectors(rng, centroids, item_topic)
     if s.event_embedding_dim == ITEM_EMB_DIM:
-        item_event_emb = item_emb
+        event_centroids, item_event_emb = centroids, item_emb
     else:
-        item_event_emb = _noisy_topic_vectors(rng, _unit_vectors(rng, T, s.event_embedding_dim), item_topic)
-    order = np.argsort(item_topic, kind="stable")
-    topic_start = np.searchsorted(item_topic[order], np.arange(1, T + 2))
+        event_centroids = _unit_vectors(rng, T, s.event_embedding_dim)
+        item_event_emb = _noisy_topic_vectors(rng, event_centroids, item_topic)
     theta = _sparse_mixtures(rng, pop, U)
     phi = _sparse_mixtures(rng, pop, U)
     activity = rng.lognormal(0.0, ACTIVITY_SD, U)
     save_prop = rng.beta(*SAVE_PROPENSITY, U)
+    if s.drift is not None:  # the later days' launches, from a stream of their own: day 0 is the fixed world
+        new = _launched_ads(stream(s.seed, 5, 0), s, pop, centroids, event_centroids, adv_effect)
+        item_topic, item_advertiser, quality, prior, item_emb, item_event_emb = (
+            np.concatenate([a, b])
+            for a, b in zip((item_topic, item_advertiser, quality, prior, item_emb, item_event_emb), new)
+        )
+        item_event_emb = item_emb if event_centroids is centroids else item_event_emb
+    order = np.argsort(item_topic, kind="stable")
+    topic_start = np.searchsorted(item_topic[order], np.arange(1, T + 2))
     return World(
         T,
         centroids,
@@ -121,4 +159,6 @@ def make_world(s: SynthConfig) -> World:
         phi,
         activity,
         save_prop,
+        adv_effect,
+        make_drift(s, item_topic.astype(np.int64), pop) if s.drift is not None else None,
     )

@@ -1,11 +1,13 @@
 """Writing the data: each split's files and row groups (``split_files``), written in parallel, each
 file generating the blocks it overlaps; with ``raw``, the raw logs the same data build from
 (``write_raw``; what they need of the config: ``check_raw``); then ``summary.json``
-(``generate``).
+(``generate``). A drifting world (synth.drift) writes a directory a day instead of the splits, and
+its raw logs a directory a day (``days_build_config``: the build section that reads them).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -19,10 +21,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pinads_rec.config import ConfigError, ExperimentConfig, SynthConfig
+from pinads_rec.config import BuildConfig, ConfigError, ExperimentConfig, SplitConfig, SynthConfig
 from pinads_rec.data.synth.blocks import GROUP_COLUMNS, Block, faults_enabled, sample_block, sequence_caps, slice_block
 from pinads_rec.data.synth.checks import check_synth_config
-from pinads_rec.data.synth.summary import split_summary
+from pinads_rec.data.synth.drift import day_names
+from pinads_rec.data.synth.summary import day_summary, drift_summary, split_summary
 from pinads_rec.data.synth.tables import (
     IMPRESSION_SCHEMA,
     contract_schema,
@@ -31,8 +34,8 @@ from pinads_rec.data.synth.tables import (
     items_table,
     log_table,
 )
-from pinads_rec.data.synth.timeline import SPLITS, SplitPlan, Timeline, make_timeline, plan_split
-from pinads_rec.data.synth.truth import BLOCK_REQUESTS, TASKS
+from pinads_rec.data.synth.timeline import SPLITS, SplitPlan, Timeline, make_timeline, output_names, plan_split
+from pinads_rec.data.synth.truth import BLOCK_REQUESTS, DAY_S, T0, TASKS
 from pinads_rec.data.synth.world import World, make_world
 
 
@@ -40,7 +43,7 @@ def split_files(plan: SplitPlan) -> List[List[Tuple[int, int]]]:
     """Per file, its row groups as request-id ranges [a, b): whole requests, <= row_group_size rows
     each (a single request larger than that is a row group of its own)."""
     s = plan.synth
-    if plan.name == "train":
+    if plan.name == "train" or s.drift is not None:  # a drifting world's days: num_files each
         n_files = s.num_files
     else:  # eval, calibration: in proportion to its size, at least 2
         n_files = min(max(2, math.ceil(s.num_files * plan.num_requests / s.train_requests)), max(s.num_files, 2))
@@ -73,6 +76,7 @@ def _write_file(world: World, tl: Timeline, plan: SplitPlan, groups, path: Path,
     first, last = groups[0][0], groups[-1][1]
     surf, labels, probs = [], {t: [] for t in TASKS}, {t: [] for t in TASKS}
     blind: List[np.ndarray] = []  # long histories: the click logit without the dormant term
+    stale: List[np.ndarray] = []  # a drifting world: the click logits of the earlier days' truths
     blk: Optional[Block] = None
     raw_writer = pq.ParquetWriter(raw_path, IMPRESSION_SCHEMA, **PARQUET_OPTIONS) if raw_path else None
     try:
@@ -90,6 +94,8 @@ def _write_file(world: World, tl: Timeline, plan: SplitPlan, groups, path: Path,
                         if s.long_history.enabled:
                             lat = blk.latent
                             blind.append(lat["logit_click"] - s.long_history.dormant_coef * lat["dormant_match"])
+                        if "stale_logit" in blk.latent:
+                            stale.append(blk.latent["stale_logit"].astype(np.float32))
                     y = min(b, blk.hi)
                     part = slice_block(blk, a, y)
                     pieces.append(contract_table(part, sch))
@@ -111,13 +117,15 @@ def _write_file(world: World, tl: Timeline, plan: SplitPlan, groups, path: Path,
         "_labels": {t: np.concatenate(v) for t, v in labels.items()},
         "_probs": {t: np.concatenate(v) for t, v in probs.items()},
         "_blind": np.concatenate(blind) if blind else None,
+        "_stale": np.concatenate(stale) if stale else None,
     }
 
 
 def generate(cfg: ExperimentConfig, out_dir: str | Path, num_threads: int = 0, raw: bool = False) -> dict:
     """Write ``out_dir/{train,eval}/part-*.parquet`` (and ``calibration/`` when
     synth.calibration_requests > 0) and ``out_dir/summary.json``; return the summary. With ``raw``,
-    also the raw logs the same data build from (``out_dir/raw/``, see write_raw).
+    also the raw logs the same data build from (``out_dir/raw/``, see write_raw). A drifting world
+    (synth.drift) writes ``out_dir/days/<YYYY-MM-DD>/part-*.parquet`` instead of the splits.
 
     ``num_threads``: files written in parallel (0: one per CPU core). The bytes do not depend on it.
     """
@@ -131,20 +139,34 @@ def generate(cfg: ExperimentConfig, out_dir: str | Path, num_threads: int = 0, r
     tl = make_timeline(world, s)
     t_world = time.perf_counter() - t_start
     jobs = []
-    plans = {name: plan_split(s, tl, name) for name in SPLITS if name != "calibration" or s.calibration_requests}
-    for name in SPLITS:  # no stale files of an earlier, larger or calibration-split run
-        for old in (out / name).glob("part-*.parquet"):
-            old.unlink()
+    plans = {name: plan_split(s, tl, name) for name in output_names(s)}
     raw_dir = out / "raw"
-    if raw:
-        for old in (raw_dir / "impressions").glob("*.parquet"):
-            old.unlink()
-        (raw_dir / "impressions").mkdir(parents=True, exist_ok=True)
+    drifting = s.drift is not None
+    # No files of an earlier run left to be read with these (a larger one, one with a calibration split
+    # or more days: a build globbing raw/days/* must not find another world's days).
+    if drifting:
+        old = list((out / "days").glob("*/part-*.parquet"))
+        if raw:
+            old += [
+                p
+                for pattern in ("days/*/*.parquet", "days/*/impressions/*.parquet", "history/*.parquet")
+                for p in raw_dir.glob(pattern)
+            ]
+    else:
+        old = [p for name in SPLITS for p in (out / name).glob("part-*.parquet")]
+        old += list((raw_dir / "impressions").glob("*.parquet")) if raw else []
+    for p in old:
+        p.unlink()
     for name, plan in plans.items():
-        d = out / name
+        d = out / "days" / name if drifting else out / name
         d.mkdir(parents=True, exist_ok=True)
+        impressions = raw_dir / "days" / name / "impressions" if drifting else raw_dir / "impressions"
+        if raw:
+            impressions.mkdir(parents=True, exist_ok=True)
         for f, groups in enumerate(split_files(plan)):
-            raw_path = raw_dir / "impressions" / f"{name}-{f:05d}.parquet" if raw else None
+            raw_path = (
+                impressions / (f"part-{f:05d}.parquet" if drifting else f"{name}-{f:05d}.parquet") if raw else None
+            )
             jobs.append((plan, groups, d / f"part-{f:05d}.parquet", raw_path))
     # Files are independent (each regenerates the blocks it overlaps) and Parquet encoding releases
     # the GIL: one thread per core roughly doubles throughput on 2 cores.
@@ -153,10 +175,13 @@ def generate(cfg: ExperimentConfig, out_dir: str | Path, num_threads: int = 0, r
         pending = pool.submit(write_raw, world, tl, s, raw_dir) if raw else None
         done = list(pool.map(lambda job: _write_file(world, tl, *job), jobs))
         raw_info = pending.result() if pending is not None else None
-    splits = {
-        name: split_summary(tl, plan, [f for job, f in zip(jobs, done) if job[0] is plan])
-        for name, plan in plans.items()
-    }
+    parts = {name: [f for job, f in zip(jobs, done) if job[0] is plan] for name, plan in plans.items()}
+    if drifting:
+        splits = {
+            name: day_summary(world, tl, plan, parts[name], day) for day, (name, plan) in enumerate(plans.items())
+        }
+    else:
+        splits = {name: split_summary(tl, plan, parts[name]) for name, plan in plans.items()}
     seconds = time.perf_counter() - t_start
     rows = sum(v["rows"] for v in splits.values())
     summary = {
@@ -171,8 +196,11 @@ def generate(cfg: ExperimentConfig, out_dir: str | Path, num_threads: int = 0, r
         "rows_per_second": round(rows / seconds, 1),
         "threads": workers,
         "synth": dataclasses.asdict(s),
-        "splits": splits,
+        "days" if drifting else "splits": splits,
     }
+    if drifting:
+        summary["num_item_ids"] = len(world.item_topic)
+        summary["drift"] = drift_summary(splits)
     if raw_info is not None:
         summary["raw"] = raw_info
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -185,8 +213,11 @@ RAW_LOGS = {"pins": "pin_events", "ads": "ad_events", "queries": "search_events"
 
 def write_raw(world: World, tl: Timeline, s: SynthConfig, raw_dir: Path) -> dict:
     """The behaviour logs (one per sequence group) and the items side table; the impression log is
-    written beside the contract files (raw/impressions/<split>-<file>.parquet)."""
+    written beside the contract files (raw/impressions/<split>-<file>.parquet). A drifting world's
+    are cut by day (``_write_raw_days``)."""
     raw_dir.mkdir(parents=True, exist_ok=True)
+    if s.drift is not None:
+        return _write_raw_days(world, tl, s, raw_dir)
     info = {}
     for group, name in RAW_LOGS.items():
         path = raw_dir / f"{name}.parquet"
@@ -197,6 +228,54 @@ def write_raw(world: World, tl: Timeline, s: SynthConfig, raw_dir: Path) -> dict
     pq.write_table(items_table(world), path, **PARQUET_OPTIONS)
     info["items"] = {"rows": len(world.item_topic), "bytes": path.stat().st_size}
     return info
+
+
+def _write_raw_days(world: World, tl: Timeline, s: SynthConfig, raw_dir: Path) -> dict:
+    """A drifting world's raw logs, a directory a day in the fixed world's layout:
+    raw/days/<YYYY-MM-DD>/ holds the day's behaviour events (times in the day; the last day also any
+    moved past its end by the tie-break), the ads launched that day (items.parquet; the first day:
+    its whole catalogue) and, written beside the contract files, its impressions
+    (impressions/part-<file>.parquet); raw/history/ the behaviour events before the first day."""
+    names = day_names(s)
+    dirs = [raw_dir / "history"] + [raw_dir / "days" / name for name in names]
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
+    info: dict = {"history": {}, "days": {name: {} for name in names}}
+    where = [info["history"]] + [info["days"][name] for name in names]
+    starts = T0 + DAY_S * np.arange(len(names))  # piece 0: before the first day; piece d + 1: day d
+    for group, name in RAW_LOGS.items():
+        log = getattr(tl, group)
+        order = np.argsort(log.time, kind="stable")
+        for piece, idx in enumerate(np.split(order, np.searchsorted(log.time[order], starts))):
+            path = dirs[piece] / f"{name}.parquet"
+            table = log_table(world, log, group, idx)
+            pq.write_table(table, path, row_group_size=1 << 20, **PARQUET_OPTIONS)
+            where[piece][name] = {"rows": table.num_rows, "bytes": path.stat().st_size}
+    for day, name in enumerate(names):
+        ids = np.flatnonzero(np.maximum(world.drift.launch, 0) == day)
+        path = raw_dir / "days" / name / "items.parquet"
+        pq.write_table(items_table(world, ids), path, **PARQUET_OPTIONS)
+        info["days"][name]["items"] = {"rows": len(ids), "bytes": path.stat().st_size}
+    return info
+
+
+def days_build_config(cfg: ExperimentConfig) -> BuildConfig:
+    """``cfg.build`` (the fixed world's raw layout, as configs/demo.yaml states it) pointed at a
+    drifting world's raw logs (``--raw <out>/raw``): every day's impressions, the behaviour events of
+    raw/history/ and of every day, every day's launched ads, and one split a day named by its date.
+    A build of it writes ``<built>/<YYYY-MM-DD>/``, equal to the generator's ``days/<YYYY-MM-DD>/``;
+    a build of one day (the build's ``--day``) reads the same paths."""
+    names = day_names(cfg.synth)
+    b = copy.deepcopy(cfg.build)
+    b.impressions.path = [f"days/*/{p}" for p in b.impressions.path]
+    for src in b.sequences:
+        if src.path:  # a source without a path reads the impression log itself
+            src.path = [x for p in src.path for x in (f"history/{p}", f"days/*/{p}")]
+    for side in b.side_tables:
+        side.path = [f"days/*/{p}" for p in side.path]
+    ends = names[1:] + [time.strftime("%Y-%m-%d", time.gmtime(T0 + len(names) * DAY_S))]
+    b.splits = [SplitConfig(name, start=name, end=end) for name, end in zip(names, ends)]
+    return b
 
 
 def check_raw(cfg: ExperimentConfig) -> None:
