@@ -1,0 +1,109 @@
+"""The daily loop (pinads_rec/experiments/continuous.py) on a tiny drifting world: 3 days, the three
+strategies side by side, each day's training one TorchX launch on 2 ranks, each model evaluated on
+the next day as serving scores it (with the ads launched that day apart) and exported."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pinads_rec.experiments.continuous import Loop, cell, run_loop, seen_items
+from pinads_rec.experiments.continuous_report import END, START, findings, write_report
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_DRIFT = [
+    "synth.drift.days=3",
+    "synth.drift.requests_per_day=300",
+    "synth.num_items=2000",
+    "synth.num_users=1500",
+    "synth.sequence_length=20",
+    "synth.row_group_size=600",
+    "data.batch_size=128",
+    "data.shuffle_buffer_rows=1024",
+    "data.num_workers=0",
+    "train.log_every=5",
+    "train.warmup_steps=2",
+]
+
+
+@pytest.fixture(scope="module")
+def loop_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("continuous")
+    loop = Loop(str(REPO / "configs" / "continuous.yaml"), TINY_DRIFT, out, window=2, ranks=2)
+    results = run_loop(loop, echo=print)
+    return loop, results
+
+
+def _row(results, day, strategy):
+    (row,) = [r for r in results if r["day"] == day and r["strategy"] == strategy]
+    return row
+
+
+def test_every_day_but_the_last_has_a_row_per_strategy(loop_run):
+    _, results = loop_run
+    assert sorted((r["day"], r["strategy"]) for r in results) == [
+        (d, s) for d in (0, 1) for s in ("frozen", "incremental", "window")
+    ]
+    for r in results:
+        assert 0.5 < cell(r["eval"]["all"], "auc") < 1.0, r["strategy"]
+        assert cell(r["eval"]["all"], "gauc") is not None
+
+
+def test_incremental_warm_starts_from_yesterday_and_frozen_never_changes(loop_run):
+    loop, results = loop_run
+    day0, day1 = _row(results, 0, "incremental"), _row(results, 1, "incremental")
+    saved = json.loads((Path(day1["run_dir"]) / "config.json").read_text())
+    assert saved["train"]["init_from"] == day0["run_dir"]
+    assert "warm start from" in (Path(day1["run_dir"]) / "train.log").read_text()
+    assert json.loads((Path(day0["run_dir"]) / "config.json").read_text())["train"]["init_from"] is None
+    assert _row(results, 1, "frozen")["run_dir"] == day0["run_dir"] == _row(results, 0, "frozen")["run_dir"]
+    assert _row(results, 1, "frozen")["rows_trained"] == 0
+    assert _row(results, 0, "window")["run_dir"] == day0["run_dir"]  # day 0: one model for all three
+
+
+def test_the_window_retrains_on_the_last_days_from_scratch(loop_run):
+    _, results = loop_run
+    window, incremental = _row(results, 1, "window"), _row(results, 1, "incremental")
+    assert json.loads((Path(window["run_dir"]) / "config.json").read_text())["train"]["init_from"] is None
+    assert window["rows_trained"] > 1.5 * incremental["rows_trained"]  # two days against one
+
+
+def test_the_new_ads_slice_holds_the_ads_no_earlier_day_showed(loop_run):
+    loop, results = loop_run
+    days = loop.day_dirs()
+    seen = seen_items(days[:2], "item_id")
+    launched = set(seen_items(days[2:3], "item_id").tolist()) - set(seen.tolist())
+    assert launched, "the drifting world launches ads on day 2"
+    ev = _row(results, 1, "incremental")["eval"]
+    assert cell(ev["new"], "examples") > 0
+    assert cell(ev["new"], "examples") + cell(ev["old"], "examples") == cell(ev["all"], "examples")
+
+
+def test_every_model_the_loop_publishes_is_exported_for_serving(loop_run):
+    _, results = loop_run
+    for r in results:  # incremental is published (named first); window after day 0 is a reference only
+        exported = (Path(r["run_dir"]) / "model.pt2").exists()
+        if r["strategy"] == "incremental":
+            assert exported and (Path(r["run_dir"]) / "model.pt2").stat().st_size > 0, r["day"]
+        elif r["strategy"] == "window" and r["day"] > 0:
+            assert not exported
+
+
+def test_a_rerun_reuses_the_finished_days_and_the_report_fills_its_marks(loop_run, tmp_path):
+    loop, results = loop_run
+    logs = {r["run_dir"]: (Path(r["run_dir"]) / "train.log").stat().st_mtime_ns for r in results}
+    again = run_loop(loop, echo=lambda _: None)
+    assert [(r["day"], r["strategy"], r["rows_trained"]) for r in again] == [
+        (r["day"], r["strategy"], r["rows_trained"]) for r in results
+    ]
+    assert {d: (Path(d) / "train.log").stat().st_mtime_ns for d in logs} == logs  # nothing retrained
+    doc = tmp_path / "continuous.md"
+    doc.write_text(f"# Guide\n\nprose before\n\n{START}\nold\n{END}\n\nprose after\n")
+    write_report(results, loop, doc)
+    text = doc.read_text()
+    assert text.startswith("# Guide\n\nprose before") and text.rstrip().endswith("prose after")
+    assert "old\n" not in text and "| day trained |" in text
+    assert (tmp_path / "continuous" / "auc_by_day.png").stat().st_size > 0
+    assert "incremental_minus_window" in findings(results) and "frozen_fall" in findings(results)
