@@ -31,10 +31,14 @@ def findings(results: List[dict]) -> Dict[str, Optional[float]]:
     s = by_strategy(results)
     out: Dict[str, Optional[float]] = {}
     frozen = [cell(r["eval"]["all"], "auc") for r in s.get("frozen", [])]
+    oracle = [cell(r["eval"]["all"], "oracle_auc") for r in s.get("frozen", [])]
     if len(frozen) >= 2 and None not in frozen:
-        last = min(len(frozen), 7) - 1
+        last = min(len(frozen), 8) - 1  # the first next day, then 7 days on
+        out["frozen_first"], out["frozen_last"] = frozen[0], frozen[last]
         out["frozen_fall"] = frozen[0] - frozen[last]
         out["frozen_fall_days"] = float(last)
+        if None not in oracle:  # the days differ in how predictable they are: the gap to the oracle too
+            out["frozen_gap_growth"] = (oracle[last] - frozen[last]) - (oracle[0] - frozen[0])
     inc = {r["day"]: r for r in s.get("incremental", [])}
     win = {r["day"]: r for r in s.get("window", [])}
     common = sorted(set(inc) & set(win) - {0})  # day 0: both are the same kind of model on one day
@@ -105,9 +109,13 @@ def write_report(results: List[dict], loop: Loop, out: Path) -> Path:
         "",
     ]
     if "frozen_fall" in found:
+        gap = found.get("frozen_gap_growth")
         lines.append(
-            f"- The frozen model (trained on day 0, never updated) lost {found['frozen_fall']:.4f} next-day click "
-            f"AUC over {found['frozen_fall_days']:.0f} days."
+            f"- The frozen model (trained on day 0, never updated): next-day click AUC {found['frozen_first']:.4f} "
+            f"on its first next day, {found['frozen_last']:.4f} {found['frozen_fall_days']:.0f} days later "
+            f"(a fall of {found['frozen_fall']:+.4f}"
+            + ("" if gap is None else f"; its gap to the oracle grew by {gap:+.4f}")
+            + ")."
         )
     if "incremental_minus_window" in found:
         lines.append(
