@@ -1,9 +1,10 @@
-# The two commands of the README: `make demo` and `make test`. Each sets up .venv on first use.
+# The two commands of the README: `make demo` and `make test` (and `make test-quick`, the unit tests
+# alone). Each sets up .venv on first use.
 PY := .venv/bin/python
 NPROC ?= 2
 CONFIG ?= configs/demo.yaml
 
-.PHONY: setup demo data test clean
+.PHONY: setup demo data test test-quick clean
 
 setup:
 	@bash scripts/setup_env.sh
@@ -22,6 +23,11 @@ demo: setup data
 
 test: setup
 	bash scripts/run_tests.sh $(ARGS)
+
+# The tests not marked slow (pyproject.toml's markers): no second process but DataLoader workers, no
+# training to a result, none over ~2 s.
+test-quick: setup
+	bash scripts/run_tests.sh -m "not slow" $(ARGS)
 
 clean:
 	rm -rf data/demo runs

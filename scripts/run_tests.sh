@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The project's test command (make test; extra arguments go to pytest, e.g. make test ARGS="-k loader").
+# The project's test command (make test; extra arguments go to pytest, e.g. make test ARGS="-k loader";
+# make test-quick passes -m "not slow").
 # pytest exits 5 when a selection collects no tests; say so loudly, but do not fail the run on it.
 set -uo pipefail
 cd "$(dirname "$0")/.."

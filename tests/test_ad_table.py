@@ -43,6 +43,7 @@ def test_export_writes_every_distinct_item_once(two_tower, exported):
     assert torch.equal(load_ad_table(path).ids, seen)
 
 
+@pytest.mark.slow
 def test_scores_from_the_ad_table_equal_the_models(two_tower, exported):
     model, _, batches = two_tower
     ads = load_ad_table(exported[0])

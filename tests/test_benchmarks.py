@@ -275,7 +275,8 @@ def test_long_sequences_measures_every_variant_per_cap_and_the_arch_padded_vs_bu
     assert cells["padded Transformer"][1].strip() == "-"  # cap 1000 skipped: no ratio
     for name in ("unpadded Transformer", "retrieval", "HSTU"):
         rate100, rate1000, ratio = (_numbers(c)[0] for c in cells[name])
-        assert rate100 > 0 and rate1000 > 0 and ratio == pytest.approx(rate1000 / rate100, rel=0.01)
+        # The ratio is printed to 2 decimals: half a unit of the last one (and the rates' own rounding), or 1%.
+        assert rate100 > 0 and rate1000 > 0 and ratio == pytest.approx(rate1000 / rate100, rel=0.01, abs=0.006)
     assert "padded Transformer     cap  1000: skipped" in out
     result = json.loads((tmp_path / "long_sequences.json").read_text())
     assert len(result["train"]) == 7 and all(r["examples_per_s"] > 0 for r in result["train"])

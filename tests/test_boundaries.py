@@ -76,6 +76,7 @@ def top_level_names():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", top_level_names())
 def test_no_module_of_the_package_shadows_another(name):
     assert name not in sys.stdlib_module_names, f"pinads_rec/{name} shadows the standard library's {name}"

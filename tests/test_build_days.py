@@ -118,6 +118,7 @@ def demo(tmp_path_factory):
     return cfg, root, rows, days, summaries
 
 
+@pytest.mark.slow
 def test_every_day_of_the_demo_equals_that_day_of_the_full_build(demo):
     cfg, root, rows, days, summaries = demo
     assert len(days) >= 25  # the generator's 30 days
@@ -130,6 +131,7 @@ def test_every_day_of_the_demo_equals_that_day_of_the_full_build(demo):
     assert total == rows.num_rows  # the days together are the whole build
 
 
+@pytest.mark.slow
 def test_a_single_day_equals_its_day_of_a_range(demo, tmp_path):
     cfg, root, rows, days, _ = demo
     day = days[len(days) // 2]
@@ -139,6 +141,7 @@ def test_a_single_day_equals_its_day_of_a_range(demo, tmp_path):
     assert sorted(p.name for p in (tmp_path / "one" / "days").iterdir()) == [day]
 
 
+@pytest.mark.slow
 def test_a_partition_is_a_complete_build_the_loader_reads(demo):
     cfg, root, _, days, summaries = demo
     day = days[3]
@@ -158,6 +161,7 @@ def test_a_partition_is_a_complete_build_the_loader_reads(demo):
     assert leftovers(root / "by_day" / "days") == []
 
 
+@pytest.mark.slow
 def test_out_holding_a_full_build_is_refused(demo, tmp_path):
     cfg, root, _, days, _ = demo
     with pytest.raises(ConfigError, match=r"--out .*full: holds a full build \(manifest.json\)"):
@@ -411,6 +415,7 @@ def killed_day_build(raw: Path, path: Path, out: Path, vocabularies: Path, day: 
     assert proc.returncode == -signal.SIGKILL, proc.stderr
 
 
+@pytest.mark.slow
 def test_a_killed_day_build_leaves_no_partial_partition(small, tmp_path):
     tmp, raw, path, _, _ = small
     out, days_dir = tmp_path / "out", tmp_path / "out" / "days"

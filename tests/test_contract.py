@@ -650,6 +650,7 @@ def test_request_rows_not_contiguous(base, tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # its failed worker's shutdown waits 5 s, in whichever test frees the loader
 def test_error_in_worker_process_is_raised(base, tmp_path):
     cfg, _, table = base
     d, path = write(tmp_path, replace_rows(table, "item_id", {BAD: -3}))

@@ -25,6 +25,9 @@ TAOBAO = REPO / "configs" / "datasets" / "taobao_ad.yaml"
 KUAIRAND = REPO / "configs" / "datasets" / "kuairand.yaml"
 LAUNCH_TIMEOUT_S = 300
 
+# Every test needs a raw-log fixture built (seconds each); three train through TorchX.
+pytestmark = pytest.mark.slow
+
 
 def data_overrides(out: Path) -> List[str]:
     """The config's data directories pointed at a build's output."""

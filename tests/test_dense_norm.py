@@ -94,3 +94,19 @@ def test_default_config_when_none_given():
     norm = DenseNormalization([DenseFeatureConfig(name="f", column="f", norm="resilient_bn")])
     assert norm.resilient_bns["f"].minimal_variance == ResilientBNConfig().minimal_variance
     assert norm(torch.randn(16, 1)).shape == (16, 1)
+
+
+def test_dense_normalizations():
+    feats = [
+        DenseFeatureConfig(name="a", column="a", norm="log"),
+        DenseFeatureConfig(name="b", column="b", norm="minmax", clip_min=0.0, clip_max=2.0),
+        DenseFeatureConfig(name="c", column="c", dim=3, norm="layer_norm"),
+        DenseFeatureConfig(name="d", column="d", norm="none"),
+    ]
+    norm = DenseNormalization(feats)
+    x = torch.tensor([[-(math.e - 1), 3.0, 1.0, 2.0, 3.0, 7.0]])
+    y = norm(x)
+    assert y[0, 0].item() == pytest.approx(-1.0)
+    assert y[0, 1].item() == 1.0  # clipped
+    assert y[0, 2:5].mean().abs().item() < 1e-6
+    assert y[0, 5].item() == 7.0

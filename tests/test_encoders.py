@@ -128,6 +128,7 @@ def test_registry_widths_add_up_to_output_dim(names, query_dim):
     assert enc.encode(*_inputs(query_dim)).shape == (B, enc.output_dim)
 
 
+@pytest.mark.slow
 def test_loading_a_config_imports_no_torch():
     """Config validation runs the registry's checks; the data tools (build, inspect) load configs
     without torch, so the registry must not import it."""

@@ -106,6 +106,7 @@ def test_an_epoch_cut_short_counts_its_steps_and_its_resume_the_whole_epoch(epoc
     assert resumed["rows_trained_per_rank"] == expected(ranks, "0")
 
 
+@pytest.mark.slow
 def test_with_loader_workers_the_rows_left_out_are_within_the_bound(tiny_data):
     cfg, data_dir = tiny_data
     for epoch in (0, 1):

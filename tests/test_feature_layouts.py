@@ -100,6 +100,7 @@ def test_layouts_without_bag_tables_serve_and_export(layouts, tiny_data):
     assert float((program.module()(*flat_inputs(batch)) - expected).abs().max()) < 1e-5
 
 
+@pytest.mark.slow
 def test_plan_covers_the_tables_present():
     from pinads_rec import plan
 

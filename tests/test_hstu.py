@@ -153,6 +153,7 @@ def test_bf16_runs_and_stays_close():
     assert torch.allclose(autocast, ref, atol=0.1) and torch.allclose(cast, ref, atol=0.1)
 
 
+@pytest.mark.slow
 def test_learns_whether_a_token_is_in_a_long_history():
     # Label: does token 0 occur in a history of 150-300 events (8 times, anywhere, mostly far from
     # the newest)? Chance is 50%; 60 steps of 32 histories learn it (held-out accuracy 1.0 at seeds 0-3).

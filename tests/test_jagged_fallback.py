@@ -96,6 +96,7 @@ print(jagged.HAVE_FBGEMM, torchrec_layers.HAVE_TORCHREC, imported)
 """
 
 
+@pytest.mark.slow
 def test_the_arch_runs_and_agrees_without_torchrec_and_fbgemm(tmp_path):
     results = {}
     for mode in ("installed", "absent"):

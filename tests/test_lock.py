@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Dict
 
+import pytest
 import torch
 
 LOCKS = Path(__file__).resolve().parent.parent / "locks"
@@ -40,6 +41,7 @@ def _lock(variant: str) -> Dict[str, str]:
     return _pins((LOCKS / f"{variant}.txt").read_text().splitlines())
 
 
+@pytest.mark.slow
 def test_the_venv_is_the_lock():
     variant = "cuda" if torch.version.cuda else "cpu"
     freeze = subprocess.run(

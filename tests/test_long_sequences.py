@@ -202,6 +202,7 @@ def test_long_history_variants_train_pipelined_on_two_ranks(tiny_data, tmp_path)
         assert sorted(m.rsplit(".", 1)[-1] for m in r["pipelined"]) == ["ebc", "ec", "user_ebc"], (name, r)
 
 
+@pytest.mark.slow
 def test_export_traces_the_padded_path_with_the_same_scores(tiny_data):
     """torch.export cannot trace the bucket loop: while exporting, the encoders run on the whole
     padded block, and the exported program scores a batch as the eager (bucketed) model does."""

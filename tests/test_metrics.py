@@ -353,6 +353,7 @@ def test_row_differences_name_what_differs():
     assert row_differences(rows, []) == ["1 rows vs 0"]
 
 
+@pytest.mark.slow  # the 2-rank launch of two_ranks
 @pytest.mark.parametrize("rank", [0, 1])
 def test_gathered_metrics_match_single_process(two_ranks, rank):
     ref = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True, has_users=True)
@@ -369,6 +370,7 @@ def test_gathered_metrics_count_every_valid_example():
     assert sum(r["examples"] for r in ref.compute() if r["surface"] == "all") == n_all * len(_TASKS)
 
 
+@pytest.mark.slow  # the 2-rank launch of two_ranks
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_rank_without_examples_contributes_nothing(two_ranks, rank):
     ref0 = MetricAccumulator(_TASKS, _SURFACES, has_oracle=True, has_users=True)
@@ -376,11 +378,13 @@ def test_a_rank_without_examples_contributes_nothing(two_ranks, rank):
     assert row_differences(two_ranks[rank]["rows2"], ref0.compute()) == []
 
 
+@pytest.mark.slow  # the 2-rank launch of two_ranks
 @pytest.mark.parametrize("rank", [0, 1])
 def test_gather_rows_concatenates_variable_lengths_in_rank_order(two_ranks, rank):
     assert two_ranks[rank]["gathered"] == torch.cat([_gathered_rows(0), _gathered_rows(1)]).tolist()
 
 
+@pytest.mark.slow  # the 2-rank launch of two_ranks
 @pytest.mark.parametrize("rank", [0, 1])
 def test_gather_rows_keeps_the_dtype(two_ranks, rank):
     assert two_ranks[rank]["gathered_dtype"] == "torch.float32"

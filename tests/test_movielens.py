@@ -22,6 +22,9 @@ USERS = 400  # ~40k ratings: written and built in a few seconds
 TRAINING = ["data.batch_size=128", "data.num_workers=0", "train.log_every=20", "train.tensorboard=false"]
 LAUNCH_TIMEOUT_S = 300
 
+# The built fixture takes seconds; the config trains through TorchX.
+pytestmark = pytest.mark.slow
+
 
 def _paths(out: Path) -> list:
     return [f"data.{s}_dir={out / s}" for s in ("train", "calibration", "eval")]

@@ -96,6 +96,7 @@ def test_prod_config_plans_on_8_cuda_ranks(tmp_path):
     assert plan["storage_reservation"]["dense_bytes"] > 0 and plan["storage_reservation"]["kjt_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_acceptance_command_as_a_subprocess(tmp_path):
     """The issue's command, 2 x 8 GPUs of 80 GB, through `python -m`: well under a minute here."""
     cmd = (

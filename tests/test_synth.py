@@ -329,6 +329,7 @@ def test_sequences_newest_first_aligned_and_per_request(tiny):
             assert values[i] == first[(c, r)], (c, r)
 
 
+@pytest.mark.slow
 def test_sequence_lengths(medium):
     cfg, _, _, train, _ = medium
     rid = _np(train, "request_id")
@@ -364,6 +365,7 @@ def test_files_and_row_groups(tiny):
     assert json.loads((out / "summary.json").read_text())["rows"] == summary["rows"]
 
 
+@pytest.mark.slow
 def test_label_rates_match_true_probabilities(medium):
     _, _, summary, train, evl = medium
     for t, split in ((train, "train"), (evl, "eval")):
@@ -382,6 +384,7 @@ def test_label_rates_match_true_probabilities(medium):
     assert rates[0] < rates[1] < rates[2]
 
 
+@pytest.mark.slow
 def test_oracle_auc_per_surface(medium):
     _, _, summary, _, _ = medium
     for split in ("train", "eval"):
@@ -391,6 +394,7 @@ def test_oracle_auc_per_surface(medium):
             assert e["click"]["oracle_ne"] < 1.0, (split, name)
 
 
+@pytest.mark.slow
 def test_good_click_subset_of_click(medium):
     _, _, _, train, _ = medium
     click, good = _np(train, "click"), _np(train, "good_click")

@@ -239,6 +239,7 @@ def test_a_trending_topic_lasts_trend_days_and_lifts_its_clicks():
     assert blk.rows["true_p_click"][match].mean() > 3 * without.mean()
 
 
+@pytest.mark.slow
 def test_the_truth_of_a_day_goes_stale(tmp_path):
     """The drift check: the click AUC of day k's truth (its interests, trend and ads) on the
     impressions of day k + j, below the oracle's on the same rows, falls with j."""

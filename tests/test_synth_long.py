@@ -128,6 +128,7 @@ def test_dormant_burst_is_old_off_mixture_and_beyond_the_newest_100(timeline):
     assert not S.burst_in_newest(tl, tl.user[~req], tl.time[~req], 4000).any()
 
 
+@pytest.mark.slow
 def test_oracle_lift_on_the_touched_surfaces_only(medium):
     cfg, _, summary = medium
     for split in ("train", "eval"):
@@ -170,6 +171,7 @@ def test_dormant_term_and_candidates(timeline):
     assert m.sum() > 100 and blk.rows["true_p_click"][m].mean() > 2.5 * blk.rows["true_p_click"][on & ~m].mean()
 
 
+@pytest.mark.slow
 def test_sequences_long_newest_first_before_the_request(medium):
     cfg, out, summary = medium
     rows = read_rows(out / "eval", columns=["request_id", "timestamp", "seq_pin_ts", "seq_ad_ts", "seq_query_ts"])

@@ -381,6 +381,7 @@ def two_nodes(tmp_path_factory):
     return out, run_dir, data
 
 
+@pytest.mark.slow
 def test_two_nodes_train_and_evaluate(two_nodes):
     from pinads_rec.training.run_log import read_run_log
 
@@ -392,6 +393,7 @@ def test_two_nodes_train_and_evaluate(two_nodes):
     assert any("loss" in step for step in log.steps)  # train.log_every=2 logged steps
 
 
+@pytest.mark.slow
 def test_each_node_ran_one_rank(two_nodes):
     # TorchX's log dir keeps, per torchrun agent (a node, after the c10d rendezvous), a folder per
     # attempt and local rank: two agents with local rank 0 only, so every rank saw LOCAL_WORLD_SIZE=1
@@ -420,6 +422,7 @@ def _split_truth(split_dir: Path, tasks: list[str]) -> dict:
     return truth
 
 
+@pytest.mark.slow
 def test_every_eval_and_calibration_row_read_once(two_nodes):
     # The row groups are dealt over the ranks of both nodes: the evaluation (one pass over the eval
     # split) counted each row once -- no row twice, none missed -- and so did the calibration fit

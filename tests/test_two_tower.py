@@ -152,6 +152,7 @@ def _train_two_tower(rank, world, result_dir, data_dir, run_dir):
             json.dump(summary, f, default=float)
 
 
+@pytest.mark.slow
 def test_two_tower_trains_on_two_ranks(tiny_data, tmp_path):
     _, data_dir = tiny_data
     run_dir = str(tmp_path / "run")

@@ -38,7 +38,7 @@ from pinads_rec.data.contract import ContractError
 
 MANIFEST = "manifest.json"
 _LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<kind>building|previous)-(?P<pid>\d+)")
-# Test hook (tests/test_build_atomic.py, tests/test_build_days.py): the build SIGKILLs itself at
+# Test hook (tests/test_build_output.py, tests/test_build_days.py): the build SIGKILLs itself at
 # this step, one of ``split:<name>`` (that split written; a day build's ``split:<day>``: that day's
 # files written), ``publish`` (manifest written, nothing renamed yet),
 # ``swap`` (the old output renamed aside, the new one not yet in) and ``cleanup`` (the new one in,

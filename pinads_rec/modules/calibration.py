@@ -25,7 +25,7 @@ scale of 65,135: five distinct predictions. Two causes, two remedies:
 
 * **Undamped Newton diverged.** With logits nearly constant and far from the labels' rate (-6 for
   a 30% rate) the Hessian vanishes at the start and the first full step lands on a scale of 10^4,
-  every prediction 0 (scale 21,361 in tests/test_numerics.py); it also diverged on 2 of 30 random
+  every prediction 0 (scale 21,361 in tests/test_calibration.py); it also diverged on 2 of 30 random
   healthy cells (logits -2.6 +- 1.9, a 21% rate: scale 29,437). :func:`fit_platt` now halves a
   group's step until it does not raise that group's objective, so it reaches the true optimum
   (there: scale 0.17, every prediction near the rate; 0.53 on the healthy cell). A fit that

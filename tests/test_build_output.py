@@ -163,6 +163,7 @@ def killed_build(raw: Path, out: Path, step: str) -> None:
     assert proc.returncode == -signal.SIGKILL, proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", ["split:train", "split:calibration", "publish", "swap", "cleanup"])
 def test_a_killed_rebuild_leaves_one_complete_build_and_the_next_build_cleans_up(raw, previous, step):
     fingerprint = build_output.verify(str(previous))
@@ -187,6 +188,7 @@ def test_a_killed_rebuild_leaves_one_complete_build_and_the_next_build_cleans_up
     build_output.verify(str(previous))
 
 
+@pytest.mark.slow
 def test_a_fresh_out_killed_midway_leaves_nothing(raw, tmp_path):
     out = tmp_path / "out"
     killed_build(raw, out, "split:train")
@@ -208,6 +210,7 @@ def dead_pid() -> int:
     return dead.pid
 
 
+@pytest.mark.slow
 def test_only_leftovers_of_dead_builds_of_this_out_are_removed(raw, tmp_path):
     out = tmp_path / "out"
     pid = dead_pid()
@@ -236,7 +239,11 @@ def one_line_refusal(path: Path, why: str) -> None:
 @pytest.mark.parametrize(
     "damage, why",
     [
-        ("no manifest", r"manifest.json missing: a build of .*out is running or was killed \(\.out\.building-"),
+        pytest.param(
+            "no manifest",
+            r"manifest.json missing: a build of .*out is running or was killed \(\.out\.building-",
+            marks=pytest.mark.slow,  # dead_pid() starts a process
+        ),
         ("partial manifest", r"manifest.json unreadable"),
         ("no marker", r"manifest.json has no completion marker"),
         ("truncated file", r"train/part-00000.parquet holds 100 bytes, the manifest says"),
