@@ -126,3 +126,19 @@ def train_few_steps(tmp_path, data_dir, variants):
     )
     with open(os.path.join(result_dir, "variants.json")) as f:
         return json.load(f)
+
+
+def checkpoint_tensors(checkpoint_dir, out_file):
+    """Every tensor of a DCP checkpoint, unsharded, as one flat dict of dotted keys (written to
+    ``out_file`` on the way: ``dcp_to_torch_save``)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(checkpoint_dir), str(out_file))
+    return _flatten(torch.load(out_file, weights_only=False))
+
+
+def _flatten(tree, prefix=""):
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _flatten(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, load_tiny, rows_of, tiny_overrides
+from conftest import REPO, checkpoint_tensors, load_tiny, rows_of, tiny_overrides
 
 from pinads_rec.experiments.harness import RanksFailed, run_ranks
 from pinads_rec.training.run_log import read_run_log
@@ -24,20 +24,6 @@ pytestmark = pytest.mark.slow
 
 
 # --- resume on another world size ------------------------------------------------------------
-
-
-def _full_state(checkpoint_dir, out_file):
-    """Every tensor of a DCP checkpoint, unsharded, as one dict."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    dcp_to_torch_save(str(checkpoint_dir), str(out_file))
-    return _flatten(torch.load(out_file, weights_only=False))
-
-
-def _flatten(tree, prefix=""):
-    if isinstance(tree, dict):
-        return {k: v for key, sub in tree.items() for k, v in _flatten(sub, f"{prefix}{key}.").items()}
-    return {prefix[:-1]: tree}
 
 
 def _train_to_step_6(rank, world, result_dir, data_dir, run_dir):
@@ -64,8 +50,8 @@ def test_resume_on_another_world_size_restores_model_and_optimizer(tiny_data, tm
     first, second = tmp_path / f"run{before}", tmp_path / f"run{before}to{after}"
     run_ranks(_train_to_step_6, before, str(tmp_path / "a"), data_dir, str(first))
     run_ranks(_resume, after, str(tmp_path / "b"), data_dir, str(first), str(second))
-    saved = _full_state(first / "checkpoints/step-6", tmp_path / "saved.pt")
-    resaved = _full_state(second / "checkpoints/step-6", tmp_path / "resaved.pt")
+    saved = checkpoint_tensors(first / "checkpoints/step-6", tmp_path / "saved.pt")
+    resaved = checkpoint_tensors(second / "checkpoints/step-6", tmp_path / "resaved.pt")
     assert saved.keys() == resaved.keys()
     optimizer_keys = [k for k in saved if k.startswith("optimizer.state.")]
     assert any("momentum" in k for k in optimizer_keys), "fused embedding optimizer state is checkpointed"

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import load_tiny
-from test_reliability import _full_state
+from conftest import checkpoint_tensors, load_tiny
 
 from pinads_rec.experiments.harness import run_ranks
 from pinads_rec.training import checkpoint
@@ -84,7 +83,7 @@ def runs(tiny_data, tmp_path_factory):
 
 
 def _state(runs, run: str, step: int) -> dict:
-    return _full_state(runs["root"] / run / "checkpoints" / f"step-{step}", runs["root"] / f"{run}-{step}.pt")
+    return checkpoint_tensors(runs["root"] / run / "checkpoints" / f"step-{step}", runs["root"] / f"{run}-{step}.pt")
 
 
 def test_a_warm_start_on_one_or_two_ranks_loads_the_two_rank_model_and_optimizer_exactly(runs):

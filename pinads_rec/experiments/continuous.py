@@ -166,6 +166,8 @@ def seen_items(days: Sequence[Path], item_column: str) -> np.ndarray:
 def evaluate_day(run_dir: Path, day: Path, seen: np.ndarray) -> Dict[str, List[dict]]:
     """The published model of ``run_dir`` on ``day``, scored as serving scores it: metrics rows per
     surface x task over all rows, the ads new that day (ids not in ``seen``) and the others."""
+    import torch
+
     from pinads_rec.data.reader import AS_READ_PREFIX
     from pinads_rec.metrics import MetricAccumulator
     from pinads_rec.serve.batching import ScoringBatches
@@ -186,16 +188,10 @@ def evaluate_day(run_dir: Path, day: Path, seen: np.ndarray) -> Dict[str, List[d
         true, users = batch.true_probs[valid] if oracle else None, batch.user_id[valid]
         slices["all"].update(*rows, true, users=users)
         for name, keep in (("new", new), ("old", ~new)):
-            mask = torch_bool(keep)
+            mask = torch.from_numpy(keep)
             if mask.any():
                 slices[name].update(*(r[mask] for r in rows), None if true is None else true[mask], users=users[mask])
     return {name: acc.compute() for name, acc in slices.items()}
-
-
-def torch_bool(mask: np.ndarray):
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(mask, dtype=bool))
 
 
 def export_model(run_dir: Path, day: Path) -> Path:
