@@ -303,6 +303,39 @@ def test_killed_rank_restarts_resumes_and_matches_an_uninterrupted_run(tiny_data
         assert ours["auc"] == pytest.approx(theirs["auc"], abs=1e-3), (ours["surface"], ours["task"])
 
 
+def test_a_killed_warm_started_day_relaunched_ends_as_the_uninterrupted_day(tiny_data, steady_run, tmp_path):
+    """A day of the continuous loop (docs/continuous.md) warm-starts from yesterday's model. Killed
+    -9 mid-day with no restart left, the job fails; the scheduler's relaunch of the same command
+    resumes from the day's own checkpoint (resume wins over train.init_from) and ends as the
+    uninterrupted warm-started day does."""
+    data_dir = str(tiny_data[1])
+    warm = [f"train.init_from={steady_run[0]}"]
+    reference_run, day_run = tmp_path / "reference", tmp_path / "day"
+    proc = _torchrun(reference_run, data_dir, max_restarts=0, extra=warm)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+
+    killed = []
+    proc = _torchrun(day_run, data_dir, max_restarts=0, extra=warm)
+    watcher = threading.Thread(target=_kill_rank_after_first_checkpoint, args=(day_run, 1, killed))
+    watcher.start()
+    out, _ = proc.communicate(timeout=300)
+    watcher.join()
+    assert killed, "rank 1 was never seen running"
+    assert proc.returncode != 0, "the killed day ended without a restart"
+
+    proc = _torchrun(day_run, data_dir, max_restarts=0, extra=warm)
+    out, _ = proc.communicate(timeout=300)
+    (tmp_path / "relaunch.log").write_text(out)
+    assert proc.returncode == 0, out[-3000:]
+    assert "resumed from" in out and "checkpoints/step-" in out, "the relaunch resumed the day's checkpoint"
+    final, reference = _final_eval(day_run), _final_eval(reference_run)
+    assert final["step"] == reference["step"]
+    for ours, theirs in zip(final["eval"], reference["eval"], strict=True):
+        assert (ours["surface"], ours["task"]) == (theirs["surface"], theirs["task"])
+        assert ours["auc"] == pytest.approx(theirs["auc"], abs=1e-3), (ours["surface"], ours["task"])
+
+
 # --- bad data on one rank ends the whole job ---------------------------------------------------
 
 
