@@ -1,12 +1,18 @@
-"""The daily loop (pinads_rec/experiments/continuous.py) on a tiny drifting world: 3 days, the three
-strategies side by side, each day's training one TorchX launch on 2 ranks, each model evaluated on
-the next day as serving scores it (with the ads launched that day apart) and exported."""
+"""The daily loop (pinads_rec/experiments/continuous.py) on a tiny drifting world: 3 days, each built
+from the raw logs the day it is needed, the three strategies side by side, each day's training one
+TorchX launch on 2 ranks, each model evaluated on the next day as serving scores it (with the ads
+launched that day apart) and exported."""
 
 import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
+from conftest import rows_of
 
+from pinads_rec.data.contract import contract_columns
 from pinads_rec.experiments.continuous import Loop, cell, run_loop, seen_items
 from pinads_rec.experiments.continuous_report import END, START, findings, write_report
 
@@ -18,8 +24,8 @@ TINY_DRIFT = [
     "synth.drift.requests_per_day=300",
     "synth.num_items=2000",
     "synth.num_users=1500",
-    "synth.sequence_length=20",
     "synth.row_group_size=600",
+    "build.requests_per_row_group=50",  # the built days in row groups as small as the generated ones
     "data.batch_size=128",
     "data.shuffle_buffer_rows=1024",
     "data.num_workers=0",
@@ -31,7 +37,7 @@ TINY_DRIFT = [
 @pytest.fixture(scope="module")
 def loop_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("continuous")
-    loop = Loop(str(REPO / "configs" / "continuous.yaml"), TINY_DRIFT, out, window=2, ranks=2)
+    loop = Loop(str(REPO / "configs" / "continuous.yaml"), TINY_DRIFT, out, window=2, ranks=2, raw=True)
     results = run_loop(loop, echo=print)
     return loop, results
 
@@ -49,6 +55,23 @@ def test_every_day_but_the_last_has_a_row_per_strategy(loop_run):
     for r in results:
         assert 0.5 < cell(r["eval"]["all"], "auc") < 1.0, r["strategy"]
         assert cell(r["eval"]["all"], "gauc") is not None
+
+
+def test_each_day_is_built_from_the_raw_logs_equal_to_the_generators_day(loop_run):
+    loop, results = loop_run
+    features = loop.cfg.features
+    built = loop.day_dirs()
+    assert [d.parent.parent for d in built] == [loop.out / "built"] * 3
+    assert all(r["build_seconds"] >= 0 for r in results) and results[0]["build_seconds"] > 0
+    for day in built:
+        generated = rows_of(pq.read_table(loop.out / "data" / "days" / day.name), features)
+        made = rows_of(pa.concat_tables(pq.read_table(p) for p in sorted(day.glob("part-*.parquet"))), features)
+        assert made.num_rows == generated.num_rows > 0, day.name
+        made = made.take(pc.sort_indices(made.column("request_id")))
+        generated = generated.take(pc.sort_indices(generated.column("request_id")))
+        for col in [c.name for c in contract_columns(features)]:
+            want = generated.column(col).combine_chunks()
+            assert made.column(col).combine_chunks().cast(want.type).equals(want), (day.name, col)
 
 
 def test_incremental_warm_starts_from_yesterday_and_frozen_never_changes(loop_run):

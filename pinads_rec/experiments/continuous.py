@@ -2,10 +2,14 @@
 
     python -m pinads_rec.experiments.continuous --config configs/continuous.yaml [--out runs/continuous]
         [--strategies incremental,window,frozen] [--window 5] [--ranks 2] [--report docs/continuous.md]
-        [--set synth.drift.days=14 ...]
+        [--raw] [--set synth.drift.days=14 ...]
 
 The drifting world (``synth.drift``: docs/synthetic_data.md) is generated once, one directory a day
-(``pinads_rec.data.synth.ensure``, skipped when present). Then for each day d but the last, each
+(``pinads_rec.data.synth.ensure``, skipped when present). With ``--raw`` the loop works as a team
+on its own logs does: the world is generated as raw logs too, and each day's training data is
+built from them the morning it is needed (``data.build``'s day build, ``build_days``: the same
+step as ``python -m pinads_rec.data.build --day D``; equal to the generator's day, row for row),
+into ``<out>/built/days/<date>/``. Then for each day d but the last, each
 strategy makes the model it would publish on the morning after d, and that model scores day d + 1:
 
 - ``incremental``: yesterday's (d - 1) model warm-started (``train.init_from``) and trained one
@@ -42,6 +46,7 @@ import numpy as np
 
 from pinads_rec import config
 from pinads_rec.data import synth
+from pinads_rec.data.build import build_days, day_dir
 from pinads_rec.experiments.harness import launch
 from pinads_rec.training.run_log import read_run_log
 
@@ -62,14 +67,18 @@ class Loop:
     window: int = 5
     ranks: int = 2
     timeout_s: float = 3600.0
+    raw: bool = False  # build each day from the raw logs (``build_day``) instead of the generator's files
 
     @property
     def cfg(self) -> config.ExperimentConfig:
         return config.load(self.config_path, self.overrides)
 
     def day_dirs(self) -> List[Path]:
-        cfg = self.cfg
-        return [self.out / "data" / "days" / name for name in synth.day_names(cfg.synth)]
+        """Each day's training data: the generator's, or (``raw``) where its day build writes it."""
+        names = synth.day_names(self.cfg.synth)
+        if self.raw:
+            return [day_dir(str(self.out / "built"), name) for name in names]
+        return [self.out / "data" / "days" / name for name in names]
 
 
 def ensure_days(loop: Loop) -> List[Path]:
@@ -87,8 +96,27 @@ def ensure_days(loop: Loop) -> List[Path]:
                 f"table {table.name!r}: num_embeddings {table.num_embeddings:,} is below the {ids:,} item ids "
                 f"{cfg.synth.drift.days} drifting days launch; raise it, or set hash: true"
             )
-    synth.ensure(cfg, loop.out / "data", echo=lambda m: print(m, flush=True))
+    if loop.raw and cfg.build.vocabularies:
+        raise config.ConfigError(
+            f"{loop.config_path}: build.vocabularies with --raw: a day build maps ids through an existing "
+            "build's vocabularies, and the loop has none to give; map the ids with hash: true tables"
+        )
+    synth.ensure(cfg, loop.out / "data", raw=loop.raw, echo=lambda m: print(m, flush=True))
     return loop.day_dirs()
+
+
+def build_day(loop: Loop, day: Path) -> float:
+    """Builds ``day`` (one of ``loop.day_dirs()``) from the raw logs unless it is built already;
+    returns the build's seconds (0 when it was there)."""
+    from pinads_rec.data.build_output import MANIFEST
+
+    if not loop.raw or (day / MANIFEST).is_file():  # a day build is swapped in whole: a manifest is complete
+        return 0.0
+    cfg = loop.cfg
+    cfg = dataclasses.replace(cfg, build=synth.days_build_config(cfg))
+    started = time.perf_counter()
+    build_days(cfg, str(loop.out / "data" / "raw"), str(day.parents[1]), [day.name])
+    return time.perf_counter() - started
 
 
 def window_dir(days: Sequence[Path], into: Path) -> Path:
@@ -211,6 +239,7 @@ def run_loop(loop: Loop, echo=print) -> List[dict]:
     cfg = loop.cfg
     results: List[dict] = []
     for d in range(len(days) - 1):
+        build_seconds = build_day(loop, days[d]) + build_day(loop, days[d + 1])  # today's data, tomorrow's
         seen = seen_items(days[: d + 1], cfg.features.columns.item_id)
         trained: Dict[str, Dict[str, object]] = {}
         for strategy in loop.strategies:
@@ -232,6 +261,7 @@ def run_loop(loop: Loop, echo=print) -> List[dict]:
                 "evaluated_on": days[d + 1].name,
                 "strategy": strategy,
                 **{k: run[k] for k in ("run_dir", "rows_trained", "train_seconds", "launch_seconds")},
+                "build_seconds": build_seconds,
                 "eval": rows,
             }
             results.append(result)
@@ -260,6 +290,7 @@ def summary_line(result: dict) -> str:
         f"  click AUC {f(cell(ev['all'], 'auc'))}  GAUC {f(cell(ev['all'], 'gauc'))}"
         f"  new ads {f(cell(ev['new'], 'auc'))}  other ads {f(cell(ev['old'], 'auc'))}"
         f"  trained {result['rows_trained']:,} rows in {result['train_seconds']:.0f} s"
+        + (f" (days built in {result['build_seconds']:.0f} s)" if result.get("build_seconds") else "")
     )
 
 
@@ -271,6 +302,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated subset of %(default)s")
     p.add_argument("--window", type=int, default=5, help="days the window strategy retrains on (default: 5)")
     p.add_argument("--ranks", type=int, default=2, help="gloo ranks of each training launch (default: 2)")
+    p.add_argument(
+        "--raw", action="store_true", help="build each day from the generated raw logs (data.build --day) as it comes"
+    )
     p.add_argument("--report", default=None, help="write the markdown report here (e.g. docs/continuous.md)")
     return p.parse_args(argv)
 
@@ -288,7 +322,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("--window: at least 1 day", file=sys.stderr)
         return 2
     loop = Loop(args.config, args.overrides, Path(args.out))
-    loop = dataclasses.replace(loop, strategies=strategies, window=args.window, ranks=args.ranks)
+    loop = dataclasses.replace(loop, strategies=strategies, window=args.window, ranks=args.ranks, raw=args.raw)
     try:
         results = run_loop(loop)
     except config.ConfigError as e:

@@ -30,17 +30,21 @@ def is_cached(s: SynthConfig, out_dir: str | Path, at_least: Sequence[str] = ())
     return all(old.get(k, -math.inf) >= v if k in at_least else k in old and old[k] == v for k, v in want.items())
 
 
-def ensure(cfg: ExperimentConfig, out_dir: str | Path, at_least: Sequence[str] = (), echo=None) -> bool:
-    """Generates ``cfg.synth``'s data into ``out_dir`` unless it is there already (``is_cached``);
-    returns True when it generated. ``echo`` (e.g. ``print``) hears what was decided."""
+def ensure(
+    cfg: ExperimentConfig, out_dir: str | Path, at_least: Sequence[str] = (), echo=None, raw: bool = False
+) -> bool:
+    """Generates ``cfg.synth``'s data into ``out_dir`` (with ``raw``, its raw logs too: ``generate``)
+    unless it is there already (``is_cached``); returns True when it generated. ``echo`` (e.g.
+    ``print``) hears what was decided."""
     say = echo or (lambda _: None)
     check_synth_config(cfg.synth)  # refused here as generate refuses them, cached or not
-    if is_cached(cfg.synth, out_dir, at_least):
+    cached = is_cached(cfg.synth, out_dir, at_least)
+    if cached and (not raw or "raw" in json.loads((Path(out_dir) / "summary.json").read_text())):
         say(f"data {out_dir}: reusing it (same synth settings)")
         return False
     d = cfg.synth.drift
     what = f"{d.days} days of {d.requests_per_day:,} requests" if d else f"{cfg.synth.train_requests:,} train requests"
     say(f"data {out_dir}: generating {what}")
-    summary = generate(cfg, out_dir)
+    summary = generate(cfg, out_dir, raw=raw)
     say(f"data {out_dir}: generated in {summary['seconds']:.1f} s")
     return True
