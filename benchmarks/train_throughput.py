@@ -263,7 +263,7 @@ def measure_plain(
         "steps": steps,
         "valid_rows_per_step": rows / steps,
         **{f"{k}_ms": 1000.0 * v / steps for k, v in sums.items()},
-        **({"eval": evaluation_rows(net, cfg, env, group)} if evaluate else {}),
+        **({"eval": evaluation_rows(net, LoaderSettings.of(cfg), env, group)} if evaluate else {}),
     }
 
 

@@ -39,7 +39,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-from pinads_rec.config import ExperimentConfig, TrainConfig
+from pinads_rec.config import ExperimentConfig, FeaturesConfig, TrainConfig
 from pinads_rec.features import FeatureLayout
 from pinads_rec.library_notices import without_log_message, without_warning
 
@@ -119,12 +119,12 @@ def sharders() -> list:
 CPU_DEFAULT_SHARDING = (ShardingType.TABLE_WISE.value,)
 
 
-def allowed_sharding_types(cfg: ExperimentConfig, compute_device: str) -> List[str]:
-    """The sharding types the config allows (before per-table device limits); empty: all of them."""
-    return list(cfg.train.sharding_types or (CPU_DEFAULT_SHARDING if compute_device != "cuda" else ()))
+def allowed_sharding_types(train: TrainConfig, compute_device: str) -> List[str]:
+    """The sharding types train.sharding_types allows (before per-table device limits); empty: all."""
+    return list(train.sharding_types or (CPU_DEFAULT_SHARDING if compute_device != "cuda" else ()))
 
 
-def constraints(cfg: ExperimentConfig, compute_device: str) -> Dict[str, ParameterConstraints]:
+def constraints(features: FeaturesConfig, train: TrainConfig, compute_device: str) -> Dict[str, ParameterConstraints]:
     """Per-table allowed sharding types: the config's choice (on CPU without one, table-wise), minus what
     the device cannot run."""
     bag = {
@@ -139,10 +139,10 @@ def constraints(cfg: ExperimentConfig, compute_device: str) -> Dict[str, Paramet
     if compute_device == "cuda":
         seq.add(ShardingType.DATA_PARALLEL.value)
     # On CPU an EmbeddingCollection table planned data_parallel crashes in forward: never plan it.
-    wanted = set(allowed_sharding_types(cfg, compute_device))
-    saved = load_plan(cfg.train.plan_file)["tables"] if cfg.train.plan_file else {}
+    wanted = set(allowed_sharding_types(train, compute_device))
+    saved = load_plan(train.plan_file)["tables"] if train.plan_file else {}
     out = {}
-    layout = FeatureLayout.of(cfg.features)
+    layout = FeatureLayout.of(features)
     bags = layout.embedding_bag_configs() + layout.embedding_bag_configs(user_side=True)
     for tables, allowed in ((bags, bag), (layout.embedding_configs(), seq)):
         for t in tables:
@@ -150,7 +150,7 @@ def constraints(cfg: ExperimentConfig, compute_device: str) -> Dict[str, Paramet
                 choice = saved[t.name]
                 if choice["sharding_type"] not in allowed:
                     raise ValueError(
-                        f"train.plan_file {cfg.train.plan_file}: table {t.name!r} is planned "
+                        f"train.plan_file {train.plan_file}: table {t.name!r} is planned "
                         f"{choice['sharding_type']}, which {compute_device} cannot run"
                     )
                 out[t.name] = ParameterConstraints(
@@ -320,7 +320,7 @@ def plan_sharding(
             topo.local_world_size,
             compute,
         )
-    allowed = constraints(cfg, compute)
+    allowed = constraints(cfg.features, cfg.train, compute)
     planner = EmbeddingShardingPlanner(
         topology=topo,
         batch_size=cfg.data.batch_size,

@@ -49,13 +49,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
-def default_hooks(cfg: config.ExperimentConfig) -> List[Hook]:
-    """What a run of ``cfg`` reports: metrics.jsonl and its metadata, the console, TensorBoard
-    (unless train.tensorboard is off) and a profiler trace (when train.profile_steps names steps)."""
+def default_hooks(train: config.TrainConfig) -> List[Hook]:
+    """What a run reports: metrics.jsonl and its metadata, the console, TensorBoard (unless
+    train.tensorboard is off) and a profiler trace (when train.profile_steps names steps)."""
     hooks: List[Hook] = [RunLog(), ConsoleReport()]
-    if cfg.train.tensorboard:
+    if train.tensorboard:
         hooks.append(TensorBoardWriter())
-    if cfg.train.profile_steps:
+    if train.profile_steps:
         hooks.append(StepProfiler())
     return hooks
 
@@ -77,7 +77,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     env = parallel.init_distributed(cfg.train.collective_timeout_s)
     try:
-        Trainer(cfg, env, hooks=default_hooks(cfg)).run()
+        Trainer(cfg, env, hooks=default_hooks(cfg.train)).run()
     except CollectiveError as e:
         # It names the rank and the step; exit at once: torchrun then stops the ranks still waiting.
         print(str(e), file=sys.stderr, flush=True)

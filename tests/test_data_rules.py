@@ -69,7 +69,7 @@ def test_the_build_the_loader_and_inspect_name_the_same_rule(kind, good_build, t
         table = pq.read_table(bad / Path(path).name)
         checker.check_requests(checker.split_requests(table, "bad"), "bad")
     assert loaded.value.rule is not None and loaded.value.rule.kind == kind, loaded.value
-    assert kind in {p.kind for p in insp.scan_dataset(cfg, str(bad)).problems}
+    assert kind in {p.kind for p in insp.scan_dataset(cfg.features, cfg.data, str(bad)).problems}
 
 
 def test_the_rules_agree_between_sql_and_numpy():

@@ -96,7 +96,7 @@ def test_layouts_without_bag_tables_serve_and_export(layouts, tiny_data):
         batch = next(iter(file_order_batches(predictor.cfg, str(tiny_data[1] / "eval"), 64)))
         expected = predictor.score_batch(batch)
         assert batch.sparse.keys() == [] and expected.shape == (64, 3) and bool(expected.isfinite().all()), name
-    program = export_program(model, predictor.cfg, batch)
+    program = export_program(model, predictor.cfg.features, batch)
     assert float((program.module()(*flat_inputs(batch)) - expected).abs().max()) < 1e-5
 
 

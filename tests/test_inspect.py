@@ -79,6 +79,10 @@ def cfg_of(**data):
     )
 
 
+def scan(cfg, path):
+    return insp.scan_dataset(cfg.features, cfg.data, path)
+
+
 def clean_rows(first_request=0, requests=R):
     """Per-row dicts: C candidates per request, sequences newest first and strictly before the request."""
     rows = []
@@ -148,7 +152,7 @@ def at(file, i, candidate=None, rows_per_group=RG):
 
 def test_clean_data_has_no_problem_and_exact_stats(tmp_path):
     write_rows(tmp_path / "part-0.parquet", clean_rows())
-    r = insp.scan_dataset(cfg_of(), str(tmp_path))
+    r = scan(cfg_of(), str(tmp_path))
     assert r.problems == []
     assert (r.rows, r.requests, r.files) == (R * C, R, 1)
     assert r.candidates_per_request["mean"] == C and r.candidates_per_request["max"] == C
@@ -201,7 +205,7 @@ def test_every_planted_problem_is_reported_with_its_count_and_first_place(tmp_pa
         row["price"] = str(row["price"])
     pq.write_table(pa.Table.from_pylist(other, schema), tmp_path / "other.parquet")
 
-    r = insp.scan_dataset(cfg_of(), str(tmp_path))
+    r = scan(cfg_of(), str(tmp_path))
     assert found(r) == {
         ("negative id", "cat"): (2, at("bad.parquet", 3)),
         ("id beyond its table", "item_id"): (3, at("bad.parquet", 17)),
@@ -230,7 +234,7 @@ def test_every_planted_problem_is_reported_with_its_count_and_first_place(tmp_pa
     assert r.rows == R * C + 2 * C + 2 * C and r.requests == R + 4
 
     # The policies change what the loader does, not what is found.
-    r2 = insp.scan_dataset(cfg_of(nonfinite_dense="replace", overlong_sequence="error"), str(tmp_path / "bad.parquet"))
+    r2 = scan(cfg_of(nonfinite_dense="replace", overlong_sequence="error"), str(tmp_path / "bad.parquet"))
     loader = {(p.kind, p.column): p.loader for p in r2.problems}
     assert loader[("non-finite dense value", "price")] == "repaired: replaced by 0"
     assert loader[("sequence longer than max_length", "hist_ts")] == "error"
@@ -240,7 +244,7 @@ def test_per_request_layout_clean_and_planted(tmp_path):
     requests, schema = to_per_request(clean_rows())
     (tmp_path / "clean").mkdir()
     write_requests(tmp_path / "clean" / "part-0.parquet", requests, schema)
-    clean = insp.scan_dataset(cfg_of(), str(tmp_path / "clean"))
+    clean = scan(cfg_of(), str(tmp_path / "clean"))
     assert clean.problems == [] and clean.layouts == {"per_request": 1}
     assert (clean.rows, clean.requests) == (R * C, R)
     assert clean.label_rates == {"a": {"rows": 80, "click": 0.5}, "b": {"rows": 80, "click": 0.5}}
@@ -259,7 +263,7 @@ def test_per_request_layout_clean_and_planted(tmp_path):
     requests[15]["user_id"] = None
     requests[20]["item_id"][1] = requests[20]["item_id"][0]
     write_requests(tmp_path / "bad.parquet", requests, schema)
-    r = insp.scan_dataset(cfg_of(), str(tmp_path / "bad.parquet"))
+    r = scan(cfg_of(), str(tmp_path / "bad.parquet"))
     assert found(r) == {
         ("id beyond its table", "item_id"): (1, ("bad.parquet", 0, 3, 2)),
         ("unknown surface", "surface"): (2, ("bad.parquet", 2, 1, 1)),
@@ -272,7 +276,7 @@ def test_per_request_layout_clean_and_planted(tmp_path):
 
 def test_synthetic_demo_data(tiny_data):
     cfg, out = tiny_data
-    r = insp.scan_dataset(cfg, str(out / "train"))
+    r = scan(cfg, str(out / "train"))
     requests = pa.concat_tables([pq.read_table(f) for f in list_files(str(out / "train"))])  # per request
     table = read_rows(out / "train", cfg.features)
     assert r.problems == []
@@ -316,7 +320,7 @@ def test_draft_config_loads_and_passes_on_its_data(tmp_path, layout):
     assert sparse["user_id"].user_side == (layout == "per_request")
     assert f.table(sparse["item_id"].table).num_embeddings == 50
     assert "# Guess" in draft.read_text() or "guess" in draft.read_text()
-    assert insp.scan_dataset(cfg).problems == []  # data.train_dir is the drafted data
+    assert scan(cfg, cfg.data.train_dir).problems == []  # data.train_dir is the drafted data
     assert json.loads((tmp_path / "r.json").read_text())["problems"] == []
 
 
@@ -346,9 +350,9 @@ def test_unknown_items_of_a_built_vocabulary_are_not_duplicates(tmp_path):
     split = tmp_path / "build" / "eval"
     split.mkdir(parents=True)
     write_rows(split / "part-00000.parquet", rows)
-    assert ("duplicated (request, item) row", "item_id") in found(insp.scan_dataset(cfg_of(), str(split)))
+    assert ("duplicated (request, item) row", "item_id") in found(scan(cfg_of(), str(split)))
     (tmp_path / "build" / "vocabularies").mkdir()
     pq.write_table(
         pa.table({"raw": ["a"], "idx": [1], "count": [3]}), tmp_path / "build" / "vocabularies" / "item.parquet"
     )
-    assert ("duplicated (request, item) row", "item_id") not in found(insp.scan_dataset(cfg_of(), str(split)))
+    assert ("duplicated (request, item) row", "item_id") not in found(scan(cfg_of(), str(split)))

@@ -224,7 +224,7 @@ def test_export_traces_the_padded_path_with_the_same_scores(tiny_data):
     torch.manual_seed(0)
     model = prepare(build_model(cfg.features, cfg.model), "fp32")
     batch = next(iter(file_order_batches(cfg, f"{data_dir}/eval", 64)))
-    program = export_program(model, cfg, batch)
+    program = export_program(model, cfg.features, batch)
     eager = FlatScorer(model, cfg.features).eval()
     other = next(iter(file_order_batches(cfg, f"{data_dir}/train", 150)))  # other sizes, same program
     for b in (batch, other):

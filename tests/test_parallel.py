@@ -38,7 +38,8 @@ from pinads_rec.models.train_task import TrainTask
 cfg = config.load({str(DEMO)!r})
 model = TrainTask(build_model(cfg.features, cfg.model, device=torch.device("meta")))
 topology = parallel.topology(16, "cuda", 8)
-enumerator = parallel.ordered_enumerator(topology, cfg.data.batch_size, parallel.constraints(cfg, "cuda"))
+allowed = parallel.constraints(cfg.features, cfg.train, "cuda")
+enumerator = parallel.ordered_enumerator(topology, cfg.data.batch_size, allowed)
 options = enumerator.enumerate(model, parallel.sharders())
 print(json.dumps([[o.fqn, o.sharding_type, o.compute_kernel] for o in options]))
 """
@@ -58,7 +59,8 @@ def demo_search_space():
     cfg = config.load(DEMO)
     model = TrainTask(build_model(cfg.features, cfg.model, device=torch.device("meta")))
     topology = parallel.topology(16, "cuda", 8)
-    enumerator = parallel.ordered_enumerator(topology, cfg.data.batch_size, parallel.constraints(cfg, "cuda"))
+    allowed = parallel.constraints(cfg.features, cfg.train, "cuda")
+    enumerator = parallel.ordered_enumerator(topology, cfg.data.batch_size, allowed)
     return enumerator.enumerate(model, parallel.sharders())
 
 

@@ -183,7 +183,7 @@ def test_raw_logs_by_day_build_back_to_the_days(drifting, tmp_path):
         assert len(items) == (cfg.synth.num_items if d == 0 else S.new_ads_per_day(cfg.synth))
     assert (pq.read_table(raw / "history" / "pin_events.parquet").column("timestamp").to_numpy() < S.T0).all()
     build_cfg = _cfg(*TINY)
-    build_cfg.build = S.days_build_config(build_cfg)
+    build_cfg.build = S.days_build_config(build_cfg.build, build_cfg.synth)
     B.build(build_cfg, str(raw), str(tmp_path / "built"))
     f = build_cfg.features
     for name in names:

@@ -199,7 +199,7 @@ def test_raw_needs_the_pins_cap_and_bad_keys_are_named(tmp_path):
         S.generate(_cfg(*TINY, ON), tmp_path, raw=True)
     cfg = _cfg(ON)  # the demo's sequence_length, the ads and queries groups' caps
     cfg.features.sequence_groups[0].max_length = 4000  # the pins group capped as the generator caps it
-    S.check_raw(cfg)
+    S.check_raw(cfg.features, cfg.synth)
     with pytest.raises(ConfigError, match="synth.long_history.surfaces"):
         S.make_world(_cfg(*TINY, ON, "synth.long_history.surfaces=[home_feed, feed]").synth)
     with pytest.raises(ConfigError, match="synth.long_history.p90"):

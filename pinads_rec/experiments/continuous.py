@@ -113,7 +113,7 @@ def build_day(loop: Loop, day: Path) -> float:
     if not loop.raw or (day / MANIFEST).is_file():  # a day build is swapped in whole: a manifest is complete
         return 0.0
     cfg = loop.cfg
-    cfg = dataclasses.replace(cfg, build=synth.days_build_config(cfg))
+    cfg = dataclasses.replace(cfg, build=synth.days_build_config(cfg.build, cfg.synth))
     started = time.perf_counter()
     build_days(cfg, str(loop.out / "data" / "raw"), str(day.parents[1]), [day.name])
     return time.perf_counter() - started

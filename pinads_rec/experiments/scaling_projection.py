@@ -44,7 +44,7 @@ def measured_constraints(
 ) -> Dict[str, object]:
     """Training's per-table constraints with the measured pooling factors and batch sizes per feature."""
     batch = spec.batch_size or cfg.data.batch_size
-    constraints = parallel.constraints(cfg, spec.compute_device)
+    constraints = parallel.constraints(cfg.features, cfg.train, spec.compute_device)
     for table in FeatureLayout.of(cfg.features).all_table_configs():
         measured = [pooling.get(name, (1.0, 1.0)) for name in table.feature_names]
         constraints[table.name] = dataclasses.replace(

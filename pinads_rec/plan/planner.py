@@ -155,7 +155,7 @@ def table_constraints(cfg, spec: PlanSpec, batch_size: int, candidates: Optional
     factors and batch sizes for ``candidates`` per request (pooling.with_pooling_factors)."""
     from pinads_rec import parallel
 
-    out = parallel.constraints(cfg, spec.compute_device)
+    out = parallel.constraints(cfg.features, cfg.train, spec.compute_device)
     if not spec.pooling_factors:
         return out
     if candidates is None:
@@ -346,7 +346,7 @@ def _report(
         },
         "config": config_path,
         "batch_size": batch,
-        "sharding_types": parallel.allowed_sharding_types(cfg, spec.compute_device),
+        "sharding_types": parallel.allowed_sharding_types(cfg.train, spec.compute_device),
         "pooling_factors": spec.pooling_factors,
         "candidates_per_request": candidates.as_dict(),
         "storage_reservation": reserved,

@@ -125,7 +125,7 @@ def _quiet_torchrec_export_warnings():
         root.setLevel(level)
 
 
-def export_program(model: nn.Module, cfg: config.ExperimentConfig, example: Batch):
+def export_program(model: nn.Module, features: config.FeaturesConfig, example: Batch):
     """``torch.export`` (non-strict) of the whole prepared model on an example batch; every batch
     dimension dynamic, sizes 0 and 1 included (``backed_size_oblivious``: a single request of a single
     candidate is served by the same program)."""
@@ -136,7 +136,7 @@ def export_program(model: nn.Module, cfg: config.ExperimentConfig, example: Batc
             "fp16 cannot be exported: its overflow check (inf/NaN -> error or BF16 redo) "
             "branches on the output's values; export fp32 or bf16"
         )
-    flat = FlatScorer(model, cfg.features).eval()
+    flat = FlatScorer(model, features).eval()
     args = flat_inputs(example)
     auto = torch.export.Dim.AUTO
     dynamic = tuple({k: {0: auto} for k in a} if isinstance(a, dict) else {0: auto} for a in args)
@@ -146,7 +146,7 @@ def export_program(model: nn.Module, cfg: config.ExperimentConfig, example: Batc
     except Exception as e:  # torch.export's errors run to pages: keep the cause, point at the guide
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
         raise ServeError(
-            f"torch.export of the {cfg.model.kind} model failed: {first} (docs/serving.md, "
+            f"torch.export of the model ({type(model).__name__}) failed: {first} (docs/serving.md, "
             f"'Export', lists what the model code must avoid)"
         ) from e
 
@@ -163,7 +163,7 @@ def export_run(
     predictor = Predictor.from_run(run_dir, precision)
     cfg = predictor.cfg
     example = next(iter(file_order_batches(cfg, data_dir or cfg.data.eval_dir, example_rows)))
-    program = export_program(predictor.model, cfg, example)
+    program = export_program(predictor.model, cfg.features, example)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {

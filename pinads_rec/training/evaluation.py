@@ -25,12 +25,11 @@ from pinads_rec.modules.calibration import Calibration
 log = logging.getLogger("pinads_rec.train")
 
 
-def spare_batch(cfg: config.ExperimentConfig, env: parallel.Distributed) -> Optional[Batch]:
+def spare_batch(settings: LoaderSettings, env: parallel.Distributed) -> Optional[Batch]:
     """This rank's first batch of training rows (in file order), for a scoring pass on a split with
     fewer row groups than ranks: the ranks without any replay it masked; None if it has none."""
-    settings = LoaderSettings.of(cfg)
     train_part = ParquetBatches(
-        cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=False, drop_last=False, part="train"
+        settings.data.train_dir, settings, env.rank, env.world_size, shuffle=False, drop_last=False, part="train"
     )
     return next(iter(train_part), None)
 
@@ -67,35 +66,37 @@ def scoring_pass(
         model.train()
 
 
-def heldout_loader(cfg: config.ExperimentConfig, env: parallel.Distributed) -> Tuple[DataLoader, str]:
+def heldout_loader(settings: LoaderSettings, env: parallel.Distributed) -> Tuple[DataLoader, str]:
     """This rank's loader over the rows held out of training -- data.calibration_dir, or the
     training files' last row groups (data.calibration_holdout) -- and where they are, for messages.
     The calibration is fit on them, and train.eval_on: holdout evaluates on them."""
-    settings = LoaderSettings.of(cfg)
-    if cfg.data.calibration_dir:
-        loader = make_loader(cfg.data.calibration_dir, settings, env.rank, env.world_size, shuffle=False)
-        return loader, cfg.data.calibration_dir
-    loader = make_loader(cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=False, part="holdout")
-    return loader, f"{cfg.data.train_dir} (data.calibration_holdout)"
+    data = settings.data
+    if data.calibration_dir:
+        loader = make_loader(data.calibration_dir, settings, env.rank, env.world_size, shuffle=False)
+        return loader, data.calibration_dir
+    loader = make_loader(data.train_dir, settings, env.rank, env.world_size, shuffle=False, part="holdout")
+    return loader, f"{data.train_dir} (data.calibration_holdout)"
 
 
 def evaluation_rows(
-    model, cfg: config.ExperimentConfig, env: parallel.Distributed, group, split: str = "eval"
+    model, settings: LoaderSettings, env: parallel.Distributed, group, split: str = "eval"
 ) -> List[dict]:
     """AUC / NE / calibration per surface x task of ``model`` (a TrainTask, sharded or not) over the
     eval files (``split`` "eval") or the held-out rows (``split`` "holdout": :func:`heldout_loader`),
     gathered over the ranks."""
-    tasks = [t.name for t in cfg.features.tasks]
-    has_oracle = all(t.true_probability_column for t in cfg.features.tasks)
-    has_users = user_id_column(cfg.features) is not None  # GAUC beside AUC
-    acc = MetricAccumulator(tasks, cfg.features.surfaces, has_oracle, has_users)
+    features = settings.layout.features
+    tasks = [t.name for t in features.tasks]
+    has_oracle = all(t.true_probability_column for t in features.tasks)
+    has_users = user_id_column(features) is not None  # GAUC beside AUC
+    acc = MetricAccumulator(tasks, features.surfaces, has_oracle, has_users)
     if split == "holdout":
-        loader, where = heldout_loader(cfg, env)
+        loader, where = heldout_loader(settings, env)
         what = f"holdout ({where})"
     else:
-        loader = make_loader(cfg.data.eval_dir, LoaderSettings.of(cfg), env.rank, env.world_size, shuffle=False)
-        what = f"eval ({cfg.data.eval_dir})"
-    spare = functools.partial(spare_batch, cfg, env)  # a rank with no row group of the split replays it masked
+        eval_dir = settings.data.eval_dir
+        loader = make_loader(eval_dir, settings, env.rank, env.world_size, shuffle=False)
+        what = f"eval ({eval_dir})"
+    spare = functools.partial(spare_batch, settings, env)  # a rank with no row group of the split replays it masked
     for batch, logits in scoring_pass(model, env, group, loader, what, spare):
         acc.update(
             torch.sigmoid(logits), batch.labels, batch.surface, batch.true_probs, valid=batch.valid, users=batch.user_id
@@ -137,7 +138,7 @@ def improves(value: float, best: Optional[float], stop: config.EarlyStopConfig) 
     return value > best + stop.min_delta if stop.better == "max" else value < best - stop.min_delta
 
 
-def fit_calibration(model, cfg: config.ExperimentConfig, env: parallel.Distributed, group) -> None:
+def fit_calibration(model, settings: LoaderSettings, env: parallel.Distributed, group) -> None:
     """Fits the calibration layers of ``model`` on the backbone's logits over the calibration split
     (data.calibration_dir) or the held-out training rows (data.calibration_holdout), gathered from
     every rank so all ranks fit the same maps."""
@@ -145,15 +146,15 @@ def fit_calibration(model, cfg: config.ExperimentConfig, env: parallel.Distribut
     if layer.mode == "none":
         return
     layer.reset()  # identity: the pass below sees the raw logits
-    loader, where = heldout_loader(cfg, env)
+    loader, where = heldout_loader(settings, env)
     # The split may have fewer row groups than there are ranks: those without one replay a
     # (masked) training batch in the collective forwards.
-    T = len(cfg.features.tasks)
+    T = len(settings.layout.features.tasks)
     parts = [torch.zeros(0, 2 * T + 1)]  # a rank may see no valid row
     parts += [
         torch.cat([logits, batch.labels, batch.surface.unsqueeze(1).float()], dim=1)[batch.valid]
         for batch, logits in scoring_pass(
-            model, env, group, loader, "calibration", functools.partial(spare_batch, cfg, env)
+            model, env, group, loader, "calibration", functools.partial(spare_batch, settings, env)
         )
     ]
     rows = torch.cat(parts)
@@ -162,8 +163,9 @@ def fit_calibration(model, cfg: config.ExperimentConfig, env: parallel.Distribut
     if rows.shape[0] == 0:
         raise ContractError(f"calibration: 0 rows to fit on in {where} (after data.row_filter)")
     # A refused fit (modules/calibration.py's rules) is logged there, once: by rank 0.
-    tasks = [t.name for t in cfg.features.tasks]
-    layer.fit(rows[:, :T], rows[:, T : 2 * T], rows[:, 2 * T].long(), cfg.features.surfaces, tasks, env.is_main)
+    features = settings.layout.features
+    tasks = [t.name for t in features.tasks]
+    layer.fit(rows[:, :T], rows[:, T : 2 * T], rows[:, 2 * T].long(), features.surfaces, tasks, env.is_main)
     if env.is_main:
         log.info(
             "calibration (%s) fit on %d unseen rows: scale %s, bias %s",

@@ -293,7 +293,7 @@ class Trainer:
         if self.resumed_from is not None or self.warm_from is not None:
             self.cfg = resume_config(self.cfg, self.resumed_from or self.warm_from)
         cfg, env = self.cfg, self.env
-        settings = LoaderSettings.of(cfg)
+        self.settings = settings = LoaderSettings.of(cfg)
         pin_memory = env.device.type == "cuda"
         self.loader = make_loader(
             cfg.data.train_dir, settings, env.rank, env.world_size, shuffle=True, pin_memory=pin_memory, part="train"
@@ -654,13 +654,13 @@ class Trainer:
     def calibrate(self) -> None:
         """Fits the calibration maps (see :func:`fit_calibration`); the pipeline must be detached."""
         self.setup()
-        fit_calibration(self.dmp, self.cfg, self.env, self.data_group)
+        fit_calibration(self.dmp, self.settings, self.env, self.data_group)
 
     def evaluate(self, split: str = "eval") -> List[dict]:
         """Metrics rows per surface x task over the eval split, or the held-out rows (``split``
         "holdout"; see :func:`evaluation_rows`)."""
         self.setup()
-        return evaluation_rows(self.dmp, self.cfg, self.env, self.data_group, split)
+        return evaluation_rows(self.dmp, self.settings, self.env, self.data_group, split)
 
     def save(self) -> Path:
         """A checkpoint of the current step under ``run_dir``; returns its directory."""

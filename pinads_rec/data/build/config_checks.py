@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import List
 from zoneinfo import ZoneInfo
 
-from pinads_rec.config import ConfigError, ExperimentConfig, SequenceGroupConfig
+from pinads_rec.config import BuildConfig, ConfigError, FeaturesConfig, SequenceGroupConfig
 from pinads_rec.data.contract import contract_columns
 
 
@@ -14,11 +14,10 @@ def embedding_columns(g: SequenceGroupConfig) -> List[str]:
     return [g.embedding_column] if g.embedding_column else []
 
 
-def check_build(cfg: ExperimentConfig, by_day: bool = False) -> None:
-    """What a build needs of the config beyond its types; ConfigError names the key. ``by_day``: a
-    day build (days.py), which ignores build.splits and the split names that refer to them
-    (negative_downsampling.splits, vocabularies[].fit_split)."""
-    b, f = cfg.build, cfg.features
+def check_build(b: BuildConfig, f: FeaturesConfig, by_day: bool = False) -> None:
+    """What a build needs of the build section, beyond its types, to make the features' contract;
+    ConfigError names the key. ``by_day``: a day build (days.py), which ignores build.splits and the
+    split names that refer to them (negative_downsampling.splits, vocabularies[].fit_split)."""
     if not b.impressions.path:
         raise ConfigError("build.impressions.path: the config has no build section (no impression log given)")
     if not b.splits and not by_day:

@@ -41,7 +41,7 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from pinads_rec.config import ConfigError, ExperimentConfig
+from pinads_rec.config import BuildConfig, ConfigError, ExperimentConfig
 from pinads_rec.data import build_output
 from pinads_rec.data.build.config_checks import check_build
 from pinads_rec.data.build.steps import Build, _ident
@@ -99,7 +99,7 @@ def build_days(
             f"would be files its manifest does not list, and its next rebuild would delete them: give another "
             f"directory (its vocabularies go to --vocabularies)"
         )
-    source = vocabulary_source(cfg, vocabularies)
+    source = vocabulary_source(cfg.build, vocabularies)
     build_output.recover_under(out / DAYS)  # what killed builds of any day left
     with ExitStack() as stack:
         # Entered last day first, so they are left -- swapped in -- first day first.
@@ -107,10 +107,10 @@ def build_days(
         return DayBuild(cfg, raw_dir, {d: works[d] for d in days}, source, memory_limit, threads).run()
 
 
-def vocabulary_source(cfg: ExperimentConfig, vocabularies: Optional[str]) -> Optional[Path]:
+def vocabulary_source(build: BuildConfig, vocabularies: Optional[str]) -> Optional[Path]:
     """The build whose vocabularies a day build applies, checked: complete, and one file per
     ``build.vocabularies`` table. None when the config declares none."""
-    tables = [v.table for v in cfg.build.vocabularies]
+    tables = [v.table for v in build.vocabularies]
     if not tables:
         return None
     if vocabularies is None:
@@ -153,7 +153,7 @@ class DayBuild(Build):
         self.splits = list(works)
 
     def check_config(self) -> None:
-        check_build(self.cfg, by_day=True)
+        check_build(self.cfg.build, self.cfg.features, by_day=True)
 
     def run(self) -> Dict[str, dict]:
         start = time.time()

@@ -88,7 +88,7 @@ class Build(Checks, Reports):
         self.group_sources: Dict[str, tuple] = {}  # group -> (events table, source, group)
 
     def check_config(self) -> None:
-        check_build(self.cfg)
+        check_build(self.cfg.build, self.cfg.features)
 
     # --- the steps ---------------------------------------------------------------------------
 

@@ -50,7 +50,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"wrote a draft config to {args.draft_config}; checking the data with it\n")
             if cfg is None:
                 cfg = config_lib.load(args.draft_config, args.overrides)
-        report = scan_dataset(cfg, args.data, args.memory_limit)
+        data = args.data or config_lib.require(cfg, "data.train_dir")
+        report = scan_dataset(cfg.features, cfg.data, data, args.memory_limit)
     except (config_lib.ConfigError, ContractError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Tuple
 import duckdb
 import pyarrow as pa
 
-from pinads_rec.config import DataConfig, ExperimentConfig, FeaturesConfig, require
+from pinads_rec.config import DataConfig, FeaturesConfig
 from pinads_rec.data import storage_layout
 from pinads_rec.data.contract import (
     FLOAT,
@@ -553,10 +553,11 @@ def _view_schema(f: FileInfo, features: FeaturesConfig) -> Tuple[pa.Schema, List
     return pa.schema(fields), not_lists
 
 
-def scan_dataset(cfg: ExperimentConfig, data: Optional[str] = None, memory_limit: Optional[str] = None) -> Report:
-    """Scan ``data`` (default ``cfg.data.train_dir``) against the config; every problem, counted."""
-    features = cfg.features
-    data = data or require(cfg, "data.train_dir")
+def scan_dataset(
+    features: FeaturesConfig, data_cfg: DataConfig, data: str, memory_limit: Optional[str] = None
+) -> Report:
+    """Scan ``data`` (a file or directory) against the features and data sections (their
+    contract and validation rules); every problem, counted."""
     files = open_files(data, features)
     columns = contract_columns(features)
     scan = Scan(file_order={f.path: i for i, f in enumerate(files)})
@@ -604,7 +605,7 @@ def scan_dataset(cfg: ExperimentConfig, data: Optional[str] = None, memory_limit
             con.execute(f"SET memory_limit = {sql_literal(memory_limit)}")
         for (kind, _), members in groups.items():
             _, usable, types = members[0]
-            GroupScanner(con, [m[0] for m in members], kind, usable, types, features, cfg.data, scan).run()
+            GroupScanner(con, [m[0] for m in members], kind, usable, types, features, data_cfg, scan).run()
     finally:
         con.close()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pinads_rec.config import BuildConfig, ConfigError, ExperimentConfig, SplitConfig, SynthConfig
+from pinads_rec.config import BuildConfig, ConfigError, ExperimentConfig, FeaturesConfig, SplitConfig, SynthConfig
 from pinads_rec.data.synth.blocks import GROUP_COLUMNS, Block, faults_enabled, sample_block, sequence_caps, slice_block
 from pinads_rec.data.synth.checks import check_synth_config
 from pinads_rec.data.synth.drift import day_names
@@ -133,7 +133,7 @@ def generate(cfg: ExperimentConfig, out_dir: str | Path, num_threads: int = 0, r
     out = Path(out_dir)
     check_synth_config(s)  # config.load leaves the synth section to the generator
     if raw:
-        check_raw(cfg)
+        check_raw(cfg.features, cfg.synth)
     t_start = time.perf_counter()
     world = make_world(s)
     tl = make_timeline(world, s)
@@ -259,14 +259,14 @@ def _write_raw_days(world: World, tl: Timeline, s: SynthConfig, raw_dir: Path) -
     return info
 
 
-def days_build_config(cfg: ExperimentConfig) -> BuildConfig:
-    """``cfg.build`` (the fixed world's raw layout, as configs/demo.yaml states it) pointed at a
+def days_build_config(build: BuildConfig, s: SynthConfig) -> BuildConfig:
+    """``build`` (the fixed world's raw layout, as configs/demo.yaml states it) pointed at a
     drifting world's raw logs (``--raw <out>/raw``): every day's impressions, the behaviour events of
     raw/history/ and of every day, every day's launched ads, and one split a day named by its date.
     A build of it writes ``<built>/<YYYY-MM-DD>/``, equal to the generator's ``days/<YYYY-MM-DD>/``;
     a build of one day (the build's ``--day``) reads the same paths."""
-    names = day_names(cfg.synth)
-    b = copy.deepcopy(cfg.build)
+    names = day_names(s)
+    b = copy.deepcopy(build)
     b.impressions.path = [f"days/*/{p}" for p in b.impressions.path]
     for src in b.sequences:
         if src.path:  # a source without a path reads the impression log itself
@@ -278,14 +278,13 @@ def days_build_config(cfg: ExperimentConfig) -> BuildConfig:
     return b
 
 
-def check_raw(cfg: ExperimentConfig) -> None:
+def check_raw(features: FeaturesConfig, s: SynthConfig) -> None:
     """What --raw needs: fault-free data (faults have no raw form), and sequence groups capped as
     the generator caps them (else a build from the raw logs would not reproduce the contract)."""
-    s = cfg.synth
     if faults_enabled(s):
         raise ConfigError("synth.faults: feature faults have no raw-log form; turn them off with --raw")
     caps = sequence_caps(s)
-    for g in cfg.features.sequence_groups:
+    for g in features.sequence_groups:
         for group, (ts_col, _) in GROUP_COLUMNS.items():
             if g.timestamp_column == ts_col and g.max_length != caps[group]:
                 source = (
