@@ -119,14 +119,6 @@ class RawSource:
             f"encoding = {sql_string(self.encoding)}, union_by_name = true)"
         )
 
-    def columns(self, con: duckdb.DuckDBPyConnection) -> List[str]:
-        try:
-            return [row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {self.scan()}").fetchall()]
-        except duckdb.Error as e:
-            raise ContractError(
-                explain(e, [self]) or f"{self.where}: cannot read {self.files[0]}: {first_line(e)}"
-            ) from None
-
     def find(self, path: str, condition: str, values: str = "", row_as: Optional[str] = None) -> Optional[tuple]:
         """(0-based data row, *values) of the first row of ``path`` where ``condition`` holds,
         scanning in file order on one thread; None if it never does. ``condition`` and ``values`` are

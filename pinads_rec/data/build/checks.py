@@ -127,22 +127,22 @@ class Checks(Queries):
 
     def check_binds(self, relation: str, exprs: Dict[str, str], source: RawSource) -> None:
         """After a step failed: the first expression that fails alone over ``relation``, named by its
-        config key (DuckDB's message names no file, and blames an output alias -- "referenced that
-        exists in the SELECT clause" -- for a column the file lacks)."""
+        config key (the engine's message names no file, and DuckDB's blames an output alias --
+        "referenced that exists in the SELECT clause" -- for a column the file lacks)."""
         for key, expr in exprs.items():
             if not expr:  # an optional expression not given
                 continue
             try:
-                self.con.execute(f"SELECT ({expr}) FROM {relation} LIMIT 0").fetchall()
-            except duckdb.Error as e:
-                missing = re.search(r'Referenced column "(.+?)" not found', str(e))
+                self.engine.describe(f"SELECT ({expr}) FROM {relation}")
+            except self.engine.errors as e:
+                missing = self.engine.missing_column(e)
                 if not missing:
                     raise ContractError(self.explain(e) or f"{key}: {expr!r}: {first_line(e)}") from None
-                described = self.con.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()
-                have = [f"{r[0]}.<column>" if r[1].startswith("STRUCT") else r[0] for r in described]
+                described = self.engine.describe(f"SELECT * FROM {relation}")
+                have = [f"{name}.<column>" if kind.startswith("STRUCT") else name for name, kind in described]
                 files = source.files[0] + (" ..." if len(source.files) > 1 else "")
                 raise ContractError(
-                    f"{key}: {expr!r} reads column {missing.group(1)!r}, which {files} does not have (its columns: "
+                    f"{key}: {expr!r} reads column {missing!r}, which {files} does not have (its columns: "
                     f"{', '.join(h for h in have if not h.startswith('__'))})"
                 ) from None
 
@@ -151,15 +151,11 @@ class Checks(Queries):
         names that value; DuckDB would say only "Cannot mix values of type VARCHAR and ..."."""
         if not side.defaults:
             return
-        kinds = dict(
-            self.con.execute(
-                f"SELECT column_name, column_type FROM (DESCRIBE SELECT * FROM {source.scan()})"
-            ).fetchall()
-        )
+        kinds = dict(self.engine.describe(f"SELECT * FROM {self.scan(source)}"))
         for col, default in side.defaults.items():
             try:
-                kind = self.scalar(f"SELECT typeof({default})")
-            except duckdb.Error:
+                kind = self.type_of(default)
+            except self.engine.errors:
                 continue
             if kinds[col] != "VARCHAR" or not (kind in INTEGERS or kind.startswith(("DECIMAL", "DOUBLE", "FLOAT"))):
                 continue
@@ -201,7 +197,7 @@ class Checks(Queries):
             )
         self.counts["impressions on a surface not in features.surfaces (dropped)"] = n
         if n:
-            self.con.execute(f"DELETE FROM imp WHERE {bad}")
+            self.engine.execute(f"DELETE FROM imp WHERE {bad}")
 
     def count_else(self, table: str, columns: List[str], where: str, exprs: Dict[str, str]) -> None:
         """Counts the rows a CASE gave its ELSE in an id column (a mapping's default: an unknown
@@ -219,7 +215,9 @@ class Checks(Queries):
     def else_value(self, expr: str) -> Optional[str]:
         """The ELSE of ``expr`` as SQL when ``expr`` is a CASE whose ELSE is a constant that no THEN
         gives too (then its rows are exactly the unmatched ones); None otherwise."""
-        tree = json.loads(self.scalar(f"SELECT json_serialize_sql({sql_string('SELECT ' + expr)})"))
+        # DuckDB's parser reads the expression (written in its dialect whatever the engine).
+        parser = duckdb.connect()
+        tree = json.loads(parser.execute(f"SELECT json_serialize_sql({sql_string('SELECT ' + expr)})").fetchone()[0])
         try:
             node = tree["statements"][0]["node"]
             case = node["select_list"][0]
@@ -233,7 +231,7 @@ class Checks(Queries):
 
         def sql(e: dict) -> str:
             node["select_list"] = [e]
-            return self.scalar(f"SELECT json_deserialize_sql({sql_string(json.dumps(tree))})")[len("SELECT ") :]
+            return parser.execute(f"SELECT json_deserialize_sql({sql_string(json.dumps(tree))})").fetchone()[0][7:]
 
         value = sql(otherwise)
         return None if any(sql(check["then_expr"]) == value for check in case["case_checks"]) else value

@@ -83,6 +83,7 @@ def build_days(
     vocabularies: Optional[str] = None,
     memory_limit: Optional[str] = None,
     threads: Optional[int] = None,
+    engine: str = "duckdb",
 ) -> Dict[str, dict]:
     """Builds ``days`` (``parse_days``) of ``cfg.build`` from the files under ``raw_dir`` into
     ``out_dir/days/<day>/``, each replaced whole, or not at all on an error; ``vocabularies``: the
@@ -104,7 +105,7 @@ def build_days(
     with ExitStack() as stack:
         # Entered last day first, so they are left -- swapped in -- first day first.
         works = {day: stack.enter_context(build_output.replacing(str(day_dir(out_dir, day)))) for day in days[::-1]}
-        return DayBuild(cfg, raw_dir, {d: works[d] for d in days}, source, memory_limit, threads).run()
+        return DayBuild(cfg, raw_dir, {d: works[d] for d in days}, source, memory_limit, threads, engine).run()
 
 
 def vocabulary_source(build: BuildConfig, vocabularies: Optional[str]) -> Optional[Path]:
@@ -146,9 +147,10 @@ class DayBuild(Build):
         source: Optional[Path],
         memory_limit: Optional[str],
         threads: Optional[int],
+        engine: str = "duckdb",
     ):
-        # DuckDB spills into the first day's directory (removed before its manifest is written).
-        super().__init__(cfg, raw_dir, str(next(iter(works.values()))), memory_limit, threads)
+        # The engine spills into the first day's directory (removed before its manifest is written).
+        super().__init__(cfg, raw_dir, str(next(iter(works.values()))), memory_limit, threads, engine)
         self.works, self.source = works, source
         self.splits = list(works)
 
@@ -167,7 +169,7 @@ class DayBuild(Build):
             manifest = self.manifest({day: outputs[day]}, summary, on_day)
             manifests[day] = {"day": day, "timezone": self.b.timezone, **manifest, **applied}
             summaries[day] = summary
-        self.con.close()  # no query left that could spill again into the files the manifests list
+        self.engine.close()  # no query left that could spill again into the files the manifests list
         shutil.rmtree(self.tmp, ignore_errors=True)
         for day, work in self.works.items():
             build_output.write_manifest(work, manifests[day], [])  # the day's files are at its top: no split
@@ -195,11 +197,7 @@ class DayBuild(Build):
             "finding the day of each request",
             "CREATE TEMP TABLE __request_days AS SELECT __req, arg_min(__split, __t) AS __day FROM imp GROUP BY __req",
         )
-        found = dict(
-            self.con.execute(
-                f"SELECT __day, count(*) FROM __request_days WHERE __day IN ({days}) GROUP BY __day"
-            ).fetchall()
-        )
+        found = dict(self.rows(f"SELECT __day, count(*) FROM __request_days WHERE __day IN ({days}) GROUP BY __day"))
         empty = [d for d in self.splits if d not in found]
         if empty:
             first, last = self.one("SELECT min(__day), max(__day) FROM __request_days")

@@ -1,34 +1,46 @@
-"""The small queries every step, check and report of a build asks of its DuckDB connection: the
-first row, a scalar, a column's type; a statement run as one named step, DuckDB's refusal turned
-into a ContractError naming the step or the raw file's row.
+"""The small queries every step, check and report of a build asks of its engine (engine.py): the
+first row, a scalar, a column's type (in DuckDB's names), a relation's columns; a statement run as
+one named step, the engine's refusal turned into a ContractError naming the step or the raw file's
+row.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
-import duckdb
+from typing import Dict, List, Optional
 
 from pinads_rec.data.contract import ContractError
-from pinads_rec.data.raw_sources import configured, explain, first_line, sql_name
+from pinads_rec.data.raw_sources import RawSource, configured, explain, first_line, sql_name
 
 INTEGERS = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"}
 
 
 class Queries:
-    """Mixed into ``Build``: reads its connection ``con``, its ``build:`` section ``b`` and ``raw_dir``."""
+    """Mixed into ``Build``: reads its engine ``engine``, its ``build:`` section ``b`` and ``raw_dir``."""
+
+    def type_of(self, expr: str, relation: Optional[str] = None) -> str:
+        """The type (DuckDB's name) of SQL ``expr`` over ``relation`` (none: a constant)."""
+        return self.engine.describe(f"SELECT ({expr}){f' FROM {relation}' if relation else ''}")[0][1]
 
     def is_integer(self, expr: str) -> bool:
-        kind = self.one(f"SELECT typeof({expr}) FROM impressions LIMIT 1")
-        return bool(kind) and kind[0] in INTEGERS
+        return self.type_of(expr, "impressions") in INTEGERS
 
     def column_type(self, table: str, column: str) -> str:
-        row = self.one(f"SELECT typeof({sql_name(column)}) FROM {table} LIMIT 1")
-        if row:
-            return row[0]
-        # No row (a day build's events of a group none of the day's users has): the declared type.
-        described = self.con.execute(f"DESCRIBE SELECT {sql_name(column)} FROM {table}").fetchall()
-        return described[0][1] if described else "BIGINT"
+        return self.type_of(sql_name(column), table)
+
+    def columns_of(self, relation: str) -> List[str]:
+        return [name for name, _ in self.engine.describe(f"SELECT * FROM {relation}")]
+
+    def select_list(self, table: str, replace: Optional[Dict[str, str]] = None, exclude=(), qualifier: str = "") -> str:
+        """``table``'s columns as a SELECT list (each ``qualifier.column``), those in ``replace``
+        given by its SQL instead, those in ``exclude`` left out: DuckDB's ``* EXCLUDE / REPLACE``
+        spelled in SQL any engine reads."""
+        replace = replace or {}
+        prefix = f"{qualifier}." if qualifier else ""
+        return ", ".join(
+            f"{replace[c]} AS {sql_name(c)}" if c in replace else f"{prefix}{sql_name(c)}"
+            for c in self.columns_of(table)
+            if c not in exclude
+        )
 
     def is_list_column(self, table: str, column: str) -> bool:
         return self.column_type(table, column).endswith("[]")
@@ -43,17 +55,32 @@ class Queries:
 
     def one(self, sql: str) -> Optional[tuple]:
         """The first row (the whole result is fetched: DuckDB refuses new work beside an open one)."""
-        rows = self.con.execute(sql).fetchall()
+        rows = self.engine.rows(sql)
         return rows[0] if rows else None
 
+    def rows(self, sql: str) -> List[tuple]:
+        return self.engine.rows(sql)
+
+    def scan(self, source: RawSource) -> str:
+        """The table expression reading ``source``'s files on the engine."""
+        return self.engine.scan(source)
+
+    def source_columns(self, source: RawSource) -> List[str]:
+        try:
+            return self.columns_of(self.scan(source))
+        except self.engine.errors as e:
+            raise ContractError(
+                explain(e, [source]) or f"{source.where}: cannot read {source.files[0]}: {first_line(e)}"
+            ) from None
+
     def sql(self, what: str, statement: str) -> None:
-        """Runs one step, naming it in the error when DuckDB refuses (an unknown column in an
+        """Runs one step, naming it in the error when the engine refuses (an unknown column in an
         expression, a type that does not convert, the memory limit)."""
         try:
-            self.con.execute(statement)
-        except duckdb.Error as e:
+            self.engine.execute(statement)
+        except self.engine.errors as e:
             raise ContractError(self.explain(e) or f"build: {what}: {first_line(e)}") from None
 
-    def explain(self, e: duckdb.Error) -> Optional[str]:
-        """DuckDB's error about a raw file as one line naming file, line, column and value."""
+    def explain(self, e: Exception) -> Optional[str]:
+        """The engine's error about a raw file as one line naming file, line, column and value."""
         return explain(e, configured(self.b, self.raw_dir))

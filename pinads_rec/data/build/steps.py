@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 from zoneinfo import ZoneInfo
 
-import duckdb
-
 from pinads_rec.config import ConfigError, ExperimentConfig, SequenceGroupConfig, SequenceSourceConfig
 from pinads_rec.data import build_output
 from pinads_rec.data.build.checks import Checks
 from pinads_rec.data.build.config_checks import check_build, embedding_columns
+from pinads_rec.data.build.engine import open_engine
 from pinads_rec.data.build.writer import Reports, SplitWriter
 from pinads_rec.data.contract import ContractError, contract_columns
 from pinads_rec.data.raw_sources import RawSource, first_line, sql_name, sql_string
@@ -32,11 +31,13 @@ def build(
     out_dir: str,
     memory_limit: Optional[str] = None,
     threads: Optional[int] = None,
+    engine: str = "duckdb",
 ) -> dict:
     """Builds every split of ``cfg.build`` from the files under ``raw_dir`` into ``out_dir``, which
-    it replaces whole, or not at all on an error; returns the summary (also ``out_dir/summary.json``)."""
+    it replaces whole, or not at all on an error, on ``engine`` (engine.py); returns the summary
+    (also ``out_dir/summary.json``)."""
     with build_output.replacing(out_dir) as work:
-        return Build(cfg, raw_dir, str(work), memory_limit, threads).run()
+        return Build(cfg, raw_dir, str(work), memory_limit, threads, engine).run()
 
 
 def _time_of_day(text: str, tz: str, where: str) -> float:
@@ -50,29 +51,27 @@ def _time_of_day(text: str, tz: str, where: str) -> float:
 
 
 class Build(Checks, Reports):
-    """One build of the raw files into ``out_dir`` (``run``): a DuckDB connection, a temp table a step."""
+    """One build of the raw files into ``out_dir`` (``run``): an engine (engine.py), a temp table a step."""
 
     # The count of requests whose impressions fall in two splits.
     ACROSS = "requests across a split boundary (put in the split of their earliest impression)"
 
     def __init__(
-        self, cfg: ExperimentConfig, raw_dir: str, out_dir: str, memory_limit: Optional[str], threads: Optional[int]
+        self,
+        cfg: ExperimentConfig,
+        raw_dir: str,
+        out_dir: str,
+        memory_limit: Optional[str],
+        threads: Optional[int],
+        engine: str = "duckdb",
     ):
         self.cfg, self.b, self.features = cfg, cfg.build, cfg.features
         self.check_config()
         self.raw_dir, self.out = raw_dir, Path(out_dir)  # build() gives it its temporary directory
         self.threads = threads or os.cpu_count() or 1
         self.memory_limit = memory_limit
-        self.tmp = self.out / ".build_tmp"  # DuckDB's spill files
-        self.con = duckdb.connect()
-        self.con.execute(f"SET threads = {int(self.threads)}")
-        self.con.execute(f"SET temp_directory = {sql_string(str(self.tmp))}")
-        self.con.execute("SET preserve_insertion_order = false")
-        if memory_limit:
-            try:
-                self.con.execute(f"SET memory_limit = {sql_string(memory_limit)}")
-            except duckdb.Error as e:
-                raise ConfigError(f"--memory-limit {memory_limit!r}: {str(e).splitlines()[0]}") from None
+        self.tmp = self.out / ".build_tmp"  # the engine's spill files
+        self.engine = open_engine(engine, self.threads, str(self.tmp), memory_limit)
         self.counts: Dict[str, int] = {}  # every repair and drop, by what it was
         self.columns = {c.name: c for c in contract_columns(self.features)}
         names = self.features.columns
@@ -98,7 +97,7 @@ class Build(Checks, Reports):
         summary = self.summarize(outputs, time.time() - start)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         manifest = self.manifest(outputs, summary)
-        self.con.close()  # no query left that could spill again into the files the manifest lists
+        self.engine.close()  # no query left that could spill again into the files the manifest lists
         shutil.rmtree(self.tmp, ignore_errors=True)
         build_output.write_manifest(self.out, manifest, self.splits)
         return summary
@@ -117,7 +116,7 @@ class Build(Checks, Reports):
                 self.sequences(events, source, group)
             self.candidates()
             return {split: self.write(split) for split in self.splits}
-        except duckdb.Error as e:  # a raw file DuckDB refused: its file, line, column and value
+        except self.engine.errors as e:  # a raw file DuckDB refused: its file, line, column and value
             raise ContractError(self.explain(e) or f"build: {first_line(e)}") from None
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
@@ -125,13 +124,15 @@ class Build(Checks, Reports):
     def impressions(self) -> None:
         imp = self.b.impressions
         self.imp_source = RawSource.of(imp, self.raw_dir, "build.impressions")
-        self.imp_columns = self.imp_source.columns(self.con)
-        base = f"(SELECT *, filename AS __file FROM {self.imp_source.scan()}{_where(imp.filter)})"
+        self.imp_columns = self.source_columns(self.imp_source)
+        base = f"(SELECT *, filename AS __file FROM {self.scan(self.imp_source)}{_where(imp.filter)})"
         try:
-            self.con.execute(f"CREATE TEMP VIEW impressions AS SELECT * FROM {base}")
-        except duckdb.Error:
+            self.engine.execute(f"CREATE TEMP VIEW impressions AS SELECT * FROM {base}")
+        except self.engine.errors:
             self.check_binds(
-                f"(SELECT * FROM {self.imp_source.scan()})", {"build.impressions.filter": imp.filter}, self.imp_source
+                f"(SELECT * FROM {self.scan(self.imp_source)})",
+                {"build.impressions.filter": imp.filter},
+                self.imp_source,
             )
             raise
         self.imp_time = self.seconds(imp.time, "impressions", "build.impressions.time")
@@ -146,8 +147,8 @@ class Build(Checks, Reports):
         # A history read from the impression log itself (a sequence source without a path) sees the
         # side tables too: a clicked video's author is ``video.author_id``, as in build.columns.
         try:
-            self.con.execute(f"CREATE TEMP VIEW impressions_joined AS {joined}")
-        except duckdb.Error as e:
+            self.engine.execute(f"CREATE TEMP VIEW impressions_joined AS {joined}")
+        except self.engine.errors as e:
             raise ContractError(self.explain(e) or f"build: joining the side tables: {first_line(e)}") from None
         split, n_splits = self.split_columns()
         keys = self.request_keys()
@@ -226,7 +227,11 @@ class Build(Checks, Reports):
         """``__req``: the log's integer request id as it is; otherwise each distinct key numbered
         1, 2, ... in key order (only the keys are sorted, not the impressions)."""
         if len(keys) == 1 and self.is_integer(keys[0]):
-            self.sql("taking the request ids", "ALTER TABLE imp RENAME COLUMN __key0 TO __req")
+            self.sql(
+                "taking the request ids",
+                f"CREATE OR REPLACE TEMP TABLE imp AS SELECT {self.select_list('imp', exclude=['__key0'])}, "
+                f"__key0 AS __req FROM imp",
+            )
             return
         names = [f"__key{i}" for i in range(len(keys))]
         listed = ", ".join(names)
@@ -239,8 +244,8 @@ class Build(Checks, Reports):
         same = " AND ".join(f"imp.{n} IS NOT DISTINCT FROM r.{n}" for n in names)
         self.sql(
             "numbering the requests",
-            f"CREATE OR REPLACE TEMP TABLE imp AS SELECT imp.* EXCLUDE ({listed}), r.__req "
-            f"FROM imp JOIN __request_ids r ON {same}",
+            f"CREATE OR REPLACE TEMP TABLE imp AS SELECT {self.select_list('imp', exclude=names, qualifier='imp')}, "
+            f"r.__req FROM imp JOIN __request_ids r ON {same}",
         )
 
     def side_table(self, i: int, side) -> dict:
@@ -251,7 +256,7 @@ class Build(Checks, Reports):
                 f"{where}.name: {side.name!r} is also a column of the impression log; name the side table otherwise"
             )
         source = RawSource.of(side, self.raw_dir, where)
-        columns = source.columns(self.con)
+        columns = self.source_columns(source)
         for col in list(side.key) + ([side.as_of] if side.as_of else []):
             if col not in columns:
                 raise ContractError(f"{where}: {source.files[0]} has no column {col!r} (its columns: {columns})")
@@ -263,11 +268,11 @@ class Build(Checks, Reports):
             key_select += f", {self.date_sql(sql_name(side.as_of), source, where + '.as_of')} AS __date"
             keys.append(side.as_of)
             dated = ", __date"
-        filtered = f"(SELECT * FROM {source.scan()}{_where(side.filter)})"
+        filtered = f"(SELECT * FROM {self.scan(source)}{_where(side.filter)})"
         fields = [c for c in columns if c not in side.key]
         # The side columns travel in one struct, so no name of theirs can clash with the impressions'.
         packed = ", ".join(f"{sql_name(c)} := {sql_name(c)}" for c in fields)
-        self.con.execute(
+        self.engine.execute(
             f"CREATE TEMP TABLE {alias} AS SELECT {key_select}, struct_pack({packed}) AS __fields FROM {filtered}"
         )
         dup = self.one(
@@ -349,7 +354,9 @@ class Build(Checks, Reports):
             self.counts[self.ACROSS] = moved
             self.sql(
                 "moving requests to one split",
-                "UPDATE imp SET __split = req.__split FROM req WHERE imp.__req = req.__req",
+                "CREATE OR REPLACE TEMP TABLE imp AS SELECT "
+                + self.select_list("imp", {"__split": "req.__split"}, qualifier="imp")
+                + " FROM imp JOIN req USING (__req)",
             )
         for col in self.user_side:
             bad = self.one(
@@ -370,10 +377,10 @@ class Build(Checks, Reports):
         name = _ident(group.name)
         if source.path:
             raw = RawSource.of(source, self.raw_dir, where)
-            scan = f"(SELECT *, filename AS __file FROM {raw.scan()})"
+            scan = f"(SELECT *, filename AS __file FROM {self.scan(raw)})"
             if source.side_tables:  # the events' own keys into the side tables (as of their own date)
                 plain = f"__events_raw_{name}"
-                self.con.execute(f"CREATE TEMP VIEW {plain} AS SELECT * FROM {scan}")
+                self.engine.execute(f"CREATE TEMP VIEW {plain} AS SELECT * FROM {scan}")
                 t = self.seconds(source.time, plain, f"{where}.time")
                 joins, structs = [], []
                 for side, key in source.side_tables.items():
@@ -385,8 +392,8 @@ class Build(Checks, Reports):
             raw, scan = self.imp_source, "impressions_joined"
         view = f"__events_{name}"
         try:
-            self.con.execute(f"CREATE TEMP VIEW {view} AS SELECT * FROM {scan}{_where(source.filter)}")
-        except duckdb.Error:
+            self.engine.execute(f"CREATE TEMP VIEW {view} AS SELECT * FROM {scan}{_where(source.filter)}")
+        except self.engine.errors:
             self.check_binds(scan, {f"{where}.filter": source.filter}, raw)
             raise
         t = self.seconds(source.time, view, f"{where}.time")
@@ -421,7 +428,7 @@ class Build(Checks, Reports):
                 "fix the log or set missing_user: drop"
             )
         self.counts[f"sequence group {group.name}: events without a user (dropped)"] = no_user
-        self.con.execute(f"DELETE FROM {events} WHERE __no_user")
+        self.engine.execute(f"DELETE FROM {events} WHERE __no_user")
         self.check_times(events, "__t", raw, t, f"{where}.time")
         self.check_no_nulls(events, cols, f"{where}.columns", raw, source.columns)
         for f in group.features:
@@ -445,13 +452,14 @@ class Build(Checks, Reports):
         for f in group.features:
             if f.multi_valued:  # a counted repair, as the loader's overlong_sequence: truncate does
                 col = sql_name(f.column)
-                over = self.scalar(f"SELECT count(*) FROM {events} WHERE len({col}) > {f.max_values}")
+                over = self.scalar(f"SELECT count(*) FROM {events} WHERE array_length({col}) > {f.max_values}")
                 if over:
                     self.counts[
                         f"sequence group {group.name} feature {f.name}: bags cut to their first {f.max_values} ids"
                     ] = over
-                    self.con.execute(
-                        f"UPDATE {events} SET {col} = {col}[1:{f.max_values}] WHERE len({col}) > {f.max_values}"
+                    self.engine.execute(
+                        f"UPDATE {events} SET {col} = list_slice({col}, 1, {f.max_values}) "
+                        f"WHERE array_length({col}) > {f.max_values}"
                     )
         self.group_sources[group.name] = (events, source, group)
 
@@ -470,7 +478,7 @@ class Build(Checks, Reports):
         def raw_values(table: str, column: str) -> str:  # a list column (multi-hot, bags) counts each id
             col = sql_name(column)
             return (
-                f"CAST(unnest({col}) AS VARCHAR)" if self.is_list_column(table, column) else f"CAST({col} AS VARCHAR)"
+                f"unnest(CAST({col} AS VARCHAR[]))" if self.is_list_column(table, column) else f"CAST({col} AS VARCHAR)"
             )
 
         values = [
@@ -499,10 +507,7 @@ class Build(Checks, Reports):
         self.apply_vocabulary(vocab.table, name)
         vocab_dir = self.out / "vocabularies"
         vocab_dir.mkdir(exist_ok=True)
-        self.con.execute(
-            f"COPY (SELECT * FROM {name} ORDER BY idx) TO {sql_string(str(vocab_dir / (vocab.table + '.parquet')))} "
-            f"(FORMAT parquet)"
-        )
+        self.engine.copy_parquet(f"SELECT * FROM {name} ORDER BY idx", str(vocab_dir / (vocab.table + ".parquet")))
 
     def vocabulary_columns(self, table: str) -> Tuple[List[str], List[Tuple[str, str]]]:
         """The columns feeding ``table``: those of the impressions, and (events table, column) of the groups."""
@@ -521,7 +526,11 @@ class Build(Checks, Reports):
         for table_name, c in dict.fromkeys([("imp", c) for c in imp_cols] + event_cols):
             self.remap(table_name, c, name)
             col = sql_name(c)
-            zero = f"len(list_filter({col}, lambda x: x = 0))" if self.is_list_column(table_name, c) else f"{col} = 0"
+            zero = (
+                f"array_length(list_filter({col}, lambda x: x = 0))"
+                if self.is_list_column(table_name, c)
+                else f"{col} = 0"
+            )
             out_of_vocabulary += self.scalar(f"SELECT coalesce(sum(CAST({zero} AS BIGINT)), 0) FROM {table_name}")
         self.counts[f"vocabulary {table}: ids out of vocabulary (mapped to 0)"] = int(out_of_vocabulary)
         self.counts[f"vocabulary {table}: ids kept"] = self.scalar(f"SELECT count(*) FROM {name}")
@@ -529,20 +538,24 @@ class Build(Checks, Reports):
     def remap(self, table: str, column: str, vocab: str) -> None:
         col = sql_name(column)
         if not self.is_list_column(table, column):
-            self.con.execute(
-                f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT {table}.* REPLACE (coalesce(__v.idx, 0) AS {col}) "
+            mapped = self.select_list(table, {column: "coalesce(__v.idx, 0)"}, qualifier=table)
+            self.engine.execute(
+                f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT {mapped} "
                 f"FROM {table} LEFT JOIN {vocab} AS __v ON __v.raw = CAST({table}.{col} AS VARCHAR)"
             )
             return
-        # A list per row: each id mapped in place (its position kept), an empty list stays empty.
-        self.con.execute(
+        # A list per row: each id mapped in place (its position kept), an empty list stays empty. The
+        # rows are numbered in a table of their own (a number any engine keeps once given).
+        self.engine.execute(
+            f"CREATE OR REPLACE TEMP TABLE __numbered AS SELECT *, row_number() OVER () AS __row FROM {table}"
+        )
+        kept = self.select_list("__numbered", {column: "coalesce(mapped.__ids, [])"}, ["__row"], "__numbered")
+        self.engine.execute(
             f"""CREATE OR REPLACE TEMP TABLE {table} AS
-            WITH numbered AS (SELECT *, row_number() OVER () AS __row FROM {table}),
-            ids AS (SELECT __row, unnest({col}) AS __id, generate_subscripts({col}, 1) AS __pos FROM numbered),
+            WITH ids AS (SELECT __row, unnest({col}) AS __id, generate_subscripts({col}, 1) AS __pos FROM __numbered),
             mapped AS (SELECT __row, list(coalesce(__v.idx, 0) ORDER BY __pos) AS __ids
                        FROM ids LEFT JOIN {vocab} AS __v ON __v.raw = CAST(ids.__id AS VARCHAR) GROUP BY __row)
-            SELECT numbered.* EXCLUDE (__row) REPLACE (coalesce(mapped.__ids, []) AS {col})
-            FROM numbered LEFT JOIN mapped USING (__row)"""
+            SELECT {kept} FROM __numbered LEFT JOIN mapped USING (__row)"""
         )
 
     def sequences(self, events: str, source: SequenceSourceConfig, group: SequenceGroupConfig) -> None:
@@ -573,8 +586,8 @@ class Build(Checks, Reports):
             SELECT __user,
                    list_sort(list(struct_pack({packed})) FILTER (WHERE __req IS NULL)) AS __events,
                    list(struct_pack(__req := __req, __n := __n)) FILTER (WHERE __req IS NOT NULL) AS __requests
-            FROM (SELECT __user, __t, {", ".join(sql_name(c) for c in cols)} FROM {events}
-                  UNION ALL BY NAME SELECT __user, __req, __n FROM __before_{name})
+            FROM (SELECT __user, __t, {", ".join(sql_name(c) for c in cols)}, NULL AS __req, NULL AS __n FROM {events}
+                  UNION ALL SELECT __user, NULL, {", ".join("NULL" for _ in cols)}, __req, __n FROM __before_{name})
             GROUP BY __user""",
         )
         lists = [f"[CAST(floor(x.__t) AS BIGINT) FOR x IN __r.__s] AS {sql_name(group.timestamp_column)}"]
@@ -586,7 +599,7 @@ class Build(Checks, Reports):
             SELECT __r.__req AS __req, {", ".join(lists)} FROM (
                 SELECT unnest(list_transform(__requests, lambda r: struct_pack(__req := r.__req, __s := {cut})))
                        AS __r
-                FROM __timeline_{name} WHERE len(__requests) > 0)""",
+                FROM __timeline_{name} WHERE array_length(__requests) > 0)""",
         )
 
     def candidates(self) -> None:
@@ -633,9 +646,9 @@ class Build(Checks, Reports):
         for first in range(0, total, per_file):
             chunk = f"{select} WHERE k.__rank > {first} AND k.__rank <= {first + per_file} ORDER BY k.__rank"
             try:
-                for batch in self.con.sql(chunk).to_arrow_reader(self.b.requests_per_row_group):
+                for batch in self.engine.batches(chunk, self.b.requests_per_row_group):
                     writer.add(batch)
-            except duckdb.Error as e:
+            except self.engine.errors as e:
                 raise ContractError(f"build: writing split {split!r}: {str(e).strip().splitlines()[0]}") from None
         written = writer.close()
         written["files"] = [Path(f).relative_to(root).as_posix() for f in written["files"]]
@@ -665,8 +678,8 @@ class Build(Checks, Reports):
                 f"{dup[2]} times (in {', '.join(dup[3])}); set build.impressions.duplicates: drop to keep the first"
             )
         labels = ", ".join(f"{sql_name(t.label_column)} DESC" for t in self.features.tasks)
-        self.con.execute(
-            f"""CREATE OR REPLACE TEMP TABLE imp AS SELECT * EXCLUDE (__dup) FROM (
+        self.engine.execute(
+            f"""CREATE OR REPLACE TEMP TABLE imp AS SELECT {self.select_list("imp")} FROM (
                 SELECT *, row_number() OVER (PARTITION BY __req, __item ORDER BY __order, {labels}) AS __dup FROM imp)
             WHERE __dup = 1"""
         )
@@ -686,7 +699,7 @@ class Build(Checks, Reports):
             f"{self.sampled()} AND {label} = 0 AND (hash(__req, __item, {int(d.seed)}) % 1000000) / 1000000.0 >= {rate}"
         )
         self.counts[f"negatives of {d.task} downsampled away"] = self.scalar(f"SELECT count(*) FROM imp WHERE {drop}")
-        self.con.execute(f"DELETE FROM imp WHERE {drop}")
+        self.engine.execute(f"DELETE FROM imp WHERE {drop}")
 
     def sampled(self) -> str:
         """SQL over an impression: whether its negatives are downsampled (its split is listed)."""
@@ -699,7 +712,7 @@ class Build(Checks, Reports):
         zone and dates in build.timezone; text as a number, else as a timestamp."""
         try:
             kind = self.one(f"SELECT typeof({expr}) FROM {relation} LIMIT 1")
-        except duckdb.Error as e:
+        except self.engine.errors as e:
             raise ContractError(f"{where}: {expr!r}: {str(e).strip().splitlines()[0]}") from None
         kind = kind[0] if kind else "DOUBLE"
         tz = sql_string(self.b.timezone)
@@ -713,7 +726,7 @@ class Build(Checks, Reports):
 
     def date_sql(self, expr: str, source: RawSource, where: str) -> str:
         """A side table's date column as a DATE: DATE/TIMESTAMP, 20220408 or '2022-04-08'."""
-        kind = self.one(f"SELECT typeof({expr}) FROM {source.scan()} LIMIT 1")
+        kind = self.one(f"SELECT typeof({expr}) FROM {self.scan(source)} LIMIT 1")
         kind = kind[0] if kind else "DATE"
         if kind == "DATE" or kind.startswith("TIMESTAMP"):
             return f"CAST({expr} AS DATE)"

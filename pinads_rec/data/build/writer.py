@@ -29,9 +29,11 @@ class Reports(Queries):
         self, outputs: Dict[str, dict], seconds: float, root: Optional[Path] = None, impressions: str = "imp"
     ) -> dict:
         """Counts read back from the written files (their paths relative to ``root``, default the
-        output directory): what the build produced, not what it meant to. The join misses are
-        those of ``impressions`` (SQL: the impressions written)."""
+        output directory) by DuckDB on the driver, whatever the engine: what the build produced, not
+        what it meant to. The join misses are those of ``impressions`` (SQL on the engine: the
+        impressions written)."""
         f = self.features
+        files = duckdb.connect()
         root = self.out if root is None else root
         out = {"splits": {}, "repairs": self.counts, "seconds": round(seconds, 2), "threads": self.threads}
         for split, o in outputs.items():
@@ -46,7 +48,7 @@ class Reports(Queries):
                     f"unnest({sql_name(c)}) AS {sql_name(c)}"
                     for c in [f.columns.surface] + [t.label_column for t in f.tasks]
                 )
-                rows = self.con.execute(
+                rows = files.execute(
                     f"SELECT CAST(unnest_l.{surface} AS VARCHAR), count(*), {labels} "
                     f"FROM (SELECT {unnested} FROM {scan}) unnest_l GROUP BY ALL ORDER BY 1"
                 ).fetchall()
@@ -57,10 +59,10 @@ class Reports(Queries):
                 entry["sequence_lengths"] = {}
                 for g in f.sequence_groups:
                     c = sql_name(g.timestamp_column)
-                    q = self.one(
+                    q = files.execute(
                         f"SELECT avg(len({c})), quantile_disc(len({c}), [0.5, 0.9, 0.99]), max(len({c})), "
                         f"count(*) FILTER (WHERE len({c}) = 0) FROM {scan}"
-                    )
+                    ).fetchone()
                     entry["sequence_lengths"][g.name] = {
                         "mean": round(q[0], 2),
                         "p50": q[1][0],
@@ -70,6 +72,7 @@ class Reports(Queries):
                         "empty": q[3],
                     }
             out["splits"][split] = entry
+        files.close()
         out["join_misses"] = {
             s.name: self.scalar(f"SELECT count(*) FROM {impressions} WHERE NOT {sql_name('__hit_' + s.name)}")
             for s in self.b.side_tables
@@ -102,7 +105,8 @@ class Reports(Queries):
             "negative_downsampling": cfg["build"]["negative_downsampling"],
             "outputs": outputs,
             "memory_limit": self.memory_limit,
-            "versions": {"duckdb": duckdb.__version__, "pyarrow": pa.__version__},
+            "engine": self.engine.name,
+            "versions": {**self.engine.versions(), "pyarrow": pa.__version__},
             "built": datetime.now().isoformat(timespec="seconds"),
         }
 

@@ -1,0 +1,122 @@
+"""The SQL engine a build runs on: what the build's steps ask of it, and DuckDB, the engine on one
+machine (``--engine duckdb``, the default).
+
+Every statement of the build is written once, in DuckDB's dialect (steps.py, checks.py); an engine
+runs it as it is (DuckDB) or translated (``SparkEngine``, spark_engine.py). What differs beyond the
+dialect is here, behind one interface: how a raw source is scanned, how a query's column types are
+named (always in DuckDB's names: ``BIGINT``, ``VARCHAR``, ``BIGINT[]``), how result rows reach the
+driver, how a refusal is told (``errors``) and which column it missed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import duckdb
+import pyarrow as pa
+
+from pinads_rec.config import ConfigError
+from pinads_rec.data.raw_sources import RawSource, sql_string
+
+ENGINES = ("duckdb", "spark")
+
+
+class Engine:
+    """The interface; ``DuckDBEngine`` and ``SparkEngine`` implement it."""
+
+    name = ""
+    errors: Tuple[type, ...] = ()  # what a statement the engine refuses raises
+
+    def execute(self, statement: str) -> None:
+        """One statement: CREATE [OR REPLACE] TEMP TABLE/VIEW ... AS, DELETE, UPDATE, SET."""
+        raise NotImplementedError
+
+    def rows(self, query: str) -> List[tuple]:
+        """Every row of ``query``, fetched whole."""
+        raise NotImplementedError
+
+    def describe(self, query: str) -> List[Tuple[str, str]]:
+        """(name, DuckDB type name) of each column ``query`` gives, without running it."""
+        raise NotImplementedError
+
+    def batches(self, query: str, size: int) -> Iterator[pa.RecordBatch]:
+        """The rows of ``query`` in its order, as Arrow batches of up to ``size`` rows."""
+        raise NotImplementedError
+
+    def scan(self, source: RawSource) -> str:
+        """A table expression reading the source's files, with their columns and ``filename``
+        (the file's path as ``source.files`` names it)."""
+        raise NotImplementedError
+
+    def copy_parquet(self, query: str, path: str) -> None:
+        """The rows of ``query`` as one Parquet file at ``path`` (on the driver)."""
+        raise NotImplementedError
+
+    def missing_column(self, error: Exception) -> Optional[str]:
+        """The column a refused statement read and no relation has, if that was the refusal."""
+        raise NotImplementedError
+
+    def versions(self) -> Dict[str, str]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class DuckDBEngine(Engine):
+    """One DuckDB connection: every core (or ``threads``), spilling into ``spill_dir`` beyond
+    ``memory_limit``."""
+
+    name = "duckdb"
+    errors = (duckdb.Error,)
+
+    def __init__(self, threads: int, spill_dir: str, memory_limit: Optional[str]):
+        self.con = duckdb.connect()
+        self.con.execute(f"SET threads = {int(threads)}")
+        self.con.execute(f"SET temp_directory = {sql_string(spill_dir)}")
+        self.con.execute("SET preserve_insertion_order = false")
+        if memory_limit:
+            try:
+                self.con.execute(f"SET memory_limit = {sql_string(memory_limit)}")
+            except duckdb.Error as e:
+                raise ConfigError(f"--memory-limit {memory_limit!r}: {str(e).splitlines()[0]}") from None
+
+    def execute(self, statement: str) -> None:
+        self.con.execute(statement)
+
+    def rows(self, query: str) -> List[tuple]:
+        return self.con.execute(query).fetchall()
+
+    def describe(self, query: str) -> List[Tuple[str, str]]:
+        return [(r[0], r[1]) for r in self.con.execute(f"DESCRIBE {query}").fetchall()]
+
+    def batches(self, query: str, size: int) -> Iterator[pa.RecordBatch]:
+        yield from self.con.sql(query).to_arrow_reader(size)
+
+    def scan(self, source: RawSource) -> str:
+        return source.scan()
+
+    def copy_parquet(self, query: str, path: str) -> None:
+        self.con.execute(f"COPY ({query}) TO {sql_string(path)} (FORMAT parquet)")
+
+    def missing_column(self, error: Exception) -> Optional[str]:
+        missing = re.search(r'Referenced column "(.+?)" not found', str(error))
+        return missing.group(1) if missing else None
+
+    def versions(self) -> Dict[str, str]:
+        return {"duckdb": duckdb.__version__}
+
+    def close(self) -> None:
+        self.con.close()
+
+
+def open_engine(name: str, threads: int, spill_dir: str, memory_limit: Optional[str]) -> Engine:
+    """The engine ``--engine`` names, started."""
+    if name == "duckdb":
+        return DuckDBEngine(threads, spill_dir, memory_limit)
+    if name == "spark":
+        from pinads_rec.data.build.spark_engine import SparkEngine  # PySpark and a JVM: only when asked
+
+        return SparkEngine(threads, spill_dir, memory_limit)
+    raise ConfigError(f"--engine {name!r}: not an engine; give one of {', '.join(ENGINES)}")
