@@ -1,8 +1,9 @@
-"""Raw-log build benchmark: the DuckDB builder under a memory cap, against pandas and Polars.
+"""Raw-log build benchmark: the DuckDB builder under a memory cap, against pandas, Polars and the
+same builder on Spark.
 
     python benchmarks/build.py [--events 50000000] [--impressions 5000000] [--users 1000000]
                                [--memory-limit 1GB] [--threads N] [--pandas-events auto|N|0]
-                               [--polars-events N|0] [--smoke] [--out DIR]
+                               [--polars-events N|0] [--spark-events N|0] [--smoke] [--out DIR]
 
 1. **Generates** a Taobao-like raw log in Parquet (numpy, in chunks: memory bounded by the chunk):
    ``raw_sample.parquet`` (impressions: user, time_stamp, adgroup_id, pid, nonclk, clk; a request is
@@ -22,6 +23,11 @@
 4. **Polars** (streaming engine, ``collect(engine="streaming")``): the core step alone (the
    behaviour group's point-in-time newest-N sequences per request), against the builder given the
    same single-group config; their sequences must be equal.
+5. **Spark** (``--engine spark``, ``local[--threads]``, the driver given ``--memory-limit``): the
+   whole build on the full log (or ``--spark-events``), its output equal to the DuckDB builder's;
+   peak RSS summed over its process tree (the Python driver, Spark's JVM, the Python UDF workers:
+   polled), its spill the peak size of ``SPARK_LOCAL_DIRS`` (polled). The ratio says how many
+   times the cores Spark needs to build in DuckDB's time: where a cluster starts to pay.
 
 Prints one table and the ratios (and writes them to ``<out>/build_benchmark.json``). ``--smoke``: a
 tiny log (seconds), for the test. ``--builder-module`` times another build module with the same CLI
@@ -48,7 +54,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pinads_rec.data import build_output
-from pinads_rec.experiments.harness.meters import status_mib
+from pinads_rec.experiments.harness.meters import status_mib, tree_rss_mib
 
 REPO = Path(__file__).resolve().parents[1]
 MB = 2**20
@@ -483,10 +489,11 @@ def disk_bytes(path: Path) -> int:
     return total
 
 
-def measure(cmd: List[str], temp=None, env=None, rss_guard_mb: float = 0, timeout_s: float = 0):
-    """Runs cmd, polling its peak RSS (VmHWM) and the size of ``temp`` (a directory, or a function of
-    the process id giving it). Stops it when its RSS passes rss_guard_mb or it runs past timeout_s
-    (0: no limit); ``stopped`` then says why."""
+def measure(cmd: List[str], temp=None, env=None, rss_guard_mb: float = 0, timeout_s: float = 0, tree: bool = False):
+    """Runs cmd, polling its peak RSS (VmHWM; with ``tree``, the largest sum of VmRSS over it and
+    its descendants) and the size of ``temp`` (a directory, or a function of the process id giving
+    it). Stops it when its RSS passes rss_guard_mb or it runs past timeout_s (0: no limit);
+    ``stopped`` then says why."""
     started = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     peak = {"rss_mib": 0.0, "temp": 0, "stopped": None}
@@ -494,14 +501,15 @@ def measure(cmd: List[str], temp=None, env=None, rss_guard_mb: float = 0, timeou
 
     def sample():
         while not done.is_set():
-            hwm = status_mib(proc.pid, "VmHWM")
+            hwm = tree_rss_mib(proc.pid) if tree else status_mib(proc.pid, "VmHWM")
             if hwm:
                 peak["rss_mib"] = max(peak["rss_mib"], hwm)
             spill = temp(proc.pid) if callable(temp) else temp
             if spill is not None and spill.exists():
                 peak["temp"] = max(peak["temp"], disk_bytes(spill))
             why = None
-            if rss_guard_mb and (status_mib(proc.pid, "VmRSS") or 0) > rss_guard_mb:
+            rss = tree_rss_mib(proc.pid) if tree else status_mib(proc.pid, "VmRSS")
+            if rss_guard_mb and (rss or 0) > rss_guard_mb:
                 why = f"RSS past the {rss_guard_mb / 1024:.0f} GiB guard"
             elif timeout_s and time.time() - started > timeout_s:
                 why = f"past {timeout_s:.0f} s"
@@ -536,12 +544,21 @@ def _env(threads: int) -> dict:
     return env
 
 
-def run_builder(raw: Path, out: Path, config: Path, cap: str, threads: int, module: str, **guards) -> dict:
+def run_builder(
+    raw: Path, out: Path, config: Path, cap: str, threads: int, module: str, engine: str = "duckdb", **guards
+) -> dict:
     cmd = [sys.executable, "-m", module, "--config", str(config), "--raw", str(raw), "--out", str(out)]
-    cmd += ["--memory-limit", cap, "--threads", str(threads)]
-    # The build writes (and spills) into its temporary directory beside --out, named by its pid.
-    spill = lambda pid: build_output.work_dir(out.resolve(), pid) / ".build_tmp"  # noqa: E731
-    r = measure(cmd, temp=spill, env=_env(threads), **guards)
+    cmd += ["--memory-limit", cap, "--threads", str(threads), "--engine", engine]
+    env = _env(threads)
+    if engine == "spark":  # Spark spills under SPARK_LOCAL_DIRS; its JVM and UDF workers are children
+        spill = out.parent / f"{out.name}-spark-local"
+        spill.mkdir(parents=True, exist_ok=True)
+        env["SPARK_LOCAL_DIRS"] = str(spill)
+        r = measure(cmd, temp=spill, env=env, tree=True, **guards)
+    else:
+        # The build writes (and spills) into its temporary directory beside --out, named by its pid.
+        spill = lambda pid: build_output.work_dir(out.resolve(), pid) / ".build_tmp"  # noqa: E731
+        r = measure(cmd, temp=spill, env=env, **guards)
     if r["ok"]:
         r["summary"] = json.loads((out / "summary.json").read_text())
     return r
@@ -647,6 +664,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "finishes under the RSS guard), a number, or 0 (none)",
     )
     ap.add_argument("--polars-events", type=int, default=None, help="events of the Polars comparison (default: full)")
+    ap.add_argument("--spark-events", type=int, default=None, help="events of the Spark build (default: full; 0: none)")
     ap.add_argument(
         "--rss-guard-gb", type=float, default=None, help="stop a child past this RSS (default: 85%% of MemAvailable)"
     )
@@ -750,6 +768,30 @@ def _benchmark(args, work: Path, guards: dict) -> int:
             if diff:
                 polars_row["ok"] = False
 
+    # The same build on Spark local[threads], its output equal to the builder's.
+    spark_row = spark_duck = None
+    if args.spark_events != 0:
+        log = _generate(work, _scaled(args, args.spark_events or args.events), args.seed)
+        out = work / f"spark-{log['events']}"
+        spark_cap = cap if _parse_mb(cap) >= 1024 else "1GB"  # Spark's driver will not start below ~450 MiB
+        config = log["raw"] / "config.yaml"
+        r = run_builder(log["raw"], out, config, spark_cap, threads, args.builder_module, "spark", **guards)
+        spark_row = report(_row(f"Spark local[{threads}] builder", log, spark_cap, r, out))
+        duck_out = work / "duckdb-full"
+        if log["events"] == full["events"]:
+            spark_duck = main_row
+        else:
+            duck_out = work / f"duckdb-{log['events']}"
+            r = run_builder(
+                log["raw"], duck_out, log["raw"] / "config.yaml", cap, threads, args.builder_module, **guards
+            )
+            spark_duck = report(_row("DuckDB builder", log, cap, r, duck_out))
+        if spark_row["ok"] and spark_duck["ok"]:
+            diff = equal_outputs(duck_out, out, ["train", "eval"])
+            notes.append(f"Spark output {'== builder output' if not diff else '!= builder output: ' + diff}")
+            if diff:
+                spark_row["ok"] = False
+
     print()
     cap_mb = _parse_mb(cap)
     in_mem = full["in_memory_total"] / MB
@@ -771,6 +813,13 @@ def _benchmark(args, work: Path, guards: dict) -> int:
             f"Polars / builder (core step) at {polars_row['events']:,} events: wall "
             f"{polars_row['seconds'] / core_row['seconds']:.2f}x, peak RSS "
             f"{polars_row['peak_rss_mb'] / core_row['peak_rss_mb']:.2f}x"
+        )
+    if spark_row and spark_duck and spark_row["ok"] and spark_duck["ok"]:
+        ratio = spark_row["seconds"] / spark_duck["seconds"]
+        print(
+            f"Spark local[{threads}] / DuckDB at {spark_row['events']:,} events: wall {ratio:.2f}x, peak RSS "
+            f"{spark_row['peak_rss_mb'] / spark_duck['peak_rss_mb']:.2f}x; Spark needs ~{ratio * threads:.0f} cores "
+            f"to build this log in DuckDB's {threads}-core time (if it scales linearly)"
         )
     for n in notes:
         print(n)

@@ -10,6 +10,8 @@ import sys
 import pytest
 from conftest import REPO, tiny_overrides
 
+from pinads_rec.config import ConfigError
+
 pytestmark = pytest.mark.slow
 
 
@@ -239,8 +241,15 @@ def test_storage_layout_measures_both_layouts_side_by_side(tmp_path):
         assert all(r["rows_per_s"] > 0 and r["batches"] == 3 for r in result["throughput"][layout])
 
 
-def test_build_measures_the_builder_pandas_and_polars_and_their_outputs_agree(tmp_path):
-    out = _run("build.py", f"--smoke --out {tmp_path}", timeout=600)
+def test_build_measures_the_builder_pandas_polars_and_spark_and_their_outputs_agree(tmp_path):
+    from pinads_rec.data.build.spark_engine import check_java
+
+    try:
+        check_java()
+        spark = True
+    except ConfigError:  # no Java runtime: Spark's row is left out (tests/test_spark_build.py says why)
+        spark = False
+    out = _run("build.py", f"--smoke --threads 2 --out {tmp_path}{'' if spark else ' --spark-events 0'}", timeout=600)
     rows = [line for line in out.splitlines() if line.startswith("| ") and "engine" not in line]
     engines = [r.split("|")[1].strip() for r in rows]
     assert engines == [
@@ -249,7 +258,7 @@ def test_build_measures_the_builder_pandas_and_polars_and_their_outputs_agree(tm
         "DuckDB builder",
         "Polars streaming (core step)",
         "DuckDB builder (core step)",
-    ]
+    ] + (["Spark local[2] builder"] if spark else [])
     for r in rows:
         assert r.rstrip().endswith("| yes |"), r
         numbers = _numbers(r.split("|", 2)[2])  # events, impressions, (cap), wall s, rows/s x2, RSS, temp, output
@@ -257,6 +266,8 @@ def test_build_measures_the_builder_pandas_and_polars_and_their_outputs_agree(tm
     # both comparisons check the outputs, not only the times
     assert "pandas output == builder output" in out
     assert "Polars sequences == builder sequences" in out
+    if spark:
+        assert "Spark output == builder output" in out and "Spark local[2] / DuckDB at 60,000 events: wall" in out
     assert "x the 256MB cap" in out and "pandas / builder at 30,000 events: wall" in out
     result = json.loads((tmp_path / "build_benchmark.json").read_text())
     assert result["log"]["in_memory_total"] > 0 and all(r["peak_rss_mb"] > 0 for r in result["rows"])

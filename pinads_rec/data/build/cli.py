@@ -1,7 +1,7 @@
 """The command line, and the summary as text:
 
-python -m pinads_rec.data.build --config X.yaml --raw RAW_DIR --out DIR [--memory-limit 2GB] [--threads N]
-    [--day YYYY-MM-DD[:YYYY-MM-DD] [--vocabularies BUILD_DIR]]
+python -m pinads_rec.data.build --config X.yaml --raw RAW_DIR --out DIR [--engine duckdb|spark]
+    [--memory-limit 2GB] [--threads N] [--day YYYY-MM-DD[:YYYY-MM-DD] [--vocabularies BUILD_DIR]]
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import List, Optional
 
 from pinads_rec.config import ConfigError, add_overrides_flag, load
 from pinads_rec.data.build.days import DAYS, build_days, parse_days
+from pinads_rec.data.build.engine import ENGINES
 from pinads_rec.data.build.steps import build
 from pinads_rec.data.contract import ContractError
 
@@ -63,7 +64,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="with --day: the build (its --out) whose vocabularies map the ids, the same on every day; required "
         "when the config has build.vocabularies",
     )
-    ap.add_argument("--memory-limit", default=None, help="DuckDB memory cap, e.g. 2GB (spills to disk beyond it)")
+    ap.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="duckdb",
+        help="the SQL engine: duckdb (one machine) or spark (PySpark: local[--threads] here, or the master "
+        "spark-submit gives; docs/data_build.md, On Spark)",
+    )
+    ap.add_argument(
+        "--memory-limit",
+        default=None,
+        help="memory cap, e.g. 2GB: DuckDB's (it spills to disk beyond it); on Spark local[N], the driver's memory",
+    )
     ap.add_argument("--threads", type=int, default=None, help="worker threads (default: every core)")
     add_overrides_flag(ap, "override a config field, e.g. --set build.timezone=UTC (repeatable)")
     args = ap.parse_args(argv)
@@ -72,7 +84,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.day is None:
             if args.vocabularies is not None:
                 raise ConfigError("--vocabularies: only with --day (a full build fits build.vocabularies itself)")
-            print(format_summary(build(cfg, args.raw, args.out, args.memory_limit, args.threads)))
+            print(format_summary(build(cfg, args.raw, args.out, args.memory_limit, args.threads, args.engine)))
             return 0
         days = parse_days(args.day)
         if cfg.build.splits:
@@ -83,7 +95,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             )
         if args.vocabularies is not None and not cfg.build.vocabularies:
             print("note: --vocabularies: the config has no build.vocabularies; ignored", file=sys.stderr)
-        summaries = build_days(cfg, args.raw, args.out, days, args.vocabularies, args.memory_limit, args.threads)
+        summaries = build_days(
+            cfg, args.raw, args.out, days, args.vocabularies, args.memory_limit, args.threads, args.engine
+        )
     except (ConfigError, ContractError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

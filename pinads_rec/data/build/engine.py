@@ -11,13 +11,13 @@ driver, how a refusal is told (``errors``) and which column it missed.
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import duckdb
 import pyarrow as pa
 
 from pinads_rec.config import ConfigError
-from pinads_rec.data.raw_sources import RawSource, sql_string
+from pinads_rec.data.raw_sources import RawSource, explain, sql_string
 
 ENGINES = ("duckdb", "spark")
 
@@ -27,6 +27,7 @@ class Engine:
 
     name = ""
     errors: Tuple[type, ...] = ()  # what a statement the engine refuses raises
+    hashes_integers_only = False  # whether hash() takes integer arguments alone
 
     def execute(self, statement: str) -> None:
         """One statement: CREATE [OR REPLACE] TEMP TABLE/VIEW ... AS, DELETE, UPDATE, SET."""
@@ -55,6 +56,11 @@ class Engine:
 
     def missing_column(self, error: Exception) -> Optional[str]:
         """The column a refused statement read and no relation has, if that was the refusal."""
+        raise NotImplementedError
+
+    def explain(self, error: Exception, sources: Sequence[RawSource]) -> Optional[str]:
+        """A refusal about a raw file of ``sources`` as one line naming its file, row, column and
+        value; None when it is not about one."""
         raise NotImplementedError
 
     def versions(self) -> Dict[str, str]:
@@ -103,6 +109,9 @@ class DuckDBEngine(Engine):
     def missing_column(self, error: Exception) -> Optional[str]:
         missing = re.search(r'Referenced column "(.+?)" not found', str(error))
         return missing.group(1) if missing else None
+
+    def explain(self, error: Exception, sources: Sequence[RawSource]) -> Optional[str]:
+        return explain(error, sources)
 
     def versions(self) -> Dict[str, str]:
         return {"duckdb": duckdb.__version__}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from pinads_rec.data.contract import ContractError
-from pinads_rec.data.raw_sources import RawSource, configured, explain, first_line, sql_name
+from pinads_rec.data.raw_sources import RawSource, configured, first_line, sql_name
 
 INTEGERS = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"}
 
@@ -70,7 +70,7 @@ class Queries:
             return self.columns_of(self.scan(source))
         except self.engine.errors as e:
             raise ContractError(
-                explain(e, [source]) or f"{source.where}: cannot read {source.files[0]}: {first_line(e)}"
+                self.engine.explain(e, [source]) or f"{source.where}: cannot read {source.files[0]}: {first_line(e)}"
             ) from None
 
     def sql(self, what: str, statement: str) -> None:
@@ -83,4 +83,4 @@ class Queries:
 
     def explain(self, e: Exception) -> Optional[str]:
         """The engine's error about a raw file as one line naming file, line, column and value."""
-        return explain(e, configured(self.b, self.raw_dir))
+        return self.engine.explain(e, configured(self.b, self.raw_dir))

@@ -20,6 +20,7 @@ from pinads_rec.data import build_output
 from pinads_rec.data.build.checks import Checks
 from pinads_rec.data.build.config_checks import check_build, embedding_columns
 from pinads_rec.data.build.engine import open_engine
+from pinads_rec.data.build.queries import INTEGERS
 from pinads_rec.data.build.writer import Reports, SplitWriter
 from pinads_rec.data.contract import ContractError, contract_columns
 from pinads_rec.data.raw_sources import RawSource, first_line, sql_name, sql_string
@@ -687,6 +688,15 @@ class Build(Checks, Reports):
 
     def downsample(self) -> None:
         d = self.b.negative_downsampling
+        if self.engine.hashes_integers_only:
+            for column, key in (("__req", "request"), ("__item", "item")):
+                kind = self.column_type("imp", column)
+                if kind not in INTEGERS:
+                    raise ContractError(
+                        f"build.negative_downsampling: on --engine {self.engine.name} the draw hashes (request, item) "
+                        f"as DuckDB does for integers, and build.impressions.{key} gives {kind} values: give it as "
+                        f"an integer (a vocabulary maps ids after the draw), or build on --engine duckdb"
+                    )
         label = sql_name(next(t.label_column for t in self.features.tasks if t.name == d.task))
         surface = sql_name(self.features.columns.surface)
         rate = "CASE " + " ".join(
@@ -695,9 +705,10 @@ class Build(Checks, Reports):
             for s, r in d.rates.items()
         )
         rate += " ELSE 1.0 END"
-        drop = (
-            f"{self.sampled()} AND {label} = 0 AND (hash(__req, __item, {int(d.seed)}) % 1000000) / 1000000.0 >= {rate}"
-        )
+        # Integers hashed as BIGINTs (DuckDB hashes a negative INTEGER otherwise), as on every engine.
+        keys = [f"CAST({c} AS BIGINT)" if self.is_integer_column("imp", c) else c for c in ("__req", "__item")]
+        draw = f"hash({', '.join(keys)}, CAST({int(d.seed)} AS BIGINT))"
+        drop = f"{self.sampled()} AND {label} = 0 AND ({draw} % 1000000) / 1000000.0 >= {rate}"
         self.counts[f"negatives of {d.task} downsampled away"] = self.scalar(f"SELECT count(*) FROM imp WHERE {drop}")
         self.engine.execute(f"DELETE FROM imp WHERE {drop}")
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from pinads_rec.config import to_dict
 from pinads_rec.data import storage_layout
 from pinads_rec.data.build.queries import Queries
-from pinads_rec.data.raw_sources import RawSource, sql_name, sql_string
+from pinads_rec.data.raw_sources import RawSource, is_remote, sql_name, sql_string
 
 
 class Reports(Queries):
@@ -82,7 +82,9 @@ class Reports(Queries):
     def manifest(self, outputs: Dict[str, dict], summary: dict, impressions: str = "imp") -> dict:
         def describe(files) -> List[dict]:
             return [
-                {
+                {"path": p}  # object storage: its listing is the engine's
+                if is_remote(p)
+                else {
                     "path": p,
                     "bytes": os.path.getsize(p),
                     "modified": datetime.fromtimestamp(os.path.getmtime(p)).isoformat(timespec="seconds"),
@@ -128,7 +130,10 @@ class SplitWriter:
     def add(self, batch: pa.RecordBatch) -> None:
         if self.schema is None:
             stored_once = storage_layout.request_level_columns(self.features)
-            self.schema = _canonical_schema(batch.schema).with_metadata(
+            embeddings = {
+                g.embedding_column: g.embedding_dim for g in self.features.sequence_groups if g.embedding_column
+            }
+            self.schema = _canonical_schema(batch.schema, embeddings).with_metadata(
                 storage_layout.per_request_metadata(batch.schema.names, stored_once)
             )
         table = pa.Table.from_batches([batch]).cast(self.schema)
@@ -175,5 +180,13 @@ def _canonical_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def _canonical_schema(schema: pa.Schema) -> pa.Schema:
-    return pa.schema([pa.field(f.name, _canonical_type(f.type)) for f in schema])
+def _canonical_schema(schema: pa.Schema, embeddings: Dict[str, int]) -> pa.Schema:
+    """The contract's types: lists as pyarrow writes them, and each sequence event's embedding a
+    fixed-size list of its declared width (an engine without fixed-size arrays gives a plain list)."""
+    fields = []
+    for f in schema:
+        if f.name in embeddings:
+            fields.append(pa.field(f.name, pa.list_(pa.list_(pa.float32(), embeddings[f.name]))))
+        else:
+            fields.append(pa.field(f.name, _canonical_type(f.type)))
+    return pa.schema(fields)

@@ -123,6 +123,30 @@ def status_mib(pid: int, field: str) -> Optional[float]:
     return None
 
 
+def tree_rss_mib(pid: int) -> Optional[float]:
+    """The resident memory of process ``pid`` and all its descendants (VmRSS summed) in MiB; None
+    once it has exited. A process that starts others (PySpark's driver: a JVM and Python workers)
+    holds its memory in them."""
+    children: dict = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    own = status_mib(pid, "VmRSS")
+    if own is None:
+        return None
+    total, stack = own, list(children.get(pid, []))
+    while stack:
+        child = stack.pop()
+        total += status_mib(child, "VmRSS") or 0.0
+        stack.extend(children.get(child, []))
+    return total
+
+
 def vm_hwm_mib(pid: int) -> Optional[float]:
     """The peak RSS of process ``pid`` (VmHWM) in MiB; None once it has exited."""
     return status_mib(pid, "VmHWM")
