@@ -23,7 +23,7 @@ same builder on Spark.
 4. **Polars** (streaming engine, ``collect(engine="streaming")``): the core step alone (the
    behaviour group's point-in-time newest-N sequences per request), against the builder given the
    same single-group config; their sequences must be equal.
-5. **Spark** (``--engine spark``, ``local[--threads]``, the driver given ``--memory-limit``): the
+5. **Spark** (``--engine spark``, ``local[--threads]``, the driver given ``--spark-memory-limit``): the
    whole build on the full log (or ``--spark-events``), its output equal to the DuckDB builder's;
    peak RSS summed over its process tree (the Python driver, Spark's JVM, the Python UDF workers:
    polled), its spill the peak size of ``SPARK_LOCAL_DIRS`` (polled). The ratio says how many
@@ -666,6 +666,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--polars-events", type=int, default=None, help="events of the Polars comparison (default: full)")
     ap.add_argument("--spark-events", type=int, default=None, help="events of the Spark build (default: full; 0: none)")
     ap.add_argument(
+        "--spark-memory-limit",
+        default="4GB",
+        help="the Spark build's --memory-limit: its driver's heap (local[N]: driver and executors in one JVM; "
+        "at least 512MB)",
+    )
+    ap.add_argument(
         "--rss-guard-gb", type=float, default=None, help="stop a child past this RSS (default: 85%% of MemAvailable)"
     )
     ap.add_argument("--timeout-s", type=float, default=0, help="stop a child running longer (0: no limit)")
@@ -686,6 +692,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.events, args.impressions, args.users = 60_000, 6_000, 600
         args.pandas_events = args.pandas_events if args.pandas_events != "auto" else "30000"
         args.memory_limit = "256MB"
+        args.spark_memory_limit = "1GB"
     guard_mb = (args.rss_guard_gb * 1024) if args.rss_guard_gb else 0.85 * _available_mb()
     guards = {"rss_guard_mb": guard_mb, "timeout_s": args.timeout_s}
     with tempfile.TemporaryDirectory(prefix="build_bench_") as tmp:
@@ -773,7 +780,7 @@ def _benchmark(args, work: Path, guards: dict) -> int:
     if args.spark_events != 0:
         log = _generate(work, _scaled(args, args.spark_events or args.events), args.seed)
         out = work / f"spark-{log['events']}"
-        spark_cap = cap if _parse_mb(cap) >= 1024 else "1GB"  # Spark's driver will not start below ~450 MiB
+        spark_cap = args.spark_memory_limit
         config = log["raw"] / "config.yaml"
         r = run_builder(log["raw"], out, config, spark_cap, threads, args.builder_module, "spark", **guards)
         spark_row = report(_row(f"Spark local[{threads}] builder", log, spark_cap, r, out))
