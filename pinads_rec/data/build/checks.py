@@ -17,6 +17,9 @@ from pinads_rec.data.build.queries import INTEGERS, Queries
 from pinads_rec.data.contract import ID, ID_ROLES, ContractError
 from pinads_rec.data.raw_sources import RawSource, first_line, sql_name, sql_string
 
+# DuckDB's parser, for the config's expressions (written in its dialect whatever the engine).
+_PARSER = duckdb.connect()
+
 
 class Checks(Queries):
     """Mixed into ``Build``: reads the tables its steps made (``imp``, the events tables) and its
@@ -215,9 +218,7 @@ class Checks(Queries):
     def else_value(self, expr: str) -> Optional[str]:
         """The ELSE of ``expr`` as SQL when ``expr`` is a CASE whose ELSE is a constant that no THEN
         gives too (then its rows are exactly the unmatched ones); None otherwise."""
-        # DuckDB's parser reads the expression (written in its dialect whatever the engine).
-        parser = duckdb.connect()
-        tree = json.loads(parser.execute(f"SELECT json_serialize_sql({sql_string('SELECT ' + expr)})").fetchone()[0])
+        tree = json.loads(_PARSER.execute(f"SELECT json_serialize_sql({sql_string('SELECT ' + expr)})").fetchone()[0])
         try:
             node = tree["statements"][0]["node"]
             case = node["select_list"][0]
@@ -231,7 +232,7 @@ class Checks(Queries):
 
         def sql(e: dict) -> str:
             node["select_list"] = [e]
-            return parser.execute(f"SELECT json_deserialize_sql({sql_string(json.dumps(tree))})").fetchone()[0][7:]
+            return _PARSER.execute(f"SELECT json_deserialize_sql({sql_string(json.dumps(tree))})").fetchone()[0][7:]
 
         value = sql(otherwise)
         return None if any(sql(check["then_expr"]) == value for check in case["case_checks"]) else value

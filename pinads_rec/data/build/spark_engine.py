@@ -27,6 +27,7 @@ import re
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -92,7 +93,6 @@ class SparkEngine(Engine):
 
     def __init__(self, threads: int, spill_dir: str, memory_limit: Optional[str]):
         try:
-            import pyspark
             from pyspark import SparkConf
             from pyspark.sql import SparkSession
         except ImportError:
@@ -100,7 +100,6 @@ class SparkEngine(Engine):
                 "--engine spark: PySpark is not installed (make setup installs the locked version)"
             ) from None
         check_java()
-        self.pyspark = pyspark
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers import this environment's numpy
         builder = SparkSession.builder.appName("pinads_rec build")
         local = not SparkConf().contains("spark.master")  # spark-submit sets the master
@@ -128,7 +127,7 @@ class SparkEngine(Engine):
     # --- statements ------------------------------------------------------------------------------
 
     def execute(self, statement: str) -> None:
-        with self._refusals():
+        with _refusals():
             tree = spark_sql.parse(statement)
             if isinstance(tree, spark_sql.exp.Create):
                 name = tree.this.name
@@ -174,21 +173,21 @@ class SparkEngine(Engine):
             old.unpersist()
 
     def rows(self, query: str) -> List[tuple]:
-        with self._refusals():
+        with _refusals():
             return [tuple(r) for r in self.spark.sql(spark_sql.to_spark(query)).collect()]
 
     def describe(self, query: str) -> List[Tuple[str, str]]:
-        with self._refusals():
+        with _refusals():
             schema = self.spark.sql(spark_sql.to_spark(query)).schema
         return [(f.name, duckdb_type(f.dataType)) for f in schema.fields]
 
     def batches(self, query: str, size: int) -> Iterator[pa.RecordBatch]:
-        with self._refusals():
+        with _refusals():
             table = self.spark.sql(spark_sql.to_spark(query)).toArrow()
         yield from table.to_batches(max_chunksize=size)
 
     def copy_parquet(self, query: str, path: str) -> None:
-        with self._refusals():
+        with _refusals():
             table = self.spark.sql(spark_sql.to_spark(query)).toArrow()
         pq.write_table(table, path)
 
@@ -198,7 +197,7 @@ class SparkEngine(Engine):
         key = (source.files, source.format, source.delimiter, source.null_values, source.names, source.encoding)
         if key in self.scans:
             return self.scans[key]
-        with self._refusals():
+        with _refusals():
             df = self._read_csv(source) if source.format == "csv" else self._read_parquet(source)
             named = {os.path.abspath(f): f for f in source.files}
             from pyspark.sql import functions as F
@@ -261,10 +260,9 @@ class SparkEngine(Engine):
         bad = lines.where((F.length("value") > 0) & (F.regexp_count("value", F.lit(field)) != width)).limit(1).collect()
         if not bad:
             return
-        for path in [f for f in files if not is_remote(f)]:  # the exact line, re-read on the driver
-            found = source.first_bad_line(path)
-            if found:
-                raise ContractError(f"{source.where}: {source.at(path, found[0] - 1 - (not source.names))}: {found[1]}")
+        found = _first_bad_line(source, files)  # the exact line, re-read on the driver
+        if found:
+            raise ContractError(found)
         raise ContractError(
             f"{source.where}: {bad[0]['file']}: a line of other than {width} fields: {bad[0]['value']!r}"
         )
@@ -274,9 +272,6 @@ class SparkEngine(Engine):
 
     # --- errors ----------------------------------------------------------------------------------
 
-    def _refusals(self):
-        return _Refusals()
-
     def missing_column(self, error: Exception) -> Optional[str]:
         found = re.search(r"name `?([^`\s]+?)`? cannot be resolved", str(error))
         return found.group(1).split(".")[-1].strip("`") if found else None
@@ -285,12 +280,9 @@ class SparkEngine(Engine):
         text = str(error)
         if "MALFORMED" in text:  # a line Spark could not parse: found again in the CSV files
             for source in sources:
-                if source.format != "csv":
-                    continue
-                for path in source.files:
-                    bad = source.first_bad_line(path)
-                    if bad:
-                        return f"{source.where}: {source.at(path, bad[0] - 1 - (not source.names))}: {bad[1]}"
+                found = _first_bad_line(source, source.files) if source.format == "csv" else None
+                if found:
+                    return found
         cast = re.search(r"The value '(.*?)' of the type \"STRING\" cannot be cast to \"(\w+)\"", text)
         if cast:  # as DuckDB says it, for the search in the raw files
             return explain(f"Could not convert string '{cast.group(1)}' to {cast.group(2)}", sources)
@@ -306,24 +298,30 @@ class SparkEngine(Engine):
         self.spark.stop()
 
 
-class _Refusals:
+@contextmanager
+def _refusals():
     """Spark's exceptions (and an untranslatable statement) as ``SparkRefusal``: one line, the
     innermost error class Spark names (a task's failure wraps the cause in its stage's)."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
 
-    def __enter__(self):
-        return self
+    try:
+        yield
+    except spark_sql.Untranslatable as error:
+        raise SparkRefusal(f"not translated to Spark SQL: {error}") from None
+    except (PySparkException, Py4JError, spark_sql.sqlglot.errors.SqlglotError) as error:
+        raise SparkRefusal(_one_line(str(error))) from None
 
-    def __exit__(self, kind, error, trace):
-        if error is None or isinstance(error, (SparkRefusal, ConfigError)):
-            return False
-        from py4j.protocol import Py4JError
-        from pyspark.errors import PySparkException
 
-        if isinstance(error, spark_sql.Untranslatable):
-            raise SparkRefusal(f"not translated to Spark SQL: {error}") from None
-        if isinstance(error, (PySparkException, Py4JError, spark_sql.sqlglot.errors.SqlglotError)):
-            raise SparkRefusal(_one_line(str(error))) from None
-        return False
+def _first_bad_line(source: RawSource, files: Sequence[str]) -> Optional[str]:
+    """The first line of the local ``files`` of ``source`` that is not a row of it, named (file, row,
+    line, what is wrong: raw_sources.py); None when every line is one."""
+    for path in files:
+        if not is_remote(path):
+            found = source.first_bad_line(path)
+            if found:
+                return f"{source.where}: {source.at(path, found[0] - 1 - (not source.names))}: {found[1]}"
+    return None
 
 
 def _hash_rows(rows: pd.Series) -> pd.Series:
