@@ -56,6 +56,7 @@ class FeatureLayout:
     user_side_keys: List[str]  # sparse features marked user_side, config order
     feature_dims: Dict[str, int]  # sparse feature -> its table's embedding_dim
     dense_dim: int  # width of the dense input: the dense features' dims summed
+    managed_tables: List[str]  # tables with managed_collision (raw ids, remapped by TorchRec), config order
 
     @classmethod
     def of(cls, features: FeaturesConfig) -> "FeatureLayout":
@@ -86,7 +87,17 @@ class FeatureLayout:
             user_side_keys=[s.name for s in features.sparse if s.user_side],
             feature_dims={s.name: features.table(s.table).embedding_dim for s in features.sparse},
             dense_dim=sum(d.dim for d in features.dense),
+            managed_tables=[t.name for t in features.tables if t.managed_collision is not None],
         )
+
+    def managed_keys(self) -> List[str]:
+        """The KJT keys (of every collection) whose ids a managed-collision table maps."""
+        managed = set(self.managed_tables)
+        keys = [s.name for s in self.features.sparse if s.table in managed]
+        keys += [CANDIDATE_PREFIX + k for k in keys if k in self.shared_keys]
+        return keys + [
+            f"{g.name}.{f.name}" for g in self.features.sequence_groups for f in g.features if f.table in managed
+        ]
 
     def sparse_feature(self, name: str) -> SparseFeatureConfig:
         return next(s for s in self.features.sparse if s.name == name)

@@ -20,6 +20,14 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.mc_embedding import (
+    ManagedCollisionEmbeddingCollectionSharder,
+    ShardedManagedCollisionEmbeddingCollection,
+)
+from torchrec.distributed.mc_embeddingbag import (
+    ManagedCollisionEmbeddingBagCollectionSharder,
+    ShardedManagedCollisionEmbeddingBagCollection,
+)
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -106,8 +114,62 @@ class BagSharder(EmbeddingBagCollectionSharder):
         return types + [t for t in extra if t not in types]
 
 
+class _ResetEvictedRowsOnCpu:
+    """An evicted slot's row starts fresh: TorchRec resets it (weights from the table's init_fn,
+    optimizer state to zero) with fbgemm's ``reset_weight_momentum``, which fbgemm 1.8 has for CUDA
+    only (on CPU: "Could not run 'fbgemm::reset_weight_momentum' with arguments from the 'CPU'
+    backend"). On CPU the same reset goes through the table-batched kernel's own views of its
+    weights and optimizer state; on CUDA TorchRec's own path runs."""
+
+    def _evict(self, evictions_per_table: Dict[str, Optional[torch.Tensor]]) -> None:
+        if self._device.type == "cuda":
+            return super()._evict(evictions_per_table)
+        for table, slots in evictions_per_table.items():
+            if slots is None or slots.numel() == 0:
+                continue
+            kernel, index = self._table_to_tbe_and_index[table]
+            index = int(index)
+            init = self._embedding_module._table_name_to_config[table].init_fn
+            with torch.no_grad():
+                weights = kernel.split_embedding_weights()[index]
+                weights[slots] = init(weights[slots].clone())
+                for state in kernel.get_optimizer_state()[index].values():
+                    state[slots] = 0
+
+
+class _ShardedManagedBags(_ResetEvictedRowsOnCpu, ShardedManagedCollisionEmbeddingBagCollection):
+    pass
+
+
+class _ShardedManagedSequences(_ResetEvictedRowsOnCpu, ShardedManagedCollisionEmbeddingCollection):
+    pass
+
+
+class ManagedBagSharder(ManagedCollisionEmbeddingBagCollectionSharder):
+    """TorchRec's managed-collision EBC sharder over BagSharder (whose row-wise the CPU needs: the
+    stock one lists row-wise only on CUDA, and managed collections shard row-wise only), resetting
+    evicted rows on CPU too."""
+
+    def __init__(self):
+        super().__init__(ebc_sharder=BagSharder())
+
+    def shard(self, module, params, env, device=None, module_fqn=None):
+        return _ShardedManagedBags(
+            module, params, ebc_sharder=self._e_sharder, mc_sharder=self._mc_sharder, env=env, device=device
+        )
+
+
+class ManagedSequenceSharder(ManagedCollisionEmbeddingCollectionSharder):
+    """TorchRec's managed-collision EC sharder, resetting evicted rows on CPU too."""
+
+    def shard(self, module, params, env, device=None, module_fqn=None):
+        return _ShardedManagedSequences(
+            module, params, ec_sharder=self._e_sharder, mc_sharder=self._mc_sharder, env=env, device=device
+        )
+
+
 def sharders() -> list:
-    return [BagSharder(), EmbeddingCollectionSharder()]
+    return [BagSharder(), EmbeddingCollectionSharder(), ManagedBagSharder(), ManagedSequenceSharder()]
 
 
 # Without a configured choice, CPU (gloo) ranks shard every table table-wise. Each sharding type in a
@@ -143,8 +205,13 @@ def constraints(features: FeaturesConfig, train: TrainConfig, compute_device: st
     saved = load_plan(train.plan_file)["tables"] if train.plan_file else {}
     out = {}
     layout = FeatureLayout.of(features)
-    bags = layout.embedding_bag_configs() + layout.embedding_bag_configs(user_side=True)
-    for tables, allowed in ((bags, bag), (layout.embedding_configs(), seq)):
+    collections = [layout.embedding_bag_configs(), layout.embedding_bag_configs(user_side=True)]
+    collections = [(tables, bag) for tables in collections] + [(layout.embedding_configs(), seq)]
+    for tables, allowed in collections:
+        managed = [t.name for t in tables if t.name in layout.managed_tables]
+        if managed:
+            out.update(_managed_constraints(tables, managed, train, compute_device, saved))
+            continue
         for t in tables:
             if t.name in saved:
                 choice = saved[t.name]
@@ -166,6 +233,53 @@ def constraints(features: FeaturesConfig, train: TrainConfig, compute_device: st
                 )
             out[t.name] = ParameterConstraints(sharding_types=types)
     return out
+
+
+# The kernels a managed collection's tables may use: TorchRec's managed sharders list fused, UVM and
+# key-value ones; UVM needs CUDA, and the key-value store is not what these tables are.
+MANAGED_KERNELS = {"cuda": ["fused", "fused_uvm_caching", "fused_uvm"], "cpu": ["fused"]}
+
+
+def _managed_constraints(
+    tables: list, managed: List[str], train: TrainConfig, compute_device: str, saved: dict
+) -> Dict[str, ParameterConstraints]:
+    """The tables of a managed-collision collection (``managed``: the ones asking for it; the others
+    pass their ids through): row-wise, the one sharding TorchRec's managed collections have, whatever
+    the CPU default; a configured choice without it is refused."""
+    names = [t.name for t in tables]
+    row_wise = ShardingType.ROW_WISE.value
+    if train.sharding_types and row_wise not in train.sharding_types:
+        raise ValueError(
+            f"train.sharding_types {list(train.sharding_types)}: tables {names} are one managed-collision "
+            f"collection (managed_collision on {managed}), which TorchRec shards row_wise only; add row_wise"
+        )
+    for name in names:
+        if name in saved and saved[name]["sharding_type"] != row_wise:
+            raise ValueError(
+                f"train.plan_file {train.plan_file}: table {name!r} is planned {saved[name]['sharding_type']}, "
+                f"but it is in a managed-collision collection (managed_collision on {managed}): row_wise only"
+            )
+    kernels = MANAGED_KERNELS["cuda" if compute_device == "cuda" else "cpu"]
+    return {name: ParameterConstraints(sharding_types=[row_wise], compute_kernels=kernels) for name in names}
+
+
+def check_managed_world_size(features: FeaturesConfig, world_size: int) -> None:
+    """TorchRec's planner requires a managed table's buckets to divide evenly over the ranks."""
+    from pinads_rec.managed_collision import PLANNING_BUCKETS
+
+    managed = [t.name for t in features.tables if t.managed_collision is not None]
+    if managed and PLANNING_BUCKETS % world_size:
+        raise ValueError(
+            f"world size {world_size}: managed-collision tables {managed} shard over world sizes dividing "
+            f"{PLANNING_BUCKETS:,} (2^10 x 3^2 x 5 x 7: 1-10, 12, 14-16, 18, 20, 21, 24, 28, 30, 32 ... 1024)"
+        )
+    slots = {t.name: t.num_embeddings for t in features.tables if t.managed_collision is not None}
+    small = [n for n, rows in slots.items() if rows < 2 * world_size]
+    if small:
+        raise ValueError(
+            f"managed-collision tables {small}: each of the {world_size} ranks needs 2 slots or more of them "
+            "(one is its unknown row); raise num_embeddings"
+        )
 
 
 def load_plan(path: str) -> dict:
@@ -320,6 +434,7 @@ def plan_sharding(
             topo.local_world_size,
             compute,
         )
+    check_managed_world_size(cfg.features, env.world_size)
     allowed = constraints(cfg.features, cfg.train, compute)
     planner = EmbeddingShardingPlanner(
         topology=topo,

@@ -26,7 +26,7 @@ from pinads_rec.data.contract import ContractError
 from pinads_rec.models.train_task import NonFiniteError
 from pinads_rec.modules.precision import PrecisionOverflow
 from pinads_rec.training.board import TensorBoardWriter
-from pinads_rec.training.checkpoint import IncompatibleCheckpoint, NoCheckpoint
+from pinads_rec.training.checkpoint import IncompatibleCheckpoint, NoCheckpoint, UnreshardableCheckpoint
 from pinads_rec.training.console import ConsoleReport
 from pinads_rec.training.profiler import StepProfiler
 from pinads_rec.training.run_log import RunLog
@@ -82,13 +82,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         # It names the rank and the step; exit at once: torchrun then stops the ranks still waiting.
         print(str(e), file=sys.stderr, flush=True)
         os._exit(2)
-    except (ContractError, IncompatibleCheckpoint, NoCheckpoint, NonFiniteError, PrecisionOverflow) as e:
+    except (
+        ContractError,
+        IncompatibleCheckpoint,
+        NoCheckpoint,
+        UnreshardableCheckpoint,
+        NonFiniteError,
+        PrecisionOverflow,
+    ) as e:
         # A DataLoader worker's error arrives wrapped with its traceback; the user needs the last line.
         message = str(e).strip().splitlines()[-1]
         kinds = {
             ContractError: "data error",
             IncompatibleCheckpoint: "checkpoint error",
             NoCheckpoint: "checkpoint error",
+            UnreshardableCheckpoint: "checkpoint error",
         }
         kind = kinds.get(type(e), "numerics error")
         print(f"[rank {env.rank}] {kind}: {message}", file=sys.stderr, flush=True)

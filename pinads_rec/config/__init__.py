@@ -23,6 +23,7 @@ from pinads_rec.config.schema import (
     REQUIRED,
     SELECTION_METRICS,
     SHARDING_TYPES,
+    AdmissionConfig,
     BuildConfig,
     ColumnsConfig,
     ConfigError,
@@ -39,6 +40,7 @@ from pinads_rec.config.schema import (
     HSTUConfig,
     ImpressionsConfig,
     LongHistoryConfig,
+    ManagedCollisionConfig,
     MMoEConfig,
     ModelConfig,
     NegativeDownsamplingConfig,
@@ -64,6 +66,7 @@ from pinads_rec.config.schema import (
 )
 
 __all__ = [
+    "AdmissionConfig",
     "BuildConfig",
     "CANDIDATE_PREFIX",
     "ColumnsConfig",
@@ -81,6 +84,7 @@ __all__ = [
     "ImpressionsConfig",
     "DriftConfig",
     "LongHistoryConfig",
+    "ManagedCollisionConfig",
     "MMoEConfig",
     "ModelConfig",
     "NegativeDownsamplingConfig",

@@ -62,6 +62,25 @@ def validate(cfg: ExperimentConfig) -> None:
     _validate_train(cfg.train, cfg)
 
 
+def _validate_managed_collision(where: str, t) -> None:
+    mc = t.managed_collision
+    if t.hash:
+        raise ConfigError(
+            f"{where}: hash and managed_collision both map ids beyond the table; keep one (managed_collision "
+            "gives every id its own slot until evicted, hash shares rows for ever)"
+        )
+    if t.num_embeddings < 2:
+        raise ConfigError(f"{where}.num_embeddings: a managed table needs 2 slots or more (one is the unknown row)")
+    positive(f"{where}.managed_collision.eviction_interval", mc.eviction_interval)
+    a = mc.admission
+    if a.kind == "min_count":
+        positive(f"{where}.managed_collision.admission.min_count", a.min_count)
+    if a.kind == "dynamic" and not a.skew > 0:
+        raise ConfigError(f"{where}.managed_collision.admission.skew: must be > 0, got {a.skew}")
+    if a.kind == "probabilistic" and not 0 < a.probability <= 1:
+        raise ConfigError(f"{where}.managed_collision.admission.probability: must be in (0, 1], got {a.probability}")
+
+
 def _validate_features(f: FeaturesConfig) -> None:
     unique("features.tables", [t.name for t in f.tables])
     unique("features.sparse", [s.name for s in f.sparse])
@@ -74,6 +93,8 @@ def _validate_features(f: FeaturesConfig) -> None:
     for i, t in enumerate(f.tables):
         positive(f"features.tables[{i}].num_embeddings", t.num_embeddings)
         positive(f"features.tables[{i}].embedding_dim", t.embedding_dim)
+        if t.managed_collision is not None:
+            _validate_managed_collision(f"features.tables[{i}]", t)
     tables = {t.name for t in f.tables}
     for i, s in enumerate(f.sparse):
         if s.table not in tables:

@@ -41,6 +41,42 @@ REQUIRED = {
 
 
 @dataclass
+class AdmissionConfig:
+    """Which new ids a managed-collision table gives a slot at an eviction round (TorchRec's
+    threshold filters over the ids' counts in the round)."""
+
+    # all: every id seen in the round; min_count: ids seen at least min_count times in it; average:
+    # more often than the round's mean count; dynamic: more than skew x the mean; probabilistic:
+    # each occurrence admits with probability (an id seen n times: 1 - (1 - p)^n).
+    kind: Literal["all", "min_count", "average", "dynamic", "probabilistic"] = "all"
+    # kind min_count: occurrences in one round an id needs.
+    min_count: int = 2
+    # kind dynamic: the multiple of the mean count an id must exceed.
+    skew: float = 10.0
+    # kind probabilistic: the chance one occurrence admits its id.
+    probability: float = 0.01
+
+
+@dataclass
+class ManagedCollisionConfig:
+    """A table whose raw ids TorchRec's managed collision maps to its num_embeddings slots
+    (MCHManagedCollisionModule): an id keeps its own row until evicted; ids go in unchanged, any
+    int64 >= 0 (no hashing, no vocabulary). The last slot of each shard is the row every id without
+    a slot shares. docs/continuous.md."""
+
+    # Which slot an id without one takes at an eviction round: the least recently seen id's (lru),
+    # the least often seen's (lfu), or by frequency discounted by age (distance_lfu).
+    eviction: Literal["lru", "lfu", "distance_lfu"] = "lru"
+    # Training steps between eviction rounds: new ids get slots (and evicted ones lose theirs, their
+    # rows starting fresh) only at a round; until then they share the unknown row.
+    eviction_interval: int = 10
+    # distance_lfu: how fast age discounts frequency (TorchRec's decay_exponent).
+    decay_exponent: float = 1.0
+    # Which new ids are admitted at a round.
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+
+
+@dataclass
 class TableConfig:
     """One embedding table; several features may share it."""
 
@@ -52,6 +88,9 @@ class TableConfig:
     embedding_dim: int
     # Ids >= num_embeddings are hashed into range (id mod size); without it they are an error.
     hash: bool = False
+    # Raw ids mapped to slots by TorchRec's managed collision (admission, eviction) instead of used
+    # as rows: num_embeddings is then the slot count. None: the ids are rows.
+    managed_collision: Optional[ManagedCollisionConfig] = None
 
 
 @dataclass

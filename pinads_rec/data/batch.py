@@ -24,6 +24,7 @@ from torchrec.streamable import Pipelineable
 from pinads_rec.data.contract import checked_columns, contract_columns
 from pinads_rec.data.storage_layout import Requests, request_starts
 from pinads_rec.features import FeatureLayout
+from pinads_rec.managed_collision import spread_ids
 
 
 @dataclass
@@ -194,6 +195,7 @@ class BatchBuilder:
         self.timestamp_columns = {g.name: names["timestamp", g.name] for g in f.sequence_groups}
         self.embedding_columns = {g.name: names["embedding", g.name] for g in f.sequence_groups if g.embedding_column}
         self.user_id_column = user_id_column(f)
+        self.spread = set(layout.managed_keys())  # raw ids, spread over the managed modules' input range
 
     def build(self, table: pa.Table, source: str = "", pad_to: Optional[int] = None) -> Batch:
         """The batch of ``table``'s rows (one per candidate, a request's rows contiguous; its
@@ -239,19 +241,20 @@ class BatchBuilder:
             dense_np[:, at : at + d.dim] = values.reshape(B, d.dim)
             at += d.dim
 
-        sparse = _kjt(layout.row_keys, [block.row_column(c) for c in self.row_columns], B)
+        sparse = _kjt(layout.row_keys, [block.row_column(c) for c in self.row_columns], B, self.spread)
         # A fixed number of user slots (the unused ones empty): pooled embedding lookups exchange
         # equal-sized blocks between ranks, so their batch size must not vary.
         user_sparse = _kjt(
             layout.user_keys,
             [block.request_column(c) for c in self.user_columns],
             self.user_slots if self.broadcast else B,
+            self.spread,
         )
         seq_cols = [block.request_column(c) for c in self.event_columns]
         # Candidate ids sharing a sequence table: per request, the ids of its rows (in row order).
         offsets = pa.array(block.offsets.astype(np.int32))
         seq_cols += [pa.ListArray.from_arrays(offsets, block.row_column(c)) for c in self.shared_columns]
-        sequences = _kjt(layout.sequence_keys, seq_cols, U)
+        sequences = _kjt(layout.sequence_keys, seq_cols, U, self.spread)
         bag_sizes = {}
         for key in layout.bag_keys:
             column = seq_cols[layout.sequence_keys.index(key)]
@@ -313,10 +316,11 @@ def user_id_column(features) -> Optional[str]:
     return None
 
 
-def _kjt(keys: List[str], columns: List[pa.ChunkedArray], stride: int) -> KeyedJaggedTensor:
-    """One KJT of the columns; slots past a column's length are empty (padding to a fixed stride)."""
+def _kjt(keys: List[str], columns: List[pa.ChunkedArray], stride: int, spread=frozenset()) -> KeyedJaggedTensor:
+    """One KJT of the columns; slots past a column's length are empty (padding to a fixed stride).
+    The keys in ``spread`` are a managed-collision table's: their ids go through ``spread_ids``."""
     values, lengths = [], []
-    for col in columns:
+    for key, col in zip(keys, columns):
         col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         if pa.types.is_integer(col.type):
             values.append(col.to_numpy(zero_copy_only=False))
@@ -331,6 +335,8 @@ def _kjt(keys: List[str], columns: List[pa.ChunkedArray], stride: int) -> KeyedJ
                 flat = flat.flatten()
             values.append(flat.to_numpy(zero_copy_only=False))
             lengths.append(counts.astype(np.int32))
+        if key in spread:
+            values[-1] = spread_ids(values[-1])
         lengths.append(np.zeros(stride - len(col), np.int32))
     if not keys:  # e.g. a model without sequence groups
         return KeyedJaggedTensor(

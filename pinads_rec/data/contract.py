@@ -91,6 +91,7 @@ class Use:
     key: Tuple[str, ...]  # ("sparse", name), ("sequence", group, feature), ("timestamp", group), ...
     table_size: int = 0  # id roles: the embedding table's size
     hashed: bool = False
+    managed: bool = False  # a managed-collision table's: raw ids, any int64 >= 0 (TorchRec maps them)
     dim: int = 1  # float lists / sequence embeddings
     group: Optional[str] = None  # sequence roles: the group
     max_length: int = 0
@@ -136,9 +137,14 @@ class Column:
         return bool(ids) and all(u.hashed for u in ids)
 
     @property
+    def bounded(self) -> bool:
+        """Some id use must fit its table (one that neither hashes nor is managed)."""
+        return any(u.role in ID_ROLES and not (u.hashed or u.managed) for u in self.uses)
+
+    @property
     def table_size(self) -> int:
         """The smallest table an id must fit (a use that hashes fits any id)."""
-        sizes = [u.table_size for u in self.uses if u.role in ID_ROLES and not u.hashed]
+        sizes = [u.table_size for u in self.uses if u.role in ID_ROLES and not (u.hashed or u.managed)]
         sizes = sizes or [u.table_size for u in self.uses if u.role in ID_ROLES]
         return min(sizes, default=0)
 
@@ -194,7 +200,8 @@ def contract_columns(features: FeaturesConfig) -> List[Column]:
     for s in features.sparse:
         t = features.table(s.table)
         # One id or a list (decided by the file's type).
-        add(s.column, Use(ID, f"sparse feature {s.name!r}", ("sparse", s.name), t.num_embeddings, t.hash))
+        managed = t.managed_collision is not None
+        add(s.column, Use(ID, f"sparse feature {s.name!r}", ("sparse", s.name), t.num_embeddings, t.hash, managed))
     for d in features.dense:
         add(
             d.column,
@@ -205,12 +212,13 @@ def contract_columns(features: FeaturesConfig) -> List[Column]:
         add(g.timestamp_column, Use(SEQ_TS, f"sequence group {g.name!r} timestamps", ("timestamp", g.name), **seq))
         for f in g.features:
             t = features.table(f.table)
+            managed = t.managed_collision is not None
             what = f"sequence group {g.name!r} feature {f.name!r}"
             if f.multi_valued:
-                use = Use(SEQ_BAG, what, ("sequence", g.name, f.name), t.num_embeddings, t.hash, **seq)
+                use = Use(SEQ_BAG, what, ("sequence", g.name, f.name), t.num_embeddings, t.hash, managed, **seq)
                 add(f.column, dataclasses.replace(use, max_values=f.max_values))
             else:
-                add(f.column, Use(SEQ_ID, what, ("sequence", g.name, f.name), t.num_embeddings, t.hash, **seq))
+                add(f.column, Use(SEQ_ID, what, ("sequence", g.name, f.name), t.num_embeddings, t.hash, managed, **seq))
         if g.embedding_column:
             what = f"sequence group {g.name!r} embeddings"
             add(g.embedding_column, Use(SEQ_EMB, what, ("embedding", g.name), dim=g.embedding_dim, **seq))
@@ -524,7 +532,7 @@ class RowGroupChecker:
         if ids.min() < 0:
             bad = int(np.argmax(rules.NEGATIVE_ID.broken(ids)))
             raise ContractError(f"{place}: negative id {ids[bad]} ({where_is(bad)})", rules.NEGATIVE_ID)
-        bounded = [u for u in uses if not u.hashed]
+        bounded = [u for u in uses if not (u.hashed or u.managed)]
         if bounded:
             u = min(bounded, key=lambda u: u.table_size)
             beyond = rules.id_beyond(u.table_size)

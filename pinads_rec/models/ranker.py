@@ -30,6 +30,7 @@ from torch import nn
 from pinads_rec.config import FeaturesConfig, ModelConfig
 from pinads_rec.data.batch import Batch
 from pinads_rec.features import FeatureLayout
+from pinads_rec.managed_collision import lookup
 from pinads_rec.models.objective import engagement_loss
 from pinads_rec.models.sparse_arch import candidate_lookups, sparse_collections
 from pinads_rec.modules.calibration import Calibration
@@ -97,18 +98,18 @@ class UnifiedRanker(nn.Module):
         layout = self.layout
         pooled = {}
         if self.ebc is not None:  # None without per-row pooled features (fixed at build: still traceable)
-            bags = self.ebc(batch.sparse).to_dict()
+            bags = lookup(self.ebc, batch.sparse).to_dict()
             pooled = {k: bags[k] for k in layout.row_keys}
         user = None
         if self.user_ebc is not None:
             # Request-level broadcasting: looked up once per request, indexed out to its rows.
-            users = self.user_ebc(batch.user_sparse).to_dict()
+            users = lookup(self.user_ebc, batch.user_sparse).to_dict()
             for k in layout.user_keys:
                 pooled[k] = users[k].index_select(0, batch.request_index)
             if self.sequence_arch is not None and self.sequence_arch.uses_user:
                 user = torch.cat([users[k] for k in layout.user_keys], dim=1)  # [S, D] per request slot
         if self.ec is not None:
-            events = self.ec(batch.sequences)
+            events = lookup(self.ec, batch.sequences)
             # Candidate ids looked up in a sequence table: [B, D] in row order.
             pooled.update(candidate_lookups(layout, events, batch.sequence_bag_sizes, layout.shared_keys))
         parts = [self.dense_norm(batch.dense)] + [pooled[k] for k in layout.sparse_keys]

@@ -14,6 +14,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 
 from pinads_rec.config import CANDIDATE_PREFIX
 from pinads_rec.features import FeatureLayout
+from pinads_rec.managed_collision import with_managed_collision
 from pinads_rec.modules.jagged import pool_bags
 
 if TYPE_CHECKING:
@@ -28,13 +29,20 @@ class SparseCollections(NamedTuple):
 
 
 def sparse_collections(layout: FeatureLayout, device: Optional[torch.device] = None) -> SparseCollections:
+    """The three collections; one holding a managed-collision table is TorchRec's managed-collision
+    collection around it (pinads_rec/managed_collision.py)."""
+    tables = {t.name: t for t in layout.features.tables}
+
+    def made(collection):
+        return with_managed_collision(collection, tables, device)
+
     row_tables = layout.embedding_bag_configs()
-    ebc = EmbeddingBagCollection(tables=row_tables, device=device) if row_tables else None
+    ebc = made(EmbeddingBagCollection(tables=row_tables, device=device)) if row_tables else None
     user_tables = layout.embedding_bag_configs(user_side=True)
-    user_ebc = EmbeddingBagCollection(tables=user_tables, device=device) if user_tables else None
+    user_ebc = made(EmbeddingBagCollection(tables=user_tables, device=device)) if user_tables else None
     sequence_dim = layout.sequence_dim
     seq_tables = layout.embedding_configs()
-    ec = EmbeddingCollection(tables=seq_tables, device=device) if seq_tables else None
+    ec = made(EmbeddingCollection(tables=seq_tables, device=device)) if seq_tables else None
     return SparseCollections(ebc, user_ebc, ec, sequence_dim)
 
 

@@ -47,6 +47,7 @@ from torch import nn
 from pinads_rec.config import DCNConfig, FeaturesConfig, MMoEConfig, ModelConfig
 from pinads_rec.data.batch import Batch
 from pinads_rec.features import FeatureLayout
+from pinads_rec.managed_collision import lookup
 from pinads_rec.models.objective import engagement_loss
 from pinads_rec.models.sparse_arch import candidate_lookups, sparse_collections
 from pinads_rec.modules.calibration import Calibration
@@ -187,11 +188,11 @@ class TwoTowerRanker(nn.Module):
         out: Dict[str, object] = {}
         # ebc is None exactly when the layout has no row_keys (then both key lists are empty).
         if (ad and self.ad_bag_keys) or (user and self.user_row_keys):
-            out["bags"] = self.ebc(batch.sparse).to_dict()
+            out["bags"] = lookup(self.ebc, batch.sparse).to_dict()
         if user and self.user_ebc is not None:
-            out["users"] = self.user_ebc(batch.user_sparse).to_dict()
+            out["users"] = lookup(self.user_ebc, batch.user_sparse).to_dict()
         if self.ec is not None and (user or (ad and self.ad_shared_keys)):
-            out["events"] = self.ec(batch.sequences)
+            out["events"] = lookup(self.ec, batch.sequences)
         return out
 
     def _user_tower(self, batch: Batch, looked_up: Dict[str, object]) -> torch.Tensor:

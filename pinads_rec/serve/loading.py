@@ -22,6 +22,7 @@ from torch import nn
 
 from pinads_rec import config
 from pinads_rec.library_notices import without_warning
+from pinads_rec.managed_collision import route_misses
 from pinads_rec.models import build_model
 from pinads_rec.modules.precision import PRECISIONS, resolve, set_precision
 from pinads_rec.training import checkpoint as ckpt_lib
@@ -119,6 +120,7 @@ def load_model(
     cfg = run_config(run_dir, path)
     model = build_model(cfg.features, cfg.model)
     load_weights(model, path)
+    route_misses(model, ckpt_lib.saved_unknown_rows(path))  # managed tables' unknown rows, as trained
     prec = cfg.model.precision
     chosen = resolve(precision or prec.inference, next(model.parameters()).device, "inference precision")
     prepare(model, chosen, fp16_overflow or prec.fp16_overflow)

@@ -47,6 +47,10 @@ class TrainState:
     epoch: int = 0
     batches_in_epoch: int = 0  # per-rank batches of `epoch` already trained: resume skips these
     world_size: int = 1  # of the run that wrote the checkpoint
+    # Managed-collision tables: the blocks of ids whose misses share one unknown row each -- the
+    # world size of the model's first training, kept through a resume on fewer ranks (0: older
+    # checkpoints, whose world_size it is). managed_collision.ManagedIds.
+    unknown_rows: int = 0
     # Evaluations during training (train.eval_every); a checkpoint older than these holds none.
     selection: Optional[str] = None  # what picks the best (evaluation.selection_name); a resume under another resets it
     best_value: Optional[float] = None  # the best evaluation's value (None before a finite one)
@@ -142,6 +146,45 @@ def check_compatible(path: Path, cfg: config.ExperimentConfig) -> None:
             f"checkpoint {path} was written by a different model ({shown} differ); use another "
             f"train.run_dir or restore the config it was trained with"
         )
+
+
+def saved_world_size(path: Path) -> int:
+    """The world size of the run that wrote checkpoint ``path``."""
+    return json.loads((Path(path) / STATE_FILE).read_text())["train"].get("world_size", 1)
+
+
+def saved_unknown_rows(path: Path) -> int:
+    """``TrainState.unknown_rows`` of checkpoint ``path`` (its world size when it has none)."""
+    train = json.loads((Path(path) / STATE_FILE).read_text())["train"]
+    return train.get("unknown_rows") or train.get("world_size", 1)
+
+
+class UnreshardableCheckpoint(ValueError):
+    """Managed-collision state that this world size cannot rebuild from the checkpoint's."""
+
+
+def check_managed_reshard(path: Path, features: config.FeaturesConfig, world_size: int) -> None:
+    """A managed-collision table's id -> slot map lives with its rows: each rank maps the ids of its
+    block of the input range into its own slots. TorchRec 1.8 reloads that on fewer ranks when each
+    new rank's slots and ids are whole old ranks' (the checkpoint's world size a multiple of this one,
+    the slots dividing evenly); on more ranks, or across uneven slots, an old rank's map would have to
+    be split by id and its rows moved to other slots, which TorchRec does not do (it asserts "shard
+    ... cannot be built out of segments", TorchEasyRec #360). Refused here, naming the table."""
+    from pinads_rec.managed_collision import row_wise_bounds
+
+    managed = [t for t in features.tables if t.managed_collision is not None]
+    if not managed:
+        return
+    saved = saved_world_size(path)
+    for t in managed:
+        old, new = (set(row_wise_bounds(t.num_embeddings, w)) for w in (saved, world_size))
+        if saved % world_size or not new <= old:
+            raise UnreshardableCheckpoint(
+                f"checkpoint {path}: managed-collision table {t.name!r} was trained on {saved} rank(s) and cannot "
+                f"be loaded on {world_size}: TorchRec 1.8 rebuilds managed-collision state only on a world size "
+                f"dividing the checkpoint's, with {t.name}.num_embeddings ({t.num_embeddings:,}) divisible by "
+                f"{saved}; resume on {', '.join(str(w) for w in range(1, saved + 1) if saved % w == 0)} rank(s)"
+            )
 
 
 def load(path: Path, dmp, optimizer, schedule) -> TrainState:

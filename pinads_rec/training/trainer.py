@@ -40,6 +40,7 @@ from pinads_rec import config, parallel
 from pinads_rec.data.batch import Batch
 from pinads_rec.data.contract import ContractError
 from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader
+from pinads_rec.managed_collision import route_misses
 from pinads_rec.models import build_model
 from pinads_rec.models.train_task import NonFiniteError, NonFiniteGuard, TrainTask, guard_gradients
 from pinads_rec.modules.precision import fallback_count, set_precision
@@ -337,6 +338,18 @@ class Trainer:
 
     def _restored_state(self) -> checkpoint.TrainState:
         """The resumed checkpoint's state, model and optimizers loaded; a fresh state without one."""
+        world = self.env.world_size
+        source = self.warm_from or self.resumed_from
+        if source is not None:
+            checkpoint.check_managed_reshard(source, self.cfg.features, world)
+        # Managed tables' misses: one unknown row per block of ids of the model's first training.
+        unknown_rows = checkpoint.saved_unknown_rows(source) if source is not None else world
+        route_misses(self.dmp, unknown_rows)
+        state = self._loaded_state()
+        state.unknown_rows = unknown_rows
+        return state
+
+    def _loaded_state(self) -> checkpoint.TrainState:
         world = self.env.world_size
         if self.warm_from is not None:
             checkpoint.warm_start(self.warm_from, self.dmp, self.optimizer, self.cfg.train.init_optimizer)

@@ -105,7 +105,7 @@ class Checks(Queries):
                 places[f.column] = (events, f"build.sequences[{i}].columns", raw, source.columns)
         for name, (table, where, raw, exprs) in places.items():
             c = self.columns[name]
-            if not c.table_size or c.hashed:
+            if not c.table_size or not c.bounded:
                 continue
             col = sql_name(name)
             is_list = self.column_type(table, name).endswith("[]")
