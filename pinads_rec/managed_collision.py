@@ -173,10 +173,10 @@ class ManagedIds(MCHManagedCollisionModule):
     Sharded over W ranks, each rank maps the ids of its block of the input range, and an id it has
     no slot for takes that rank's last slot: W unknown rows, one per block. Unsharded (serving, the
     exported program) TorchRec would send every such id to the table's last slot, the last rank's
-    row -- a different row for most of them. ``unknown_rows`` (set by ``route_misses`` from the
-    checkpoint: the world size of the model's first training) gives each miss its block's row
-    instead, so serving scores every id as training did. Sharded on that many ranks, each rank's
-    module sees its own block only: nothing changes; on fewer (a resume), the ids keep their rows."""
+    row -- a different row for most of them. ``unknown_rows`` (set by ``route_misses`` to the world
+    size of the checkpoint's training) gives each miss its block's row instead, so serving scores
+    every id as training did. Sharded, each rank's module sees its own block only: the default 1
+    is TorchRec's own behaviour."""
 
     unknown_rows: int = 1
 
@@ -213,10 +213,8 @@ class ManagedIds(MCHManagedCollisionModule):
 
 
 def route_misses(model: torch.nn.Module, unknown_rows: int) -> None:
-    """A model's managed tables give an id without a slot the unknown row of its block of ids, of
-    ``unknown_rows`` blocks (``ManagedIds``): the world size the model was first trained on, from
-    its checkpoint. Unsharded (serving) or sharded on as many ranks or fewer (a resume on fewer keeps
-    the rows the ids had)."""
+    """An unsharded model's managed tables give an id without a slot the unknown row of its block
+    of ids, of ``unknown_rows`` blocks (``ManagedIds``): the world size its checkpoint was trained on."""
     for module in model.modules():
         if isinstance(module, ManagedIds):
             module.unknown_rows = unknown_rows
@@ -238,6 +236,14 @@ def managed_module(table: TableConfig, device: Optional[torch.device]) -> Manage
         name=table.name,
         buckets=PLANNING_BUCKETS,
     )
+
+
+def id_map_bytes(table: TableConfig) -> int:
+    """What a managed table keeps beside its rows, over all shards: per slot its raw id, its slot
+    and the eviction policy's counters, 8 bytes each (the policy's history of the ids counted since
+    the last round comes on top, per rank: ids per batch x eviction_interval x 1.25 x 8 bytes)."""
+    counters = [m for m in eviction_policy(table.managed_collision).metadata_info if m.is_mch_metadata]
+    return table.num_embeddings * 8 * (2 + len(counters))
 
 
 Collection = Union[EmbeddingBagCollection, EmbeddingCollection]

@@ -26,7 +26,7 @@ from pinads_rec.data.contract import ContractError
 from pinads_rec.models.train_task import NonFiniteError
 from pinads_rec.modules.precision import PrecisionOverflow
 from pinads_rec.training.board import TensorBoardWriter
-from pinads_rec.training.checkpoint import IncompatibleCheckpoint, NoCheckpoint, UnreshardableCheckpoint
+from pinads_rec.training.checkpoint import IncompatibleCheckpoint, NoCheckpoint
 from pinads_rec.training.console import ConsoleReport
 from pinads_rec.training.profiler import StepProfiler
 from pinads_rec.training.run_log import RunLog
@@ -86,7 +86,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         ContractError,
         IncompatibleCheckpoint,
         NoCheckpoint,
-        UnreshardableCheckpoint,
         NonFiniteError,
         PrecisionOverflow,
     ) as e:
@@ -96,7 +95,6 @@ def main(argv: Optional[List[str]] = None) -> int:
             ContractError: "data error",
             IncompatibleCheckpoint: "checkpoint error",
             NoCheckpoint: "checkpoint error",
-            UnreshardableCheckpoint: "checkpoint error",
         }
         kind = kinds.get(type(e), "numerics error")
         print(f"[rank {env.rank}] {kind}: {message}", file=sys.stderr, flush=True)

@@ -376,3 +376,11 @@ def test_event_bags_times_both_histories_side_by_side(tmp_path):
         return pq.read_schema(next((tmp_path / variant / "train").glob("*.parquet"))).field("liked_genres").type
 
     assert pa.types.is_list(genres("bags").value_type) and pa.types.is_integer(genres("first_genre").value_type)
+
+
+def test_managed_collision_times_the_hashed_and_the_managed_table_side_by_side(tmp_path):
+    small = ["synth.num_items=2000", "synth.row_group_size=600", "data.batch_size=128", "data.shuffle_buffer_rows=1024"]
+    out = _run("managed_collision.py", f"--requests 600 --steps 12 --repeats 1 --work {tmp_path}", small, timeout=600)
+    rows = [line.split() for line in out.splitlines() if line.startswith("  ")]
+    assert [r[0] for r in rows] == ["hashed", "managed"]
+    assert "x step time" in out and "x examples/s" in out and "id map: 0.23 MiB" in out

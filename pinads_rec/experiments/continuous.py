@@ -89,33 +89,61 @@ def ensure_days(loop: Loop) -> List[Path]:
     if cfg.synth.drift.days < 3:
         raise config.ConfigError("synth.drift.days: the loop needs at least 3 days (train, then two next days)")
     ids = synth.num_item_ids(cfg.synth)  # every day launches ads with new ids, above the earlier ones
+    mapped = {v.table for v in cfg.build.vocabularies}  # raw ids mapped into the table by the build
     for sparse in cfg.features.sparse:
         table = cfg.features.table(sparse.table)
-        if sparse.column == cfg.features.columns.item_id and not table.hash and table.num_embeddings < ids:
+        fits = table.hash or table.managed_collision is not None or table.name in mapped
+        if sparse.column == cfg.features.columns.item_id and not fits and table.num_embeddings < ids:
             raise config.ConfigError(
                 f"table {table.name!r}: num_embeddings {table.num_embeddings:,} is below the {ids:,} item ids "
-                f"{cfg.synth.drift.days} drifting days launch; raise it, or set hash: true"
+                f"{cfg.synth.drift.days} drifting days launch; raise it, or set hash: true or managed_collision"
             )
-    if loop.raw and cfg.build.vocabularies:
+    if cfg.build.vocabularies and not loop.raw:
         raise config.ConfigError(
-            f"{loop.config_path}: build.vocabularies with --raw: a day build maps ids through an existing "
-            "build's vocabularies, and the loop has none to give; map the ids with hash: true tables"
+            f"{loop.config_path}: build.vocabularies needs --raw: the vocabularies map raw ids as each day is built "
+            "from the raw logs (the generator's days hold the ids unmapped)"
         )
     synth.ensure(cfg, loop.out / "data", raw=loop.raw, echo=lambda m: print(m, flush=True))
     return loop.day_dirs()
 
 
+VOCABULARY_FIT = "vocabulary-fit"  # <out>/built/vocabulary-fit/: the build of day 0 that fits build.vocabularies
+
+
+def fit_vocabularies(loop: Loop) -> Optional[Path]:
+    """With ``build.vocabularies``: the build of the first day alone that fits them (each one's
+    fit_split is that day), made once; every day's build then maps its ids through them, so an id
+    first seen later is out of vocabulary -- a vocabulary fitted once, as a team that fits it on its
+    first training split has. None without vocabularies."""
+    from pinads_rec.data.build import build
+    from pinads_rec.data.build_output import MANIFEST
+
+    cfg = loop.cfg
+    if not cfg.build.vocabularies:
+        return None
+    out = loop.out / "built" / VOCABULARY_FIT
+    if not (out / MANIFEST).is_file():
+        days = synth.days_build_config(cfg.build, cfg.synth)
+        first = days.splits[0]
+        vocabularies = [dataclasses.replace(v, fit_split=first.name) for v in days.vocabularies]
+        days = dataclasses.replace(days, splits=[first], vocabularies=vocabularies)
+        build(dataclasses.replace(cfg, build=days), str(loop.out / "data" / "raw"), str(out))
+    return out
+
+
 def build_day(loop: Loop, day: Path) -> float:
-    """Builds ``day`` (one of ``loop.day_dirs()``) from the raw logs unless it is built already;
-    returns the build's seconds (0 when it was there)."""
+    """Builds ``day`` (one of ``loop.day_dirs()``) from the raw logs unless it is built already,
+    its ids mapped through ``fit_vocabularies`` when the config has vocabularies; returns the build's
+    seconds (0 when it was there)."""
     from pinads_rec.data.build_output import MANIFEST
 
     if not loop.raw or (day / MANIFEST).is_file():  # a day build is swapped in whole: a manifest is complete
         return 0.0
     cfg = loop.cfg
-    cfg = dataclasses.replace(cfg, build=synth.days_build_config(cfg.build, cfg.synth))
     started = time.perf_counter()
-    build_days(cfg, str(loop.out / "data" / "raw"), str(day.parents[1]), [day.name])
+    vocabularies = fit_vocabularies(loop)
+    cfg = dataclasses.replace(cfg, build=synth.days_build_config(cfg.build, cfg.synth))
+    build_days(cfg, str(loop.out / "data" / "raw"), str(day.parents[1]), [day.name], vocabularies=vocabularies)
     return time.perf_counter() - started
 
 
@@ -191,9 +219,15 @@ def seen_items(days: Sequence[Path], item_column: str) -> np.ndarray:
     return np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
 
 
-def evaluate_day(run_dir: Path, day: Path, seen: np.ndarray) -> Dict[str, List[dict]]:
+def evaluate_day(
+    run_dir: Path, day: Path, raw_day: Path, before: np.ndarray, today: np.ndarray
+) -> Dict[str, List[dict]]:
     """The published model of ``run_dir`` on ``day``, scored as serving scores it: metrics rows per
-    surface x task over all rows, the ads new that day (ids not in ``seen``) and the others."""
+    surface x task over all rows, the ads new that day (ids no training day held), the others, and
+    of those the ads first seen on the last training day (``recent``: ``today`` minus ``before``,
+    younger than a day when the model was published) and the ones seen before it (``older``).
+    The rows' raw item ids come from ``raw_day``, the generator's files of the same day, row for row
+    the same (``day`` may hold them mapped through a vocabulary)."""
     import torch
 
     from pinads_rec.data.reader import AS_READ_PREFIX
@@ -206,20 +240,53 @@ def evaluate_day(run_dir: Path, day: Path, seen: np.ndarray) -> Dict[str, List[d
     f = cfg.features
     tasks = [t.name for t in f.tasks]
     oracle = all(t.true_probability_column for t in f.tasks)
-    slices = {name: MetricAccumulator(tasks, f.surfaces, oracle, has_users=True) for name in ("all", "new", "old")}
+    names = ("all", "new", "old", "recent", "older")
+    slices = {name: MetricAccumulator(tasks, f.surfaces, oracle, has_users=True) for name in names}
+    raw_items, raw_requests = _rows(raw_day, f.columns.item_id, f.columns.request_id)
+    at = 0
     for table, batch in ScoringBatches(cfg, str(day)):
         valid = batch.valid
         probs = predictor.score_batch(batch)[valid]
-        items = table.column(AS_READ_PREFIX + f.columns.item_id).to_numpy()
-        new = ~np.isin(items, seen)
+        requests = table.column(AS_READ_PREFIX + f.columns.request_id).to_numpy()
+        if not np.array_equal(requests, raw_requests[at : at + len(requests)]):
+            raise RuntimeError(f"{day}: its rows are not {raw_day}'s, row for row (request ids differ near row {at})")
+        items = raw_items[at : at + len(requests)]
+        at += len(requests)
+        known_before, known_today = np.isin(items, before), np.isin(items, today)
+        masks = {
+            "new": ~(known_before | known_today),
+            "old": known_before | known_today,
+            "recent": known_today & ~known_before,
+            "older": known_before,
+        }
         rows = [probs, batch.labels[valid], batch.surface[valid]]
         true, users = batch.true_probs[valid] if oracle else None, batch.user_id[valid]
         slices["all"].update(*rows, true, users=users)
-        for name, keep in (("new", new), ("old", ~new)):
+        for name, keep in masks.items():
             mask = torch.from_numpy(keep)
             if mask.any():
                 slices[name].update(*(r[mask] for r in rows), None if true is None else true[mask], users=users[mask])
     return {name: acc.compute() for name, acc in slices.items()}
+
+
+def _rows(day: Path, item: str, request: str) -> List[np.ndarray]:
+    """(item id, request id) of every candidate row of a day's contract files, files in name order."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    items, requests = [], []
+    for path in sorted(day.rglob("*.parquet")):
+        table = pq.read_table(path, columns=[item, request])
+        ids = table.column(item).combine_chunks()
+        if pa.types.is_list(ids.type):  # one row per request: the candidates' ids as a list
+            counts = pc.list_value_length(ids).to_numpy(zero_copy_only=False)
+            requests.append(np.repeat(table.column(request).to_numpy(), counts))
+            ids = pc.list_flatten(ids)
+        else:
+            requests.append(table.column(request).to_numpy())
+        items.append(ids.to_numpy(zero_copy_only=False))
+    return [np.concatenate(x) if x else np.zeros(0, np.int64) for x in (items, requests)]
 
 
 def export_model(run_dir: Path, day: Path) -> Path:
@@ -236,11 +303,14 @@ def run_loop(loop: Loop, echo=print) -> List[dict]:
     """Every day's row per strategy (also kept in ``<out>/continuous.json``, resumable: finished
     runs are reused)."""
     days = ensure_days(loop)
+    generated = [loop.out / "data" / "days" / day.name for day in days]
     cfg = loop.cfg
     results: List[dict] = []
     for d in range(len(days) - 1):
         build_seconds = build_day(loop, days[d]) + build_day(loop, days[d + 1])  # today's data, tomorrow's
-        seen = seen_items(days[: d + 1], cfg.features.columns.item_id)
+        # The ads a model trained through day d has seen, by raw id (the generator's days hold them).
+        item = cfg.features.columns.item_id
+        before, today = seen_items(generated[:d], item), seen_items(generated[d : d + 1], item)
         trained: Dict[str, Dict[str, object]] = {}
         for strategy in loop.strategies:
             # Day 0: every strategy's model is the same (day 0 from scratch): trained once.
@@ -254,7 +324,7 @@ def run_loop(loop: Loop, echo=print) -> List[dict]:
             run_dir = Path(run["run_dir"])
             if strategy == loop.strategies[0] and (strategy != "frozen" or d == 0):
                 export_model(run_dir, days[d + 1])  # what the loop publishes; the others are references
-            rows = evaluate_day(run_dir, days[d + 1], seen)
+            rows = evaluate_day(run_dir, days[d + 1], generated[d + 1], before, today)
             result = {
                 "day": d,
                 "date": days[d].name,

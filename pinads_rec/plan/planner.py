@@ -193,6 +193,7 @@ def plan(cfg, spec: PlanSpec, config_path: str = "", verbose: bool = False, cons
     from pinads_rec import parallel
 
     spec.validate()
+    parallel.check_managed_world_size(cfg.features, spec.world_size)
     if spec.sharding_types:
         from pinads_rec import config as config_mod
 
@@ -266,6 +267,7 @@ def _report(
     best_plan, cfg, spec: PlanSpec, config_path, topology, reservation, batch, seconds, capture, candidates: Candidates
 ) -> dict:
     from pinads_rec import parallel
+    from pinads_rec.managed_collision import id_map_bytes
 
     reserved = _reserved(reservation, spec)
     in_use_hbm = reserved["reserved_hbm_bytes"] - reserved["margin_hbm_bytes"]  # dense + KJT, really used
@@ -304,6 +306,14 @@ def _report(
             "ddr_bytes": ddr,
             "cost_ms": sum(s.perf.total for s in so.shards),
         }
+        managed = cfg.features.table(so.name).managed_collision if so.name in order else None
+        if managed is not None:
+            tables[so.name]["managed_collision"] = {
+                "eviction": managed.eviction,
+                "eviction_interval": managed.eviction_interval,
+                "admission": managed.admission.kind,
+                "id_map_bytes": id_map_bytes(cfg.features.table(so.name)),
+            }
         for s in so.shards:
             r = ranks[s.rank]
             r["hbm_bytes"] += int(s.storage.hbm)

@@ -140,6 +140,15 @@ def format_report(report: dict, title: str = "") -> str:
     for name, tb in report["tables"].items():
         kinds.setdefault(f"{tb['sharding_type']}/{tb['compute_kernel']}", []).append(name)
     out.append("Layouts: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in kinds.items()))
+    for name, tb in report["tables"].items():
+        mc = tb.get("managed_collision")
+        if mc:
+            out.append(
+                f"Managed collision: {name} ({mc['eviction']}, a round every {mc['eviction_interval']} steps, "
+                f"admission {mc['admission']}): {tb['num_embeddings']:,} slots, one unknown row per rank; id map "
+                f"{gb(mc['id_map_bytes'])} GB over all shards beside the rows (not in the planner's storage); raw ids "
+                f"routed to the rank of their block, as its {tb['sharding_type']} shards"
+            )
     planner = report["planner"]
     if planner.get("proposals") is not None:
         out.append(

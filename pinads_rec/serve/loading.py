@@ -120,7 +120,7 @@ def load_model(
     cfg = run_config(run_dir, path)
     model = build_model(cfg.features, cfg.model)
     load_weights(model, path)
-    route_misses(model, ckpt_lib.saved_unknown_rows(path))  # managed tables' unknown rows, as trained
+    route_misses(model, ckpt_lib.saved_world_size(path))  # managed tables' unknown rows, as trained
     prec = cfg.model.precision
     chosen = resolve(precision or prec.inference, next(model.parameters()).device, "inference precision")
     prepare(model, chosen, fp16_overflow or prec.fp16_overflow)

@@ -47,10 +47,6 @@ class TrainState:
     epoch: int = 0
     batches_in_epoch: int = 0  # per-rank batches of `epoch` already trained: resume skips these
     world_size: int = 1  # of the run that wrote the checkpoint
-    # Managed-collision tables: the blocks of ids whose misses share one unknown row each -- the
-    # world size of the model's first training, kept through a resume on fewer ranks (0: older
-    # checkpoints, whose world_size it is). managed_collision.ManagedIds.
-    unknown_rows: int = 0
     # Evaluations during training (train.eval_every); a checkpoint older than these holds none.
     selection: Optional[str] = None  # what picks the best (evaluation.selection_name); a resume under another resets it
     best_value: Optional[float] = None  # the best evaluation's value (None before a finite one)
@@ -153,50 +149,36 @@ def saved_world_size(path: Path) -> int:
     return json.loads((Path(path) / STATE_FILE).read_text())["train"].get("world_size", 1)
 
 
-def saved_unknown_rows(path: Path) -> int:
-    """``TrainState.unknown_rows`` of checkpoint ``path`` (its world size when it has none)."""
-    train = json.loads((Path(path) / STATE_FILE).read_text())["train"]
-    return train.get("unknown_rows") or train.get("world_size", 1)
+def needs_relayout(path: Path, features: config.FeaturesConfig, world_size: int) -> bool:
+    """Whether checkpoint ``path``'s managed-collision tables must be re-laid out for this world
+    size (``managed_reshard``): on any other world size than the checkpoint's. (TorchRec reloads
+    them itself only on a world size dividing the checkpoint's, and the merged ranks would then
+    keep an unknown row each, one of which a new id could take.)"""
+    managed = any(t.managed_collision is not None for t in features.tables)
+    return managed and saved_world_size(path) != world_size
 
 
-class UnreshardableCheckpoint(ValueError):
-    """Managed-collision state that this world size cannot rebuild from the checkpoint's."""
+def _managed_segments(model_state: dict) -> dict:
+    """The managed modules' shard boundaries of this run, which a re-layout keeps (TorchRec checks
+    a loaded module's shard against them)."""
+    return {k: v.clone() for k, v in model_state.items() if k.endswith("._output_segments_tensor")}
 
 
-def check_managed_reshard(path: Path, features: config.FeaturesConfig, world_size: int) -> None:
-    """A managed-collision table's id -> slot map lives with its rows: each rank maps the ids of its
-    block of the input range into its own slots. TorchRec 1.8 reloads that on fewer ranks when each
-    new rank's slots and ids are whole old ranks' (the checkpoint's world size a multiple of this one,
-    the slots dividing evenly); on more ranks, or across uneven slots, an old rank's map would have to
-    be split by id and its rows moved to other slots, which TorchRec does not do (it asserts "shard
-    ... cannot be built out of segments", TorchEasyRec #360). Refused here, naming the table."""
-    from pinads_rec.managed_collision import row_wise_bounds
+def _relayout(path: Path, dmp, optimizer) -> None:
+    from pinads_rec.training.managed_reshard import relayout
 
-    managed = [t for t in features.tables if t.managed_collision is not None]
-    if not managed:
-        return
-    saved = saved_world_size(path)
-    for t in managed:
-        old, new = (set(row_wise_bounds(t.num_embeddings, w)) for w in (saved, world_size))
-        if saved % world_size or not new <= old:
-            raise UnreshardableCheckpoint(
-                f"checkpoint {path}: managed-collision table {t.name!r} was trained on {saved} rank(s) and cannot "
-                f"be loaded on {world_size}: TorchRec 1.8 rebuilds managed-collision state only on a world size "
-                f"dividing the checkpoint's, with {t.name}.num_embeddings ({t.num_embeddings:,}) divisible by "
-                f"{saved}; resume on {', '.join(str(w) for w in range(1, saved + 1) if saved % w == 0)} rank(s)"
-            )
+    world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
+    relayout(path, dmp, optimizer, saved_world_size(path), world, rank)
 
 
-def load(path: Path, dmp, optimizer, schedule) -> TrainState:
+def load(path: Path, dmp, optimizer, schedule, relayout: bool = False) -> TrainState:
     # Optimizer state is created lazily at the first step; DCP loads in place, so materialize it
     # first (a zero-gradient step) or the moments would silently stay empty. Runs before the model
     # weights are loaded, so whatever that step touches is overwritten.
     optimizer.init_state()
     optimizer.zero_grad(set_to_none=True)
     state = {"model": dmp.state_dict(), "optimizer": optimizer.state_dict()}
-    dcp.load(state, checkpoint_id=str(path))
-    dmp.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    _load_into(path, dmp, optimizer, state, relayout)
     meta = json.loads((Path(path) / STATE_FILE).read_text())
     rng = Path(path) / f"rng-{_rank()}.pt"
     if rng.exists():  # a rank that did not exist in the saved run keeps its fresh seed
@@ -211,15 +193,27 @@ def load(path: Path, dmp, optimizer, schedule) -> TrainState:
     return TrainState(**meta["train"])
 
 
-def load_model(path: Path, dmp) -> None:
+def _load_into(path: Path, dmp, optimizer, state: dict, relayout: bool) -> None:
+    """DCP-loads ``state`` (the model's and, unless None, the optimizer's state dicts) from ``path``
+    into ``dmp`` and ``optimizer``; ``relayout``: the managed tables re-laid out for this world size
+    (``needs_relayout``), their shard boundaries kept."""
+    segments = _managed_segments(state["model"]) if relayout else {}
+    dcp.load(state, checkpoint_id=str(path))
+    state["model"].update(segments)
+    dmp.load_state_dict(state["model"])
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    if relayout:
+        _relayout(path, dmp, optimizer)
+
+
+def load_model(path: Path, dmp, relayout: bool = False) -> None:
     """Reads only the model weights (and buffers) of checkpoint ``path`` into ``dmp``, in place: the
     optimizers, LR schedule, RNG and position stay the run's (the best evaluation's weights
     reloaded at the end of a run)."""
     if not (Path(path) / STATE_FILE).exists():
         raise FileNotFoundError(f"{path}: no complete checkpoint there (the best evaluation's weights)")
-    state = {"model": dmp.state_dict()}
-    dcp.load(state, checkpoint_id=str(path))
-    dmp.load_state_dict(state["model"])
+    _load_into(path, dmp, None, {"model": dmp.state_dict()}, relayout)
 
 
 class NoCheckpoint(FileNotFoundError):
@@ -241,21 +235,19 @@ def resolve(path: str | Path) -> Path:
     return found
 
 
-def warm_start(path: Path, dmp, optimizer, carry: str) -> None:
+def warm_start(path: Path, dmp, optimizer, carry: str, relayout: bool = False) -> None:
     """Reads checkpoint ``path``'s weights into ``dmp`` and, as ``carry`` (train.init_optimizer)
     says, its optimizer state: "all", "embedding" (the dense AdamW's moments and step count back to
     zero, as a new optimizer's) or "none". The optimizers keep this run's hyperparameters
     (learning rates, weight decay): the checkpoint's are its old schedule's."""
     if carry == "none":
-        load_model(path, dmp)
+        load_model(path, dmp, relayout)
         return
     hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     optimizer.init_state()  # DCP loads in place: the state must exist (see load)
     optimizer.zero_grad(set_to_none=True)
     state = {"model": dmp.state_dict(), "optimizer": optimizer.state_dict()}
-    dcp.load(state, checkpoint_id=str(path))
-    dmp.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    _load_into(path, dmp, optimizer, state, relayout)
     for group, fresh in zip(optimizer.param_groups, hyper):
         group.update(fresh)
     if carry == "embedding":  # the dense AdamW as freshly made: zero moments, step 0

@@ -40,7 +40,6 @@ from pinads_rec import config, parallel
 from pinads_rec.data.batch import Batch
 from pinads_rec.data.contract import ContractError
 from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader
-from pinads_rec.managed_collision import route_misses
 from pinads_rec.models import build_model
 from pinads_rec.models.train_task import NonFiniteError, NonFiniteGuard, TrainTask, guard_gradients
 from pinads_rec.modules.precision import fallback_count, set_precision
@@ -340,19 +339,13 @@ class Trainer:
         """The resumed checkpoint's state, model and optimizers loaded; a fresh state without one."""
         world = self.env.world_size
         source = self.warm_from or self.resumed_from
-        if source is not None:
-            checkpoint.check_managed_reshard(source, self.cfg.features, world)
-        # Managed tables' misses: one unknown row per block of ids of the model's first training.
-        unknown_rows = checkpoint.saved_unknown_rows(source) if source is not None else world
-        route_misses(self.dmp, unknown_rows)
-        state = self._loaded_state()
-        state.unknown_rows = unknown_rows
-        return state
+        return self._loaded_state(source is not None and checkpoint.needs_relayout(source, self.cfg.features, world))
 
-    def _loaded_state(self) -> checkpoint.TrainState:
+    def _loaded_state(self, relayout: bool) -> checkpoint.TrainState:
         world = self.env.world_size
         if self.warm_from is not None:
-            checkpoint.warm_start(self.warm_from, self.dmp, self.optimizer, self.cfg.train.init_optimizer)
+            carry = self.cfg.train.init_optimizer
+            checkpoint.warm_start(self.warm_from, self.dmp, self.optimizer, carry, relayout)
             if self.env.is_main:
                 log.info(
                     "warm start from %s (optimizer state: %s); step, LR schedule and metrics start fresh",
@@ -362,7 +355,7 @@ class Trainer:
             return checkpoint.TrainState(world_size=world)
         if self.resumed_from is None:
             return checkpoint.TrainState(world_size=world)
-        state = checkpoint.load(self.resumed_from, self.dmp, self.optimizer, self.schedule)
+        state = checkpoint.load(self.resumed_from, self.dmp, self.optimizer, self.schedule, relayout)
         chooser = selection_name(self.cfg.train) if self.cfg.train.eval_every is not None else None
         if chooser is not None and state.selection not in (None, chooser):
             # Values of another metric or split do not compare with this run's.
