@@ -10,7 +10,8 @@
 # at the demo's and at configs/prod_8gpu.yaml's widths, with the torch fallbacks for fbgemm's jagged
 # ops and TorchRec's layers (a machine without them: the lent GPU machine, docs/performance.md).
 # Where TorchRec and fbgemm import as well: a 1-GPU NCCL train.py on the demo config (small data, a
-# step cap; examples/s, AUC) in FP32, in BF16 and with fused Adam instead of row-wise Adagrad; the
+# step cap; examples/s, AUC) in FP32, in BF16, with fused Adam instead of row-wise Adagrad and with the
+# item table under managed collision (TorchRec's CUDA eviction reset); the
 # arch benchmark once more on TorchRec's and fbgemm's own kernels; serve score (CPU) in each
 # precision; the planner with this GPU's memory (pinads_rec.plan --compute-device cuda --hbm-gb).
 # A step that fails or runs out of time is reported as such; the others still run.
@@ -39,7 +40,7 @@ if [ $DRY = 1 ]; then
   RUNS="fp32" PRECISIONS="auto"
 else
   DEVICE=cuda ROWS=4096 REPEATS=20 WARMUP=3 STEPS=300 REQUESTS=40000 CONFIGS="configs/demo.yaml configs/prod_8gpu.yaml"
-  RUNS="fp32 bf16 adam" PRECISIONS="auto fp32 bf16"
+  RUNS="fp32 bf16 adam managed" PRECISIONS="auto fp32 bf16"
 fi
 
 # step NAME TIMEOUT_S CMD...: runs CMD (output to NAME.log) unless the budget is spent; one line in steps.tsv.
@@ -112,6 +113,10 @@ if [ $FULL = 1 ]; then
       fp32) extra=() ;;
       bf16) extra=(--set model.precision.train=bf16) ;;
       adam) extra=(--set train.embedding_optimizer=adam) ;; # fused Adam: CUDA-only in fbgemm
+      # The item table under managed collision: TorchRec's own eviction reset (reset_weight_momentum,
+      # CUDA-only in fbgemm) and its UVM kernels, which the CPU never runs.
+      managed) extra=(--set features.tables.item.managed_collision.eviction=lru
+        --set features.tables.item.num_embeddings=20000) ;;
     esac
     step "train_$run" 150 "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 pinads_rec/train.py \
       --config configs/demo.yaml "${DATA[@]}" --set "train.run_dir=$DIR/runs/$run" "${extra[@]}"

@@ -6,7 +6,6 @@ launched that day apart) and exported."""
 import json
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -134,23 +133,3 @@ def test_a_rerun_reuses_the_finished_days_and_the_report_fills_its_marks(loop_ru
     assert "old\n" not in text and "| day trained |" in text
     assert (tmp_path / "continuous" / "auc_by_day.png").stat().st_size > 0
     assert "incremental_minus_window" in findings(results) and "frozen_fall" in findings(results)
-
-
-def test_a_vocabulary_is_fitted_once_on_the_first_day_and_maps_every_later_day(tmp_path):
-    from pinads_rec.experiments.continuous import VOCABULARY_FIT
-
-    vocabulary = TINY_DRIFT + ["build.vocabularies=[{table: item}]"]
-    loop = Loop(str(REPO / "configs" / "continuous.yaml"), vocabulary, tmp_path, ranks=1, raw=True)
-    loop.strategies = ("incremental",)
-    results = run_loop(loop, echo=print)
-    fitted = tmp_path / "built" / VOCABULARY_FIT
-    kept = set(pq.read_table(fitted / "vocabularies" / "item.parquet").column("raw").to_pylist())
-    days, generated = loop.day_dirs(), [tmp_path / "data" / "days" / d.name for d in loop.day_dirs()]
-    # The last day's rows: an ad the fitted day never showed is out of vocabulary (0), the others not.
-    built = pa.concat_tables(rows_of(pq.read_table(p)) for p in sorted(days[2].rglob("*.parquet")))
-    raw = pa.concat_tables(rows_of(pq.read_table(p)) for p in sorted(generated[2].rglob("*.parquet")))
-    ids, raw_ids = built.column("item_id").to_numpy(), raw.column("item_id").to_numpy()
-    later = ~np.isin(raw_ids, np.array([int(k) for k in kept]))
-    assert later.any() and (ids[later] == 0).all() and (ids[~later] > 0).all()
-    ev = _row(results, 1, "incremental")["eval"]  # the slices come from the raw ids all the same
-    assert cell(ev["new"], "examples") > 0 and cell(ev["recent"], "examples") > 0
