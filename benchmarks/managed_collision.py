@@ -1,4 +1,4 @@
-"""What managed collision costs: the daily loop's model with its ad table of 10,000 rows hashed
+"""What managed collision costs: the daily loop's model with its ad table of 500 rows hashed
 against the same table under TorchRec's managed collision (configs/continuous_managed.yaml), side
 by side on the same day of the drifting world.
 

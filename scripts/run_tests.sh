@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff check --quiet . || exit 1
 # Two pytest workers (pytest-xdist), a test file each at a time (its module fixtures, e.g. one
 # 2-rank launch, run once): a worker waiting on spawned ranks or imports leaves the core to the other.
-.venv/bin/python -m pytest -q -n 2 --dist loadfile "$@"
+.venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=20 "$@"
 rc=$?
 if [ $rc -eq 5 ]; then
   echo "pytest: no tests were collected for this selection" >&2

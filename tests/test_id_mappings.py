@@ -18,7 +18,11 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "configs" / "continuous_managed.yaml")
-SMALL = TINY_DRIFT + ["synth.drift.days=3", "features.tables.item.num_embeddings=600"]
+SMALL = TINY_DRIFT + [
+    "synth.drift.days=3",
+    "features.tables.item.num_embeddings=600",
+    "features.tables.item.managed_collision.eviction_interval=5",  # rounds within a tiny day's ~25 steps
+]
 
 
 @pytest.fixture(scope="module")

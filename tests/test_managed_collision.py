@@ -86,11 +86,11 @@ def test_the_planner_reports_a_managed_tables_id_map_and_refuses_a_world_size_it
     assert item["sharding_type"] == "row_wise" and report["tables"]["topic"]["sharding_type"] == "row_wise"
     assert item["managed_collision"] == {
         "eviction": "lru",
-        "eviction_interval": 10,
+        "eviction_interval": 50,
         "admission": "all",
-        "id_map_bytes": 10_000 * 8 * 3,  # raw id, slot, last access per slot
+        "id_map_bytes": 500 * 8 * 3,  # raw id, slot, last access per slot
     }
-    assert "Managed collision: item (lru, a round every 10 steps" in format_report(report)
+    assert "Managed collision: item (lru, a round every 50 steps" in format_report(report)
     with pytest.raises(ValueError, match="world size 11: managed-collision tables"):
         plan(cfg, PlanSpec(world_size=11, candidates_per_request=12.0))
 

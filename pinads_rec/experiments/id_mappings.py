@@ -5,7 +5,7 @@
 
 The drifting world's daily loop (``continuous.py``, its ``incremental`` strategy: yesterday's model
 warm-started on each new day) three times over the same days, the ad table the same size each time
-(``--config``'s item table, 10,000 rows for ids that reach 30,000), its ids mapped three ways:
+(``--config``'s item table, 500 rows for ids that reach 750), its ids mapped three ways:
 
 - ``hashed``: ``hash: true``, an id beyond the table takes the row of id mod size, shared for good;
 - ``vocabulary``: ``build.vocabularies`` fitted once on the first day's build (the loop's ``--raw``:
