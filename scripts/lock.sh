@@ -28,10 +28,14 @@ TORCHREC=1.8.0
 # run (a logistic regression and gradient-boosted trees on hand-computed features).
 # pyspark and sqlglot: the builder's Spark engine (--engine spark; sqlglot translates its DuckDB SQL);
 # pyspark 4.3 needs a Java 17+ runtime, which the engine checks for at start.
+# ray[serve]: the online ranking service's engine (serve/online/: HTTP proxy, dynamic batching,
+# replicas, autoscaling; KubeRay's RayService on Kubernetes).
+# aiohttp (already here through fsspec): benchmarks/serving.py's open-loop load generator.
 REST=(
   torchx==0.7.0 torchmetrics==1.0.3 tensordict tqdm pyre-extensions iopath
   pyarrow pyyaml numpy matplotlib tensorboard==2.21.0 kubernetes==36.0.3 pytest pytest-xdist ruff==0.17.6
   duckdb==2.0.1 polars==2.1.0 pandas==3.1.1 scikit-learn==1.9.1 lightgbm==4.7.0 pyspark==4.3.0 sqlglot==30.31.0
+  "ray[serve]==2.60.0"
 )
 
 WORK=$(mktemp -d)

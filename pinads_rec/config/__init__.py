@@ -54,6 +54,7 @@ from pinads_rec.config.schema import (
     SequenceGroupConfig,
     SequenceProjectionConfig,
     SequenceSourceConfig,
+    ServeConfig,
     SideTableConfig,
     SparseFeatureConfig,
     SplitConfig,
@@ -68,6 +69,7 @@ from pinads_rec.config.schema import (
 __all__ = [
     "AdmissionConfig",
     "BuildConfig",
+    "ServeConfig",
     "CANDIDATE_PREFIX",
     "ColumnsConfig",
     "ConfigError",

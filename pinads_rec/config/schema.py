@@ -861,6 +861,32 @@ class TrainConfig:
 
 
 @dataclass
+class ServeConfig:
+    """The online ranking service (``python -m pinads_rec.serve online``; docs/serving.md): Ray
+    Serve's HTTP proxy in front of ``replicas`` copies of the model, each batching concurrent
+    requests."""
+
+    host: str = "127.0.0.1"  # the HTTP proxy's address (0.0.0.0 to serve other machines)
+    port: int = 8000
+    replicas: int = 1  # model replicas (Ray actors); each gets cores / replicas torch threads
+    # Dynamic batching: a replica scores up to max_batch_size requests at once, waiting at most
+    # batch_wait_ms after the first for others to join (0 and 1: one request at a time).
+    max_batch_size: int = 16
+    batch_wait_ms: float = 5.0
+    # Backpressure: requests a replica holds (scoring or waiting for its batch), and beyond them the
+    # requests queued at the proxy; past both a request gets 503 with Retry-After.
+    max_ongoing_requests: int = 32
+    max_queued_requests: int = 64
+    retry_after_s: float = 1.0
+    # A request beyond these is refused (400): its candidates, and each behaviour log's events.
+    max_candidates: int = 500
+    max_events: int = 5000
+    # How often a replica looks for a newer model (a run's newer checkpoint, the daily loop's next
+    # day); 0: never.
+    reload_poll_s: float = 10.0
+
+
+@dataclass
 class ExperimentConfig:
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -868,3 +894,4 @@ class ExperimentConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     build: BuildConfig = field(default_factory=BuildConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)

@@ -72,6 +72,18 @@ class RequestBatcher:
             return self.builder.build_requests(block)
         return self.builder.build(self.checker(table, where))
 
+    def batch_requests(self, requests: pa.Table, where: str) -> Batch:
+        """Several requests' batch: ``requests`` holds one per-request row each (the layout the
+        build writes: data/storage_layout.py); one user slot per request, candidates in row order."""
+        f = self.cfg.features
+        stored = stored_request_level(requests.schema, f)
+        table = _with_label_columns(requests, self.cfg, stored)
+        check_schema(where, table.schema, self.columns, True, stored)
+        table = table.select([c.name for c in self.columns])
+        block = self.checker.check_requests(self.checker.split_requests(table, where, stored), where)
+        builder = BatchBuilder(self.builder.layout, user_slots=requests.num_rows, broadcast=self.cfg.model.broadcast)
+        return builder.build_requests(block)
+
 
 def _with_label_columns(
     table: pa.Table, cfg: config.ExperimentConfig, stored: Optional[Collection[str]] = None

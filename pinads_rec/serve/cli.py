@@ -4,8 +4,12 @@
                                      [--precision auto|fp32|bf16|fp16] [--batch-size 4096]
     python -m pinads_rec.serve export --run runs/demo --out model.pt2 [--precision auto|bf16]
     python -m pinads_rec.serve export-ads --run runs/two_tower --data data/demo/eval --out ads.parquet
+    python -m pinads_rec.serve online --run runs/demo --raw data/demo/raw [--vocabularies BUILD] [--address RAY]
+    python -m pinads_rec.serve requests --run runs/demo --raw data/demo/raw --split eval --out requests.jsonl
+    python -m pinads_rec.serve kuberay --run /models/demo --raw /data/raw --image IMAGE --out rayservice.yaml
 
-The command line only: each command is one call into scoring.py, export.py or ad_table.py. A run,
+The command line only: each command is one call into scoring.py, export.py, ad_table.py, online.py
+or kuberay.py. A run,
 checkpoint or data error is one line on stderr and exit status 2.
 """
 
@@ -17,6 +21,8 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from pinads_rec import config
+from pinads_rec.data.build.live import RequestError
 from pinads_rec.data.contract import ContractError
 from pinads_rec.modules.precision import PRECISIONS
 from pinads_rec.serve.ad_table import export_ads
@@ -74,7 +80,48 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     s.add_argument("--data", default=None, help="Parquet file or directory of rows holding the items")
     s.add_argument("--out", default="ads.parquet")
     s.add_argument("--batch-size", type=int, default=None)
+
+    def live(s: argparse.ArgumentParser) -> None:
+        s.add_argument("--raw", required=True, help="the raw logs the run's data was built from (build.* paths)")
+        s.add_argument(
+            "--vocabularies", default=None, help="the build that fitted build.vocabularies (when the config has any)"
+        )
+        s.add_argument(
+            "--precision", choices=["auto", "fp32", "bf16"], default=None, help="default: the run's inference precision"
+        )
+        s.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a serve.* setting for this launch (e.g. --set port=8001 --set replicas=2)",
+        )
+
+    s = sub.add_parser("online", help="serve raw ad requests over HTTP on Ray Serve (docs/serving.md)")
+    common(s, precision=False)
+    live(s)
+    s.add_argument("--address", default=None, help="a running Ray cluster (ray start --head); default: start one here")
+
+    s = sub.add_parser("requests", help="the raw impression log's requests as live requests (JSON lines)")
+    common(s, precision=False)
+    live(s)
+    s.add_argument("--split", default=None, help="a build split's window (default: the whole log)")
+    s.add_argument("--limit", type=int, default=100)
+    s.add_argument("--out", default="-", help="a .jsonl file, or - for stdout")
+
+    s = sub.add_parser("kuberay", help="write the KubeRay RayService manifest serving the run on Kubernetes")
+    common(s, precision=False)
+    live(s)
+    s.add_argument("--image", required=True, help="a container image with the project installed (Dockerfile)")
+    s.add_argument("--workers", type=int, default=1, help="Ray worker pods")
+    s.add_argument("--out", default="rayservice.yaml")
     return p.parse_args(argv)
+
+
+def _spec(args: argparse.Namespace):
+    from pinads_rec.serve.online import ServiceSpec, serve_settings
+
+    return ServiceSpec(args.run, args.raw, args.vocabularies, args.step, args.precision, serve_settings(args.set))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -101,7 +148,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.command == "export-ads":
             n = export_ads(args.run, args.data, args.out, args.precision, args.batch_size)
             print(f"wrote {n:,} ad embeddings -> {args.out}")
-    except (ServeError, ContractError, ckpt_lib.IncompatibleCheckpoint) as e:
+        elif args.command == "online":
+            from pinads_rec.serve.online import start
+
+            start(_spec(args), address=args.address)
+        elif args.command == "requests":
+            from pinads_rec.serve.online import write_requests
+
+            n = write_requests(_spec(args), args.split, args.limit, args.out)
+            print(f"wrote {n:,} requests -> {args.out}", file=sys.stderr)
+        elif args.command == "kuberay":
+            from pinads_rec.serve.kuberay import write_manifest
+
+            out = write_manifest(_spec(args), args.image, args.workers, args.out)
+            print(f"wrote {out}: kubectl apply -f {out} (KubeRay's operator installed)")
+    except (ServeError, ContractError, ckpt_lib.IncompatibleCheckpoint, config.ConfigError, RequestError) as e:
         print(f"serve error: {str(e).strip().splitlines()[-1]}", file=sys.stderr)
         return 2
     return 0

@@ -100,7 +100,7 @@ class Checks(Queries):
         naming the row, rather than by the loader at training time."""
         places = {c: ("imp", "build.columns", self.imp_source, self.b.columns) for c in self.computed}
         for i, (events, source, group) in enumerate(self.group_sources.values()):
-            raw = RawSource.of(source, self.raw_dir, "") if source.path else self.imp_source
+            raw = self.raw_source(source, f"build.sequences[{i}]") if source.path else self.imp_source
             for f in group.features:
                 places[f.column] = (events, f"build.sequences[{i}].columns", raw, source.columns)
         for name, (table, where, raw, exprs) in places.items():

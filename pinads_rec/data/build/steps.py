@@ -12,14 +12,14 @@ import shutil
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 from zoneinfo import ZoneInfo
 
 from pinads_rec.config import ConfigError, ExperimentConfig, SequenceGroupConfig, SequenceSourceConfig
 from pinads_rec.data import build_output
 from pinads_rec.data.build.checks import Checks
 from pinads_rec.data.build.config_checks import check_build, embedding_columns
-from pinads_rec.data.build.engine import open_engine
+from pinads_rec.data.build.engine import Engine, open_engine
 from pinads_rec.data.build.queries import INTEGERS
 from pinads_rec.data.build.writer import Reports, SplitWriter
 from pinads_rec.data.contract import ContractError, contract_columns
@@ -64,7 +64,7 @@ class Build(Checks, Reports):
         out_dir: str,
         memory_limit: Optional[str],
         threads: Optional[int],
-        engine: str = "duckdb",
+        engine: Union[str, Engine] = "duckdb",
     ):
         self.cfg, self.b, self.features = cfg, cfg.build, cfg.features
         self.check_config()
@@ -72,7 +72,10 @@ class Build(Checks, Reports):
         self.threads = threads or os.cpu_count() or 1
         self.memory_limit = memory_limit
         self.tmp = self.out / ".build_tmp"  # the engine's spill files
-        self.engine = open_engine(engine, self.threads, str(self.tmp), memory_limit)
+        # An open engine is taken as it is (the online feature path: data/build/live.py).
+        self.engine = (
+            engine if isinstance(engine, Engine) else open_engine(engine, self.threads, str(self.tmp), memory_limit)
+        )
         self.counts: Dict[str, int] = {}  # every repair and drop, by what it was
         self.columns = {c.name: c for c in contract_columns(self.features)}
         names = self.features.columns
@@ -124,7 +127,7 @@ class Build(Checks, Reports):
 
     def impressions(self) -> None:
         imp = self.b.impressions
-        self.imp_source = RawSource.of(imp, self.raw_dir, "build.impressions")
+        self.imp_source = self.raw_source(imp, "build.impressions")
         self.imp_columns = self.source_columns(self.imp_source)
         base = f"(SELECT *, filename AS __file FROM {self.scan(self.imp_source)}{_where(imp.filter)})"
         try:
@@ -181,8 +184,7 @@ class Build(Checks, Reports):
             raise
         self.check_times("imp", "__t", self.imp_source, self.imp_time, "build.impressions.time")
         self.check_not_null("imp", "__user", self.imp_source, imp.user, "build.impressions.user", "user")
-        for task in self.features.tasks:
-            self.check_label(task.label_column)
+        self.check_labels()
         self.check_no_nulls("imp", self.computed, "build.columns", self.imp_source, self.b.columns)
         self.drop_outside_splits()
         self.check_surfaces()
@@ -192,6 +194,14 @@ class Build(Checks, Reports):
         self.drop_duplicates()
         if self.b.negative_downsampling:
             self.downsample()
+
+    def raw_source(self, cfg, where: str) -> RawSource:
+        """The raw table ``cfg`` configures (its files under ``raw_dir``)."""
+        return RawSource.of(cfg, self.raw_dir, where)
+
+    def check_labels(self) -> None:
+        for task in self.features.tasks:
+            self.check_label(task.label_column)
 
     def split_columns(self) -> Tuple[str, str]:
         """SQL over the joined impression row: ``__split``, the split it falls in (NULL: none), and
@@ -256,7 +266,7 @@ class Build(Checks, Reports):
             raise ConfigError(
                 f"{where}.name: {side.name!r} is also a column of the impression log; name the side table otherwise"
             )
-        source = RawSource.of(side, self.raw_dir, where)
+        source = self.raw_source(side, where)
         columns = self.source_columns(source)
         for col in list(side.key) + ([side.as_of] if side.as_of else []):
             if col not in columns:
@@ -377,7 +387,7 @@ class Build(Checks, Reports):
         group = next(g for g in self.features.sequence_groups if g.name == source.group)
         name = _ident(group.name)
         if source.path:
-            raw = RawSource.of(source, self.raw_dir, where)
+            raw = self.raw_source(source, where)
             scan = f"(SELECT *, filename AS __file FROM {self.scan(raw)})"
             if source.side_tables:  # the events' own keys into the side tables (as of their own date)
                 plain = f"__events_raw_{name}"
@@ -618,30 +628,9 @@ class Build(Checks, Reports):
 
     def write(self, split: str) -> dict:
         """The split's per-request Parquet files, requests in time order; returns their paths
-        (relative to the output directory: they stay true once it is moved in) and counts. Only the
-        keys are sorted; each file's requests are then read by their rank."""
+        (relative to the output directory: they stay true once it is moved in) and counts."""
         out, root = self.split_dir(split)
-        names = self.features.columns
-        self.sql(
-            f"ordering the requests of split {split!r}",
-            f"""CREATE OR REPLACE TEMP TABLE __ranks AS
-            SELECT __req, row_number() OVER (ORDER BY floor(__t), __req) AS __rank
-            FROM req WHERE __split = {sql_string(split)}""",
-        )
-        seq_joins, seq_cols = [], []
-        for g in self.features.sequence_groups:
-            alias = f"__s_{_ident(g.name)}"
-            seq_joins.append(f"LEFT JOIN __seq_{_ident(g.name)} {alias} USING (__req)")
-            seq_cols += [f"coalesce({alias}.{sql_name(c)}, []) AS {sql_name(c)}" for c in self.sequence_columns[g.name]]
-        select = (
-            f"SELECT CAST(r.__req AS BIGINT) AS {sql_name(names.request_id)}, "
-            f"CAST(floor(r.__t) AS BIGINT) AS {sql_name(names.timestamp)}"
-            + "".join(f", c.{sql_name(col)}" for col in self.user_side)
-            + "".join(f", {s}" for s in seq_cols)
-            + "".join(f", [x.{sql_name(col)} FOR x IN c.__c] AS {sql_name(col)}" for col in self.candidate)
-            + " FROM __ranks k JOIN req r USING (__req) JOIN __candidates c USING (__req) "
-            + " ".join(seq_joins)
-        )
+        select = self.split_query(split)
         writer = SplitWriter(out, self.b.requests_per_row_group, self.b.requests_per_file, self.features)
         total, per_file = self.scalar("SELECT count(*) FROM __ranks"), self.b.requests_per_file
         for first in range(0, total, per_file):
@@ -655,6 +644,31 @@ class Build(Checks, Reports):
         written["files"] = [Path(f).relative_to(root).as_posix() for f in written["files"]]
         build_output.kill_point(f"split:{split}")
         return written
+
+    def split_query(self, split: str) -> str:
+        """The query of the split's request rows (the contract's columns), ``__ranks`` made: each
+        request's rank ``k.__rank`` in time order. Only the keys are sorted; rows are then read by rank."""
+        names = self.features.columns
+        self.sql(
+            f"ordering the requests of split {split!r}",
+            f"""CREATE OR REPLACE TEMP TABLE __ranks AS
+            SELECT __req, row_number() OVER (ORDER BY floor(__t), __req) AS __rank
+            FROM req WHERE __split = {sql_string(split)}""",
+        )
+        seq_joins, seq_cols = [], []
+        for g in self.features.sequence_groups:
+            alias = f"__s_{_ident(g.name)}"
+            seq_joins.append(f"LEFT JOIN __seq_{_ident(g.name)} {alias} USING (__req)")
+            seq_cols += [f"coalesce({alias}.{sql_name(c)}, []) AS {sql_name(c)}" for c in self.sequence_columns[g.name]]
+        return (
+            f"SELECT CAST(r.__req AS BIGINT) AS {sql_name(names.request_id)}, "
+            f"CAST(floor(r.__t) AS BIGINT) AS {sql_name(names.timestamp)}"
+            + "".join(f", c.{sql_name(col)}" for col in self.user_side)
+            + "".join(f", {s}" for s in seq_cols)
+            + "".join(f", [x.{sql_name(col)} FOR x IN c.__c] AS {sql_name(col)}" for col in self.candidate)
+            + " FROM __ranks k JOIN req r USING (__req) JOIN __candidates c USING (__req) "
+            + " ".join(seq_joins)
+        )
 
     def split_dir(self, split: str) -> Tuple[Path, Path]:
         """The directory the split's files go to (made here) and the one their paths are relative to."""

@@ -129,13 +129,7 @@ class SplitWriter:
 
     def add(self, batch: pa.RecordBatch) -> None:
         if self.schema is None:
-            stored_once = storage_layout.request_level_columns(self.features)
-            embeddings = {
-                g.embedding_column: g.embedding_dim for g in self.features.sequence_groups if g.embedding_column
-            }
-            self.schema = _canonical_schema(batch.schema, embeddings).with_metadata(
-                storage_layout.per_request_metadata(batch.schema.names, stored_once)
-            )
+            self.schema = request_rows_schema(batch.schema, self.features)
         table = pa.Table.from_batches([batch]).cast(self.schema)
         self.buffer = table if self.buffer is None else pa.concat_tables([self.buffer, table])
         while self.buffer.num_rows >= self.per_group:
@@ -161,6 +155,16 @@ class SplitWriter:
         if self.in_file >= self.per_file:
             self.writer.close()
             self.writer, self.in_file = None, 0
+
+
+def request_rows_schema(schema: pa.Schema, features) -> pa.Schema:
+    """The schema of the build's request rows (``schema``, as the engine gives them) in the
+    contract's canonical types, with the per-request layout's metadata (data/storage_layout.py)."""
+    stored_once = storage_layout.request_level_columns(features)
+    embeddings = {g.embedding_column: g.embedding_dim for g in features.sequence_groups if g.embedding_column}
+    return _canonical_schema(schema, embeddings).with_metadata(
+        storage_layout.per_request_metadata(schema.names, stored_once)
+    )
 
 
 def _iso(seconds: Optional[float], tz: str) -> Optional[str]:
