@@ -22,6 +22,10 @@ TINY_SYNTH = [
 ]
 
 
+# The demo_raw world: users with several requests (timelines) and the demo's sequence caps.
+DEMO_RAW = ["synth.num_users=150", "synth.sequence_length=100"]
+
+
 def tiny_overrides(data_dir, run_dir=None):
     """Overrides (also usable as train.py --set arguments) pointing the demo config at tiny data."""
     out = TINY_SYNTH + [
@@ -142,3 +146,28 @@ def _flatten(tree, prefix=""):
     if isinstance(tree, dict):
         return {k: v for key, sub in tree.items() for k, v in _flatten(sub, f"{prefix}{key}.").items()}
     return {prefix[:-1]: tree}
+
+
+def demo_raw(root):
+    """(config with the tiny world's split boundaries, raw dir, build out dir): the demo's raw logs of
+    a tiny world (users with several requests, the demo's sequence caps) generated and built."""
+    import time
+
+    from pinads_rec.config import SplitConfig
+    from pinads_rec.data import build as B
+    from pinads_rec.data import synth as S
+
+    cfg = load_tiny(root / "synth", DEMO_RAW)
+    S.generate(cfg, root / "synth", raw=True)
+    bounds = S.split_boundaries(cfg.synth)
+
+    def iso(t):
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+
+    cfg.build.splits = [
+        SplitConfig("train", end=iso(bounds["train"][1])),
+        SplitConfig("calibration", start=iso(bounds["calibration"][0]), end=iso(bounds["calibration"][1])),
+        SplitConfig("eval", start=iso(bounds["eval"][0])),
+    ]
+    B.build(cfg, str(root / "synth" / "raw"), str(root / "built"))
+    return cfg, root / "synth" / "raw", root / "built"

@@ -50,6 +50,7 @@ from pinads_rec.data.contract import ContractError
 from pinads_rec.data.raw_sources import RawSource, sql_name, sql_string
 
 REQUEST = "__live_request"  # the impression rows' column numbering the batch's requests 0..n-1
+CANDIDATE = "__live_candidate"  # and their candidates 0..c-1: the build orders them so, as the request did
 
 
 class RequestError(ValueError):
@@ -258,7 +259,7 @@ class LiveFeatures:
                 for name, key in imp_fields.items():
                     if name not in row:
                         raise RequestError(f"{at}.candidates[{c}].{name}", f"missing (read by {key})")
-                row[REQUEST] = r
+                row[REQUEST], row[CANDIDATE] = r, c
                 imp_rows.append(row)
             given = request.get("events", {})
             if not isinstance(given, dict):
@@ -287,7 +288,8 @@ class LiveFeatures:
                         if name not in event:
                             raise RequestError(f"{place}.{name}", f"missing (read by {key})")
                     log_rows[log].append({**event, REQUEST: r})
-        imp_columns = {**self.impressions, REQUEST: RawColumn(REQUEST, "BIGINT")}
+        numbering = {REQUEST: RawColumn(REQUEST, "BIGINT"), CANDIDATE: RawColumn(CANDIDATE, "BIGINT")}
+        imp_columns = {**self.impressions, **numbering}
         impressions = _table(imp_rows, imp_columns)
         return impressions, {
             log: _table(rows, {**self.logs[log], REQUEST: RawColumn(REQUEST, "BIGINT")})
@@ -297,8 +299,9 @@ class LiveFeatures:
     def requests_from_logs(self, split: Optional[str] = None, limit: int = 100) -> List[dict]:
         """The first ``limit`` requests (in time order) of the raw impression log -- of build split
         ``split``'s window, or all -- as live requests: the fields every request of them holds once
-        under ``request``, the others per candidate, and each behaviour log's rows of the user
-        before the request's time (the newest ``max_events``). Only the fields the served build reads."""
+        under ``request``, the others per candidate (in the build's order), and each behaviour
+        log's rows of the user before the request's time (the newest ``max_events``). Only the
+        fields the served build reads."""
         loader, imp = self.loader, self.b.impressions
         source = loader.raw_source(imp, "build.impressions")
         loader.engine.execute(f"CREATE OR REPLACE TEMP VIEW __raw_imp AS SELECT * FROM {loader.scan(source)}")
@@ -311,14 +314,17 @@ class LiveFeatures:
                 raise ConfigError(f"split {split!r}: not one of build.splits ({', '.join(names)})")
             where = loader.split_test(names.index(split))
         keys = [imp.request] if imp.request else list(imp.request_key)
-        key_sql = ", ".join(f"({k})" for k in keys)
-        filtered = f"(SELECT *, ({imp.user}) AS __u, {t} AS __t, [{key_sql}]::VARCHAR AS __key FROM __raw_imp"
+        key_sql = ", ".join(f"CAST(({k}) AS VARCHAR)" for k in keys)
+        filtered = (
+            f"(SELECT *, ({imp.user}) AS __u, {t} AS __t, CAST([{key_sql}] AS VARCHAR) AS __key, "
+            f"({imp.order or imp.item}) AS __o, ({imp.item}) AS __i FROM __raw_imp"
+        )
         filtered += f" WHERE ({imp.filter or 'true'}) AND {where})"
         rows = (
             loader.engine.con.sql(
                 f"""WITH chosen AS (SELECT __key, min(__t) AS __first FROM {filtered} GROUP BY __key
                                ORDER BY __first, __key LIMIT {int(limit)})
-            SELECT f.* FROM {filtered} f JOIN chosen USING (__key) ORDER BY chosen.__first, f.__key"""
+            SELECT f.* FROM {filtered} f JOIN chosen USING (__key) ORDER BY chosen.__first, f.__key, f.__o, f.__i"""
             )
             .to_arrow_table()
             .to_pylist()
@@ -377,12 +383,15 @@ class LiveBuild(Build):
     SPLIT = "live"
 
     def __init__(self, live: LiveFeatures, impressions: pa.Table, events: Dict[str, pa.Table]):
-        # Each request its own "user": its events are its own, whoever else in the batch is the same user.
+        # Each request its own "user": its events are its own, whoever else in the batch is the same
+        # user; its candidates scored in the order it gave them.
         cfg = dataclasses.replace(
             live.cfg,
             build=dataclasses.replace(
                 live.b,
-                impressions=dataclasses.replace(live.b.impressions, request=REQUEST, request_key=[], user=REQUEST),
+                impressions=dataclasses.replace(
+                    live.b.impressions, request=REQUEST, request_key=[], user=REQUEST, order=CANDIDATE
+                ),
                 sequences=[dataclasses.replace(s, user=REQUEST) for s in live.b.sequences],
                 negative_downsampling=None,
             ),

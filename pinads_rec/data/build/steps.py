@@ -692,10 +692,14 @@ class Build(Checks, Reports):
                 f"build.impressions: {total} duplicated impression(s); request {dup[0]} shows item {dup[1]} "
                 f"{dup[2]} times (in {', '.join(dup[3])}); set build.impressions.duplicates: drop to keep the first"
             )
-        labels = ", ".join(f"{sql_name(t.label_column)} DESC" for t in self.features.tasks)
+        # The first by order, then the highest labels (those built: a live request has none).
+        order = ", ".join(
+            ["__order"]
+            + [f"{sql_name(t.label_column)} DESC" for t in self.features.tasks if t.label_column in self.computed]
+        )
         self.engine.execute(
             f"""CREATE OR REPLACE TEMP TABLE imp AS SELECT {self.select_list("imp")} FROM (
-                SELECT *, row_number() OVER (PARTITION BY __req, __item ORDER BY __order, {labels}) AS __dup FROM imp)
+                SELECT *, row_number() OVER (PARTITION BY __req, __item ORDER BY {order}) AS __dup FROM imp)
             WHERE __dup = 1"""
         )
         self.counts["duplicated impressions (dropped)"] = int(total)
