@@ -10,7 +10,7 @@ setup:
 	@bash scripts/setup_env.sh
 
 data/demo/summary.json: $(CONFIG) | setup
-	$(PY) -m pinads_rec.data.synth --config $(CONFIG) --out data/demo
+	$(PY) -m pinads_rec.data.synth --config $(CONFIG) --out data/demo --raw
 
 data: data/demo/summary.json
 

@@ -867,22 +867,21 @@ class ServeConfig:
     requests."""
 
     host: str = "127.0.0.1"  # the HTTP proxy's address (0.0.0.0 to serve other machines)
-    port: int = 8000
+    port: int = 8000  # the HTTP proxy's port
     replicas: int = 1  # model replicas (Ray actors); each gets cores / replicas torch threads
-    # Dynamic batching: a replica scores up to max_batch_size requests at once, waiting at most
-    # batch_wait_ms after the first for others to join (0 and 1: one request at a time).
+    # Dynamic batching: a replica scores up to this many concurrent requests at once (1: one at a time).
     max_batch_size: int = 16
+    # How long a batch waits after its first request for others to join, milliseconds.
     batch_wait_ms: float = 5.0
-    # Backpressure: requests a replica holds (scoring or waiting for its batch), and beyond them the
-    # requests queued at the proxy; past both a request gets 503 with Retry-After.
+    # Backpressure: requests a replica holds (scoring or waiting for its batch).
     max_ongoing_requests: int = 32
+    # Requests queued at the proxy beyond those a replica holds; past them a request gets 503.
     max_queued_requests: int = 64
-    retry_after_s: float = 1.0
-    # A request beyond these is refused (400): its candidates, and each behaviour log's events.
-    max_candidates: int = 500
-    max_events: int = 5000
+    retry_after_s: float = 1.0  # the 503's Retry-After, seconds
+    max_candidates: int = 500  # a request with more candidates is refused (400)
+    max_events: int = 5000  # a request with more rows of one behaviour log is refused (400)
     # How often a replica looks for a newer model (a run's newer checkpoint, the daily loop's next
-    # day); 0: never.
+    # day), seconds; 0: never.
     reload_poll_s: float = 10.0
 
 

@@ -96,13 +96,22 @@ class Ranker:
     answers a batch of raw requests (plain Python: the deployment, the tests and the benchmark's
     model-alone ceiling call it alike)."""
 
-    def __init__(self, run_dir: Path, step: int, raw_dir: str, vocabularies: Optional[str], precision: Optional[str]):
+    def __init__(
+        self,
+        run_dir: Path,
+        step: int,
+        raw_dir: str,
+        vocabularies: Optional[str],
+        precision: Optional[str],
+        settings: Optional[config.ServeConfig] = None,
+    ):
         self.predictor = Predictor.from_run(run_dir, precision, step)
         cfg = self.predictor.cfg
         self.cfg, self.version = cfg, version_of(run_dir, step)
         self.precision = cfg.model.precision.inference
         self.tasks = [t.name for t in cfg.features.tasks]
-        self.live = LiveFeatures(cfg, raw_dir, vocabularies, cfg.serve.max_candidates, cfg.serve.max_events)
+        bounds = settings or cfg.serve  # the launch's settings, else the run's
+        self.live = LiveFeatures(cfg, raw_dir, vocabularies, bounds.max_candidates, bounds.max_events)
 
     def check(self, request: Any) -> None:
         """Raises RequestError for a request that can never be scored (its fields against the raw logs)."""
@@ -228,7 +237,7 @@ def _deployment():
                 self._watcher = asyncio.get_event_loop().create_task(self._watch(settings.reload_poll_s))
 
         def _load(self, run_dir: Path, step: int) -> Ranker:
-            return Ranker(run_dir, step, self.spec.raw, self.spec.vocabularies, self.spec.precision)
+            return Ranker(run_dir, step, self.spec.raw, self.spec.vocabularies, self.spec.precision, self.settings)
 
         async def _watch(self, every_s: float) -> None:
             while True:
