@@ -5,6 +5,11 @@ import os
 
 import pytest
 
+# Ray on loopback: its nodes take 127.0.0.1 as their address (Ray's switch for machines without a
+# cluster network), so the tests' Ray traffic stays on this machine's loopback. Read when Ray is
+# imported, hence here, before any test imports it.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 from pinads_rec import config
 from pinads_rec.data.synth import generate
 

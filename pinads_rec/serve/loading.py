@@ -18,6 +18,7 @@ import logging
 from pathlib import Path
 from typing import Optional, Tuple, Union
 
+import torch
 from torch import nn
 
 from pinads_rec import config
@@ -113,14 +114,20 @@ def load_model(
     precision: Optional[str] = None,
     step: Optional[int] = None,
     fp16_overflow: Optional[str] = None,
+    device: str = "cpu",
 ) -> Tuple[nn.Module, config.ExperimentConfig]:
-    """(unsharded model with the trained weights, ready to score; the run's config as served: its
-    ``model.precision.inference`` is the precision the model runs in, ``auto`` resolved)."""
+    """(unsharded model with the trained weights on ``device``, ready to score; the run's config as
+    served: its ``model.precision.inference`` is the precision the model runs in, ``auto`` resolved
+    for that device)."""
     path = find_checkpoint(run_dir, step)
     cfg = run_config(run_dir, path)
     model = build_model(cfg.features, cfg.model)
     load_weights(model, path)
     route_misses(model, ckpt_lib.saved_world_size(path))  # managed tables' unknown rows, as trained
+    if device != "cpu":
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ServeError(f"device {device!r}: torch sees no CUDA device here")
+        model.to(device)  # before the precision is resolved: auto asks the device that runs it
     prec = cfg.model.precision
     chosen = resolve(precision or prec.inference, next(model.parameters()).device, "inference precision")
     prepare(model, chosen, fp16_overflow or prec.fp16_overflow)

@@ -84,6 +84,13 @@ class ModelSource:
         return days[-1], int(ckpt_lib.latest(days[-1]).name.split("-")[1])
 
 
+def resolve_device(device: str) -> str:
+    """``serve.device`` as torch names it: auto is cuda where torch sees a GPU."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
 def version_of(run_dir: Path, step: int) -> str:
     return f"{run_dir.name}@step-{step}"
 
@@ -105,39 +112,43 @@ class Ranker:
         precision: Optional[str],
         settings: Optional[config.ServeConfig] = None,
     ):
-        self.predictor = Predictor.from_run(run_dir, precision, step)
+        device = resolve_device(settings.device if settings else "auto")
+        self.predictor = Predictor.from_run(run_dir, precision, step, device=device)
         cfg = self.predictor.cfg
         self.cfg, self.version = cfg, version_of(run_dir, step)
         self.precision = cfg.model.precision.inference
         self.tasks = [t.name for t in cfg.features.tasks]
+        self.device = str(self.predictor.device)
         bounds = settings or cfg.serve  # the launch's settings, else the run's
         self.live = LiveFeatures(cfg, raw_dir, vocabularies, bounds.max_candidates, bounds.max_events)
 
     def check(self, request: Any) -> None:
-        """Raises RequestError for a request that can never be scored (its fields against the raw logs)."""
+        """Raises RequestError for a request that can never be scored (its fields against the raw logs).
+        ``score`` takes checked requests only: it does not check each value again."""
         self.live.raw_tables([request], "request")
 
-    def score(self, requests: List[dict]) -> List[dict]:
+    def score(self, requests: List[dict], checked: bool = False) -> List[dict]:
         """Per request: ``{"scores": [{task: p} per candidate]}``, or ``{"error": ...}`` for a
-        request the feature path or the loader's checks refused; every one with the model version."""
+        request the feature path or the loader's checks refused; every one with the model version.
+        ``checked``: each request passed ``check`` already (the service's, on arrival)."""
         try:
-            return self._score(requests)
+            return self._score(requests, checked)
         except (RequestError, ContractError) as e:
             if len(requests) == 1:
                 return [self._refused(e)]
-        return [self._score_alone(request) for request in requests]  # one by one: only the bad refused
+        return [self._score_alone(request, checked) for request in requests]  # one by one: only the bad refused
 
-    def _score_alone(self, request: dict) -> dict:
+    def _score_alone(self, request: dict, checked: bool) -> dict:
         try:
-            return self._score([request])[0]
+            return self._score([request], checked)[0]
         except (RequestError, ContractError) as e:
             return self._refused(e)
 
     def _refused(self, error: Exception) -> dict:
         return {"error": str(error), "model_version": self.version}
 
-    def _score(self, requests: List[dict]) -> List[dict]:
-        rows = self.live.build(requests)
+    def _score(self, requests: List[dict], checked: bool) -> List[dict]:
+        rows = self.live.build(requests, checked=checked)
         batch = self.predictor._batcher.batch_requests(rows, "request")
         probs = self.predictor.score_batch(batch)[batch.valid].tolist()
         out, at = [], 0
@@ -270,7 +281,7 @@ def _deployment():
         async def score_batch(self, requests: List[dict]) -> List[dict]:
             ranker = self.ranker  # one version for the whole batch
             # In a thread: the replica's event loop goes on admitting requests into the next batch.
-            return await asyncio.to_thread(ranker.score, requests)
+            return await asyncio.to_thread(ranker.score, requests, True)
 
     return RankingService
 
@@ -285,14 +296,17 @@ def application(spec: ServiceSpec, settings: config.ServeConfig):
     """The Ray Serve application: ``settings.replicas`` replicas of the deployment, backpressure."""
     from ray.serve.config import BackpressureConfig
 
+    per_node = {"max_replicas_per_node": settings.max_replicas_per_node} if settings.max_replicas_per_node else {}
     return (
         _deployment()
         .options(
+            **per_node,
             num_replicas=settings.replicas,
             max_ongoing_requests=settings.max_ongoing_requests,
             max_queued_requests=settings.max_queued_requests,
             backpressure_config=BackpressureConfig(status_code=503, retry_after_s=settings.retry_after_s),
-            ray_actor_options={"num_cpus": 0},  # torch's threads are sized by the replica (cores / replicas)
+            # torch's threads are sized by the replica (cores / replicas); a CUDA replica holds a GPU.
+            ray_actor_options={"num_cpus": 0, "num_gpus": 1 if resolve_device(settings.device) == "cuda" else 0},
         )
         .bind(dataclasses.asdict(spec))
     )

@@ -59,6 +59,7 @@ class Predictor(RowScorer):
 
     def __init__(self, model: nn.Module, cfg: config.ExperimentConfig):
         self.model, self.cfg = model, cfg
+        self.device = next(model.parameters()).device
         self._batcher = RequestBatcher(cfg)
 
     @classmethod
@@ -68,14 +69,18 @@ class Predictor(RowScorer):
         precision: Optional[str] = None,
         step: Optional[int] = None,
         fp16_overflow: Optional[str] = None,
+        device: str = "cpu",
     ) -> "Predictor":
-        model, cfg = load_model(run_dir, precision, step, fp16_overflow)
+        model, cfg = load_model(run_dir, precision, step, fp16_overflow, device)
         return cls(model, cfg)
 
     @torch.inference_mode()
     def score_batch(self, batch: Batch) -> torch.Tensor:
-        """Probabilities [B, T] of a loader batch (padding rows included: mask with ``batch.valid``)."""
-        return torch.sigmoid(self.model(batch).float())
+        """Probabilities [B, T] of a loader batch (padding rows included: mask with ``batch.valid``),
+        on the CPU whatever device the model runs on."""
+        if self.device.type != "cpu":
+            batch = batch.to(self.device, non_blocking=True)
+        return torch.sigmoid(self.model(batch).float()).cpu()
 
 
 def score_directory(
