@@ -7,8 +7,9 @@ Ray Serve runs it: its HTTP proxy takes the requests, queues them (``serve.max_q
 then 503 with Retry-After: backpressure, never an unbounded queue) and routes them to
 ``serve.replicas`` copies of ``RankingService``, each a Ray actor holding one ``Ranker``. A replica
 checks each request on arrival (a bad one gets 400 naming the field and the value, before it can
-join a batch), then ``@serve.batch`` gathers up to ``serve.max_batch_size`` concurrent requests,
-waiting at most ``serve.batch_wait_ms``, into one call of ``Ranker.score``:
+join a batch), then ``DynamicBatcher`` gathers the requests that queued while the previous batch ran
+(up to ``serve.max_batch_size``; an idle replica waits at most ``serve.batch_wait_ms`` for company)
+into one call of ``Ranker.score``:
 
 1. the run's feature path on the raw requests, once for the batch (``data.build.live``: the build's
    own SQL, its side tables, vocabularies, point-in-time sequences);
@@ -36,7 +37,6 @@ import dataclasses
 import json
 import logging
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -46,6 +46,7 @@ import torch
 from pinads_rec import config
 from pinads_rec.data.build.live import LiveFeatures, RequestError
 from pinads_rec.data.contract import ContractError
+from pinads_rec.serve.dynamic_batching import DynamicBatcher
 from pinads_rec.serve.loading import ServeError, find_checkpoint
 from pinads_rec.serve.scoring import Predictor
 from pinads_rec.training import checkpoint as ckpt_lib
@@ -241,9 +242,13 @@ def _deployment():
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, settings.replicas)))
             self.settings = settings
             self.ranker = self._load(run_dir, step)
-            self.score_batch.set_max_batch_size(max(1, settings.max_batch_size))
-            self.score_batch.set_batch_wait_timeout_s(settings.batch_wait_ms / 1000.0)
-            self._reloading = threading.Lock()
+            # One ranker call per batch, formed when the previous one is done (dynamic_batching.py says
+            # why not @serve.batch); the ranker read per batch, so a reload swaps it between two.
+            self.batcher = DynamicBatcher(
+                lambda requests: self.ranker.score(requests, checked=True),
+                settings.max_batch_size,
+                settings.batch_wait_ms / 1000.0,
+            )
             if settings.reload_poll_s > 0 and self.spec.step is None:
                 self._watcher = asyncio.get_event_loop().create_task(self._watch(settings.reload_poll_s))
 
@@ -264,24 +269,23 @@ def _deployment():
                     log.warning("model reload skipped: %s", e)
 
         async def __call__(self, request: Request):
+            if request.url.path.rstrip("/").endswith("/version"):  # GET /version: what is serving now
+                ranker = self.ranker
+                sizes = self.batcher.batch_sizes
+                mean = sum(sizes) / len(sizes) if sizes else 0.0
+                return JSONResponse(
+                    {"model_version": ranker.version, "precision": ranker.precision, "mean_batch": mean}
+                )
             try:
                 body = json.loads(await request.body())
             except (ValueError, UnicodeDecodeError) as e:
                 return JSONResponse({"error": f"the body is not JSON: {e}"}, status_code=400)
-            if request.url.path.rstrip("/").endswith("/version"):
-                return JSONResponse({"model_version": self.ranker.version, "precision": self.ranker.precision})
             try:
                 self.ranker.check(body)
             except RequestError as e:
                 return JSONResponse({"error": str(e), "model_version": self.ranker.version}, status_code=400)
-            result = await self.score_batch(body)
+            result = await self.batcher.submit(body)
             return JSONResponse(result, status_code=400 if "error" in result else 200)
-
-        @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-        async def score_batch(self, requests: List[dict]) -> List[dict]:
-            ranker = self.ranker  # one version for the whole batch
-            # In a thread: the replica's event loop goes on admitting requests into the next batch.
-            return await asyncio.to_thread(ranker.score, requests, True)
 
     return RankingService
 
