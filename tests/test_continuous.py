@@ -117,6 +117,19 @@ def test_every_model_the_loop_publishes_is_exported_for_serving(loop_run):
             assert not exported
 
 
+def test_the_online_service_serves_the_loops_newest_published_model(loop_run):
+    from pinads_rec.serve.online import ModelSource, Ranker
+
+    loop, results = loop_run
+    newest = max((r for r in results if r["strategy"] == "incremental"), key=lambda r: r["day"])
+    run_dir, step = ModelSource(str(loop.out / "incremental")).newest()
+    assert run_dir == Path(newest["run_dir"])
+    ranker = Ranker(run_dir, step, str(loop.out / "data" / "raw"), None, "fp32")  # the raw logs, a day a directory
+    answers = ranker.score(ranker.live.requests_from_logs(None, limit=6))
+    assert len(answers) == 6 and all(len(a["scores"]) > 0 for a in answers), answers
+    assert {a["model_version"] for a in answers} == {f"{run_dir.name}@step-{step}"}
+
+
 def test_a_rerun_reuses_the_finished_days_and_the_report_fills_its_marks(loop_run, tmp_path):
     loop, results = loop_run
     logs = {r["run_dir"]: (Path(r["run_dir"]) / "train.log").stat().st_mtime_ns for r in results}

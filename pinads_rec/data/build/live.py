@@ -127,6 +127,12 @@ class LiveFeatures:
         max_candidates: int = 1000,
         max_events: int = 10000,
     ):
+        if (Path(raw_dir) / "days").is_dir() and (Path(raw_dir) / "history").is_dir():
+            # The generator's drifting world keeps its raw logs a directory a day (the daily loop's):
+            # read them as its day builds do.
+            from pinads_rec.data.synth import days_build_config
+
+            cfg = dataclasses.replace(cfg, build=days_build_config(cfg.build, cfg.synth))
         self.cfg, self.b = cfg, cfg.build
         self.max_candidates, self.max_events = max_candidates, max_events
         if any(not s.path for s in self.b.sequences):
