@@ -13,7 +13,7 @@
 # step cap; examples/s, AUC) in FP32, in BF16, with fused Adam instead of row-wise Adagrad and with the
 # item table under managed collision (TorchRec's CUDA eviction reset); the
 # arch benchmark once more on TorchRec's and fbgemm's own kernels; serve score (CPU) in each
-# precision; the planner with this GPU's memory (pinads_rec.plan --compute-device cuda --hbm-gb).
+# precision; the online service (Ray Serve) with its replicas on the GPU; the planner with this GPU's memory (pinads_rec.plan --compute-device cuda --hbm-gb).
 # A step that fails or runs out of time is reported as such; the others still run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,10 +37,11 @@ SUMMARY=$DIR/steps.tsv
 # with another --set), so that it takes about a minute.
 if [ $DRY = 1 ]; then
   DEVICE=cpu ROWS=48 REPEATS=1 WARMUP=0 STEPS=4 REQUESTS=300 CONFIGS="configs/demo.yaml"
-  RUNS="fp32" PRECISIONS="auto"
+  RUNS="fp32" PRECISIONS="auto" SERVING=(--smoke --variants batched/fp32/1)
 else
   DEVICE=cuda ROWS=4096 REPEATS=20 WARMUP=3 STEPS=300 REQUESTS=40000 CONFIGS="configs/demo.yaml configs/prod_8gpu.yaml"
   RUNS="fp32 bf16 adam managed" PRECISIONS="auto fp32 bf16"
+  SERVING=(--variants batched/fp32/1 batched/auto/1 unbatched/fp32/1 --seconds-per-point 5 --max-rate 1024)
 fi
 
 # step NAME TIMEOUT_S CMD...: runs CMD (output to NAME.log) unless the budget is spent; one line in steps.tsv.
@@ -103,7 +104,7 @@ done
 if [ $FULL = 1 ]; then
   step arch_torchrec_demo 200 "$PY" benchmarks/arch_precision.py --device $DEVICE --config configs/demo.yaml \
     --rows $ROWS --repeats $REPEATS --warmup $WARMUP --json "$DIR/arch_torchrec_demo.json"
-  step data 120 "$PY" -m pinads_rec.data.synth --config configs/demo.yaml --out "$DIR/data" \
+  step data 120 "$PY" -m pinads_rec.data.synth --config configs/demo.yaml --out "$DIR/data" --raw \
     --set synth.train_requests=$REQUESTS --set synth.eval_requests=$((REQUESTS / 10)) \
     --set synth.calibration_requests=$((REQUESTS / 10))
   DATA=(--set "data.train_dir=$DIR/data/train" --set "data.eval_dir=$DIR/data/eval"
@@ -125,6 +126,10 @@ if [ $FULL = 1 ]; then
     step "serve_$precision" 90 "$PY" -m pinads_rec.serve score --run "$DIR/runs/fp32" --precision $precision \
       --out "$DIR/predictions_$precision.parquet"
   done
+  # The online service with its replicas on this device (serve.device auto: CUDA where torch sees
+  # it), driven open loop over loopback beside the model alone (benchmarks/serving.py).
+  step serve_online 200 "$PY" benchmarks/serving.py --run "$DIR/runs/fp32" --raw "$DIR/data/raw" "${SERVING[@]}" \
+    --out-csv "$DIR/serve_online.csv" --chart "$DIR/serve_online.png"
   for cfg in $CONFIGS; do
     step "plan_$(basename "$cfg" .yaml)" 90 "$PY" -m pinads_rec.plan --config "$cfg" --compute-device cuda \
       --hbm-gb "${HBM:-80}" --world-size 8

@@ -869,13 +869,16 @@ class ServeConfig:
     host: str = "127.0.0.1"  # the HTTP proxy's address (0.0.0.0 to serve other machines)
     port: int = 8000  # the HTTP proxy's port
     replicas: int = 1  # model replicas (Ray actors); each gets cores / replicas torch threads
+    # torch threads per replica; 0: the machine's cores less one (left to the HTTP proxy) over the
+    # replicas, at least 1.
+    threads: int = 0
     # At most this many replicas on one Ray node (0: no bound); 1 puts each replica on a node of its own.
     max_replicas_per_node: int = 0
     # Where a replica scores: cpu, cuda (one GPU a replica: Ray places them), or auto (cuda where torch
     # sees a GPU, else cpu).
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # Dynamic batching: a replica scores up to this many concurrent requests at once (1: one at a time).
-    max_batch_size: int = 16
+    max_batch_size: int = 32
     # How long a batch waits after its first request for others to join, milliseconds.
     batch_wait_ms: float = 5.0
     # Backpressure: requests a replica holds (scoring or waiting for its batch).

@@ -18,6 +18,7 @@ answers 503 beyond its own queue (``max_queued_requests``), so nothing here grow
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 
@@ -29,7 +30,7 @@ class DynamicBatcher:
         self.score, self.max_batch_size, self.wait_s = score, max(1, max_batch_size), max(0.0, wait_s)
         self.queue: Optional[asyncio.Queue] = None
         self.worker: Optional[asyncio.Task] = None
-        self.batch_sizes: List[int] = []  # the last batches' sizes (what the replica reports)
+        self.batches: List[Tuple[int, float]] = []  # the last batches' (size, seconds): what the replica reports
 
     async def submit(self, item: Any) -> Any:
         if self.worker is None:  # on the event loop the requests arrive on
@@ -38,6 +39,15 @@ class DynamicBatcher:
         future = asyncio.get_running_loop().create_future()
         self.queue.put_nowait((item, future))
         return await future
+
+    def stats(self) -> dict:
+        """The last batches' mean size and mean seconds (GET /version reports them)."""
+        n = len(self.batches)
+        return {
+            "batches": n,
+            "mean_batch": sum(b for b, _ in self.batches) / n if n else 0.0,
+            "mean_batch_ms": 1000 * sum(s for _, s in self.batches) / n if n else 0.0,
+        }
 
     async def _next_batch(self) -> List[Tuple[Any, asyncio.Future]]:
         batch = [await self.queue.get()]
@@ -62,7 +72,7 @@ class DynamicBatcher:
             live = [(item, future) for item, future in batch if not future.done()]  # a client gone: skipped
             if not live:
                 continue
-            self.batch_sizes = (self.batch_sizes + [len(live)])[-1000:]
+            started = time.perf_counter()
             try:
                 # In a thread: the event loop goes on admitting requests into the next batch.
                 results = await asyncio.to_thread(self.score, [item for item, _ in live])
@@ -71,6 +81,8 @@ class DynamicBatcher:
                     if not future.done():
                         future.set_exception(e)
                 continue
+            finally:
+                self.batches = (self.batches + [(len(live), time.perf_counter() - started)])[-1000:]
             for (_, future), result in zip(live, results):
                 if not future.done():
                     future.set_result(result)

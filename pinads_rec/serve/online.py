@@ -85,6 +85,23 @@ class ModelSource:
         return days[-1], int(ckpt_lib.latest(days[-1]).name.split("-")[1])
 
 
+def replica_threads(settings: config.ServeConfig) -> int:
+    """torch threads of one replica: ``serve.threads``, else the cores but one (the HTTP proxy's, busy
+    decoding requests at full load) over the replicas."""
+    if settings.threads > 0:
+        return settings.threads
+    return max(1, ((os.cpu_count() or 1) - 1) // max(1, settings.replicas))
+
+
+def gpus_per_replica(settings: config.ServeConfig) -> float:
+    """A CUDA replica's share of a GPU for Ray's placement: a GPU each, or an equal share where the
+    replicas outnumber this machine's GPUs (several replicas then share one)."""
+    if resolve_device(settings.device) != "cuda":
+        return 0
+    gpus = torch.cuda.device_count()  # 0 on a driver without one: the cluster's nodes have them
+    return min(1.0, gpus / settings.replicas) if gpus else 1.0
+
+
 def resolve_device(device: str) -> str:
     """``serve.device`` as torch names it: auto is cuda where torch sees a GPU."""
     if device == "auto":
@@ -239,7 +256,7 @@ def _deployment():
             self.source = ModelSource(self.spec.model, self.spec.step)
             run_dir, step = self.source.newest()
             settings = self.spec.serve_config(config.from_dict(_run_config(run_dir)))
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, settings.replicas)))
+            torch.set_num_threads(replica_threads(settings))
             self.settings = settings
             self.ranker = self._load(run_dir, step)
             # One ranker call per batch, formed when the previous one is done (dynamic_batching.py says
@@ -271,10 +288,8 @@ def _deployment():
         async def __call__(self, request: Request):
             if request.url.path.rstrip("/").endswith("/version"):  # GET /version: what is serving now
                 ranker = self.ranker
-                sizes = self.batcher.batch_sizes
-                mean = sum(sizes) / len(sizes) if sizes else 0.0
                 return JSONResponse(
-                    {"model_version": ranker.version, "precision": ranker.precision, "mean_batch": mean}
+                    {"model_version": ranker.version, "precision": ranker.precision, **self.batcher.stats()}
                 )
             try:
                 body = json.loads(await request.body())
@@ -310,7 +325,7 @@ def application(spec: ServiceSpec, settings: config.ServeConfig):
             max_queued_requests=settings.max_queued_requests,
             backpressure_config=BackpressureConfig(status_code=503, retry_after_s=settings.retry_after_s),
             # torch's threads are sized by the replica (cores / replicas); a CUDA replica holds a GPU.
-            ray_actor_options={"num_cpus": 0, "num_gpus": 1 if resolve_device(settings.device) == "cuda" else 0},
+            ray_actor_options={"num_cpus": 0, "num_gpus": gpus_per_replica(settings)},
         )
         .bind(dataclasses.asdict(spec))
     )
