@@ -56,7 +56,6 @@ import csv
 import dataclasses
 import json
 import math
-import os
 import shutil
 import signal
 import socket
@@ -169,19 +168,11 @@ class Cores:
         }
 
 
-def wait_quiet(max_wait_s: float, threshold: float = 0.25, window_s: float = 2.0) -> float:
-    """Waits (up to ``max_wait_s``) until processes other than this one and its Ray use less than
-    ``threshold`` cores over ``window_s``; returns the last window's figure."""
-    deadline, told = time.monotonic() + max_wait_s, False
-    while True:
-        meter = Cores()
-        time.sleep(window_s)
-        bg = meter.stop()["bg_cores"]
-        if bg < threshold or time.monotonic() >= deadline:
-            return bg
-        if not told:
-            print(f"  waiting for a quiet machine (other processes use {bg:.2f} cores)", flush=True)
-            told = True
+def wait_quiet(max_wait_s: float) -> float:
+    """The harness's wait for a quiet machine, this process's Ray counted as its own."""
+    from pinads_rec.experiments.harness.meters import wait_quiet as harness_wait_quiet
+
+    return harness_wait_quiet(max_wait_s, meter=Cores, other="bg_cores", echo=lambda m: print(m, flush=True))
 
 
 # --- the model alone ------------------------------------------------------------------------------

@@ -169,12 +169,18 @@ if runs:
         aucs = [f"{r['auc']:.4f}" for r in summary.get("eval", []) if r.get("surface") == "all"]
         print(f"| {m.parent.name} | {summary.get('step', '?')} | {summary.get('train_examples_per_s', 0):,.0f} | "
               f"{', '.join(aucs)} |")
-serve = sorted(out.glob("serve_*.log"))
+serve = sorted(p for p in out.glob("serve_*.log") if p.stem != "serve_online")
 if serve:
     print("\n## serve score (CPU), the fp32 run's checkpoint\n")
     for log in serve:
         line = next((x for x in log.read_text().splitlines() if x.startswith("scored")), "no result (see the log)")
         print(f"- {log.stem.removeprefix('serve_')}: {line}")
+online = out / "serve_online.log"
+if online.exists():
+    keep = ("model alone", "precision ", "fp32 ", "auto -> ", "max requests/s", "batched/", "best variant")
+    lines = [x for x in online.read_text().splitlines() if x.startswith(keep) and "INFO" not in x]
+    print("\n## the online service (Ray Serve, replicas on this device), open-loop load over loopback\n")
+    print("```\n" + ("\n".join(lines[-40:]) or "no result (see serve_online.log)") + "\n```")
 for plan in sorted(out.glob("plan_*.log")):
     print(f"\n## {plan.stem} (this GPU's memory)\n\n```\n{plan.read_text().strip()[-3000:]}\n```")
 EOF

@@ -176,3 +176,33 @@ def demo_raw(root):
     ]
     B.build(cfg, str(root / "synth" / "raw"), str(root / "built"))
     return cfg, root / "synth" / "raw", root / "built"
+
+
+def _train_config(rank, world, result_dir, config_path, overrides):
+    """One rank of a ``Trainer`` run of ``config_path`` with ``overrides`` (``run_ranks``' target)."""
+    from pinads_rec import parallel
+    from pinads_rec.training.run_log import RunLog
+    from pinads_rec.training.trainer import Trainer
+
+    Trainer(config.load(config_path, overrides), parallel.init_distributed(), hooks=[RunLog()]).run()
+
+
+def train_tiny(tmp, config_path, overrides) -> str:
+    """A tiny run of ``config_path`` trained on 2 ranks into ``tmp/run``: 8 steps, checkpoints at 4 and 8."""
+    from pinads_rec.experiments.harness import run_ranks
+
+    run = tmp / "run"
+    steps = ["train.max_steps=8", "train.warmup_steps=2", "train.checkpoint_every=4", "train.keep_checkpoints=2"]
+    run_ranks(
+        _train_config, 2, str(tmp), config_path, list(overrides) + steps + [f"train.run_dir={run}"], timeout_s=300
+    )
+    return run
+
+
+@pytest.fixture(scope="session")
+def served_run(tmp_path_factory):
+    """(run dir, raw logs, build dir) of what the serving tests serve: a tiny demo run trained on the
+    demo_raw world (checkpoints at steps 4 and 8), its raw logs, and their build."""
+    tmp = tmp_path_factory.mktemp("served_run")
+    _, raw, built = demo_raw(tmp)
+    return train_tiny(tmp, DEMO, tiny_overrides(tmp / "synth") + DEMO_RAW), raw, built

@@ -386,34 +386,8 @@ def test_managed_collision_times_the_hashed_and_the_managed_table_side_by_side(t
     assert "x step time" in out and "x examples/s" in out and "id map: 0.01 MiB" in out
 
 
-def _train_served_run(rank, world, result_dir, data_dir, run_dir):
-    from conftest import DEMO_RAW, load_tiny
-
-    from pinads_rec import parallel
-    from pinads_rec.training.trainer import Trainer
-
-    overrides = DEMO_RAW + [f"train.run_dir={run_dir}"]
-    overrides += ["train.max_steps=4", "train.warmup_steps=1", "model.calibration=none"]
-    Trainer(load_tiny(data_dir, overrides), parallel.init_distributed()).run()
-
-
-@pytest.fixture(scope="module")
-def served_run(tmp_path_factory):
-    """(run directory, raw logs) of a tiny run trained on data generated with its raw logs."""
-    from conftest import DEMO_RAW, load_tiny
-
-    from pinads_rec.data.synth import generate
-    from pinads_rec.experiments.harness import run_ranks
-
-    tmp = tmp_path_factory.mktemp("served_run")
-    data = tmp / "data"
-    generate(load_tiny(data, DEMO_RAW), data, raw=True)
-    run_ranks(_train_served_run, 2, str(tmp / "ranks"), str(data), str(tmp / "run"), timeout_s=300)
-    return tmp / "run", data / "raw"
-
-
 def test_serving_drives_the_service_open_loop_beside_the_model_alone(served_run, tmp_path):
-    run, raw = served_run
+    run, raw, _ = served_run
     csv_path, png = tmp_path / "points.csv", tmp_path / "latency.png"
     flags = f"--run {run} --raw {raw} --split calibration --smoke --out-csv {csv_path} --chart {png}"
     out = _run("serving.py", flags + " --variants batched/auto/2 unbatched/fp32/1", timeout=600)

@@ -1,7 +1,8 @@
 """scripts/gpu_check.sh end to end in its CPU dry run (tiny sizes): every kind of step it makes on a
 GPU runs once and lands in the report -- the torch-only arch benchmark (benchmarks/arch_precision.py
 with TorchRec and fbgemm made absent: its smoke test), the same on TorchRec's kernels, synthetic
-data, a train.py run through torch.distributed.run, serve score, the planner. The figures are
+data, a train.py run through torch.distributed.run, serve score, the online service under load, the
+planner. The figures are
 meaningless here; docs/performance.md says how the GPU ones are made."""
 
 import json
@@ -40,7 +41,8 @@ def report(tmp_path_factory):
 
 def test_every_step_ran(report):
     steps = dict(line.split("\t")[:2] for line in (report / "steps.tsv").read_text().splitlines())
-    expected = ["arch_torch_only_demo", "arch_torchrec_demo", "data", "train_fp32", "serve_auto", "plan_demo"]
+    expected = ["arch_torch_only_demo", "arch_torchrec_demo", "data", "train_fp32", "serve_auto", "serve_online"]
+    expected.append("plan_demo")
     assert list(steps) == expected and set(steps.values()) == {"ok"}, steps
 
 
@@ -58,5 +60,6 @@ def test_the_report_holds_each_section(report):
     text = (report / "report.md").read_text()
     for heading in ("## arch_torch_only_demo", "## arch_torchrec_demo", "## train.py, one process", "## plan_demo"):
         assert heading in text, heading
+    assert "## the online service" in text and "max requests/s with p99 <= 500 ms: batched/fp32/1" in text
     assert "| fp32 | 4 |" in text  # the train run: its steps, examples/s and AUCs
     assert "- auto: scored " in text

@@ -10,33 +10,19 @@ import sys
 
 import pytest
 import yaml
-from conftest import REPO, load_tiny
+from conftest import REPO
 
-from pinads_rec.experiments.harness import run_ranks
+from pinads_rec import config
 
 pytestmark = pytest.mark.slow
 
 # Users with several requests (the raw logs' timelines), as test_build_demo.py.
-OVERRIDES = ["synth.num_users=150", "synth.sequence_length=100"]
-
-
-def _train(rank, world, result_dir, data_dir, run_dir):
-    from pinads_rec import parallel
-    from pinads_rec.training.trainer import Trainer
-
-    cfg = load_tiny(data_dir, OVERRIDES + [f"train.run_dir={run_dir}", "train.max_steps=4", "train.warmup_steps=1"])
-    Trainer(cfg, parallel.init_distributed()).run()
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """(run dir, raw logs dir) of a tiny run trained on 2 ranks on data generated with its raw logs."""
-    from pinads_rec.data import synth as S
-
-    root = tmp_path_factory.mktemp("kuberay")
-    S.generate(load_tiny(root / "data", OVERRIDES), root / "data", raw=True)
-    run_ranks(_train, 2, str(root / "work"), str(root / "data"), str(root / "run"), timeout_s=300)
-    return root / "run", root / "data" / "raw"
+def tiny_run(served_run):
+    """(run dir, raw logs dir): conftest's tiny demo run and the raw logs it was trained from."""
+    return served_run[0], served_run[1]
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +107,8 @@ def test_autoscaling_and_volume(tiny_run, tmp_path):
     validate(m)
     dep = _serve(m)["applications"][0]["deployments"][0]
     assert "num_replicas" not in dep
-    assert dep["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 6, "target_ongoing_requests": 16}
+    batch = config.ServeConfig().max_batch_size  # the run's (its config's default): a full batch a replica
+    assert dep["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 6, "target_ongoing_requests": batch}
     cluster = m["spec"]["rayClusterConfig"]
     assert cluster["enableInTreeAutoscaling"] is True
     group = cluster["workerGroupSpecs"][0]

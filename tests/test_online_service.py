@@ -20,12 +20,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import DEMO, DEMO_RAW, REPO, demo_raw, tiny_overrides
+from conftest import DEMO, DEMO_RAW, REPO, tiny_overrides, train_tiny
 from dataset_fixtures import write_taobao
 
 from pinads_rec import config
 from pinads_rec.data import build as B
-from pinads_rec.experiments.harness import run_ranks
 from pinads_rec.serve.online import Ranker, ServiceSpec
 from pinads_rec.serve.scoring import Predictor, score_directory
 
@@ -40,26 +39,9 @@ MANAGED = [
 ]
 
 
-def _train(rank, world, result_dir, config_path, overrides):
-    from pinads_rec import parallel
-    from pinads_rec.training.run_log import RunLog
-    from pinads_rec.training.trainer import Trainer
-
-    Trainer(config.load(config_path, overrides), parallel.init_distributed(), hooks=[RunLog()]).run()
-
-
-def train(tmp: Path, config_path: str, overrides: list) -> Path:
-    run = tmp / "run"
-    steps = ["train.max_steps=8", "train.warmup_steps=2", "train.checkpoint_every=4", "train.keep_checkpoints=2"]
-    run_ranks(_train, 2, str(tmp), config_path, overrides + steps + [f"train.run_dir={run}"], timeout_s=300)
-    return run
-
-
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("online_demo")
-    cfg, raw, built = demo_raw(tmp)
-    run = train(tmp, DEMO, tiny_overrides(tmp / "synth") + DEMO_RAW)
+def demo(served_run):
+    run, raw, built = served_run
     return run, raw, None, built
 
 
@@ -67,7 +49,7 @@ def demo(tmp_path_factory):
 def managed(demo, tmp_path_factory):
     _, raw, _, built = demo
     tmp = tmp_path_factory.mktemp("online_managed")
-    run = train(tmp, DEMO, tiny_overrides(built.parent / "synth") + DEMO_RAW + MANAGED)
+    run = train_tiny(tmp, DEMO, tiny_overrides(built.parent / "synth") + DEMO_RAW + MANAGED)
     return run, raw, None, built
 
 
@@ -80,7 +62,7 @@ def taobao(tmp_path_factory):
     data += [f"data.eval_dir={out / 'eval'}", "data.num_workers=0", "data.batch_size=128"]
     cfg = config.load(TAOBAO, data + ["build.requests_per_row_group=64"])
     B.build(cfg, str(tmp / "raw"), str(out))
-    run = train(tmp, TAOBAO, data + ["build.requests_per_row_group=64"])
+    run = train_tiny(tmp, TAOBAO, data + ["build.requests_per_row_group=64"])
     return run, tmp / "raw", out, out
 
 

@@ -15,9 +15,6 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import DEMO_RAW, load_tiny
-
-from pinads_rec.experiments.harness import run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -25,23 +22,10 @@ pytestmark = pytest.mark.slow
 SERVE_S = 150  # start(): connect, Serve's controller and proxy, both replicas loading the model
 
 
-def _train(rank, world, result_dir, data_dir, run_dir):
-    from pinads_rec import parallel
-    from pinads_rec.training.trainer import Trainer
-
-    cfg = load_tiny(data_dir, DEMO_RAW + [f"train.run_dir={run_dir}", "train.max_steps=4", "train.warmup_steps=1"])
-    Trainer(cfg, parallel.init_distributed()).run()
-
-
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """(run dir, raw logs dir) of a tiny run trained on 2 ranks on data generated with its raw logs."""
-    from pinads_rec.data import synth as S
-
-    root = tmp_path_factory.mktemp("serving_cluster")
-    S.generate(load_tiny(root / "data", DEMO_RAW), root / "data", raw=True)
-    run_ranks(_train, 2, str(root / "work"), str(root / "data"), str(root / "run"), timeout_s=300)
-    return root / "run", root / "data" / "raw"
+def tiny_run(served_run):
+    """(run dir, raw logs dir): conftest's tiny demo run and the raw logs it was trained from."""
+    return served_run[0], served_run[1]
 
 
 def _free_port() -> int:

@@ -57,37 +57,10 @@ class ManifestError(ServeError):
 # --- the manifest ------------------------------------------------------------------------------------
 
 
-def write_manifest(
-    spec,
-    image: str,
-    workers: int,
-    out: str,
-    *,
-    name: str = "pinads-rec",
-    namespace: Optional[str] = None,
-    worker_cpus: int = 4,
-    worker_memory: str = "8Gi",
-    max_replicas: Optional[int] = None,
-    volume_claim: Optional[str] = None,
-    mount_path: Optional[str] = None,
-) -> Path:
+def write_manifest(spec, image: str, workers: int, out: str, **options) -> Path:
     """Writes the RayService manifest serving ``spec`` (an ``online.ServiceSpec``) to ``out``, once
-    ``validate`` passes. ``workers`` worker pods of ``worker_cpus`` CPUs and ``worker_memory``;
-    ``max_replicas`` above ``serve.replicas``: Serve's autoscaling between the two (and KubeRay's
-    autoscaler adding worker pods for them); ``volume_claim``: a PersistentVolumeClaim mounted at
-    ``mount_path`` in every pod (where the run and the raw logs are)."""
-    manifest = build_manifest(
-        spec,
-        image,
-        workers,
-        name=name,
-        namespace=namespace,
-        worker_cpus=worker_cpus,
-        worker_memory=worker_memory,
-        max_replicas=max_replicas,
-        volume_claim=volume_claim,
-        mount_path=mount_path,
-    )
+    ``validate`` passes; ``options`` are ``build_manifest``'s."""
+    manifest = build_manifest(spec, image, workers, **options)
     validate(manifest)
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -108,7 +81,10 @@ def build_manifest(
     volume_claim: Optional[str] = None,
     mount_path: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """The manifest as a dict (``write_manifest`` without the dry run and the file)."""
+    """The manifest as a dict. ``workers`` worker pods of ``worker_cpus`` CPUs and ``worker_memory``;
+    ``max_replicas`` above ``serve.replicas``: Serve's autoscaling between the two (and KubeRay's
+    autoscaler adding worker pods for them); ``volume_claim``: a PersistentVolumeClaim mounted at
+    ``mount_path`` in every pod (where the run and the raw logs are)."""
     import ray
 
     from pinads_rec.serve.online import APP_NAME, ModelSource, _run_config

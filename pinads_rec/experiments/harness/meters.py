@@ -46,15 +46,24 @@ class CpuMeter:
         return {"ours_cores": ours / wall, "other_cores": max(busy - ours, 0.0) / wall, "seconds": wall}
 
 
-def wait_quiet(max_wait_s: float, threshold: float = 0.25, window_s: float = 2.0, echo=print) -> float:
+def wait_quiet(
+    max_wait_s: float,
+    threshold: float = 0.25,
+    window_s: float = 2.0,
+    echo=print,
+    meter=CpuMeter,
+    other: str = "other_cores",
+) -> float:
     """Waits (up to ``max_wait_s``) until other processes use less than ``threshold`` cores over a
-    ``window_s`` window; returns the last window's load."""
+    ``window_s`` window; returns the last window's load. ``meter()`` measures from its making to its
+    ``stop()``, whose ``other`` is that load (a meter that counts more processes as its own: the
+    serving benchmark's, its Ray included)."""
     deadline = time.monotonic() + max_wait_s
     told = False
     while True:
-        m = CpuMeter()
+        m = meter()
         time.sleep(window_s)
-        load = m.stop()["other_cores"]
+        load = m.stop()[other]
         if load < threshold or time.monotonic() >= deadline:
             return load
         if not told:
