@@ -317,13 +317,15 @@ def test_a_real_dataset_without_files_is_an_error_naming_both_ways_out(tmp_path)
     assert report["candidates_per_request"]["value"] is None and report["candidates_per_request"]["source"] == "unused"
 
 
-def test_candidates_per_request_in_compare_and_its_checks():
+def test_candidates_per_request_in_compare_and_its_checks(tmp_path):
     from pinads_rec.plan import PlanSpec, parse_compare
 
     assert parse_compare("candidates_per_request=3", PlanSpec()).candidates_per_request == 3.0
     rc, _, err = run_main(["--config", DEMO, "--candidates-per-request", "0.5"])
     assert rc == 2 and "candidates-per-request must be >= 1" in err
-    rc, out, err = run_main(["--config", DEMO, "--world-size", "2", "--compare", "candidates_per_request=2"])
+    # No training files (make demo's would be measured instead): the generator's setting, 12.
+    no_data = ["--set", f"data.train_dir={tmp_path / 'none'}"]
+    rc, out, err = run_main(["--config", DEMO, "--world-size", "2", "--compare", "candidates_per_request=2", *no_data])
     assert rc == 0, err
     side = out[out.index("Side by side") :]
     assert "Candidates per request: A 12.00 (" in side and "B 2.00 (--candidates-per-request)" in side
