@@ -91,9 +91,15 @@ def test_manifest_structure(manifest, tiny_run):
 
 
 def test_written_manifest_validates(manifest):
-    from pinads_rec.serve.kuberay import validate
+    """The file as written passes the dry run (validate raises ManifestError on a problem) and is the
+    manifest ``build_manifest`` makes of the same spec."""
+    from pinads_rec.serve.kuberay import build_manifest, validate
+    from pinads_rec.serve.online import ServiceSpec
 
-    validate(manifest)
+    assert validate(manifest) is None
+    app = _serve(manifest)["applications"][0]
+    spec = ServiceSpec(**app["args"])
+    assert manifest == yaml.safe_load(yaml.safe_dump(build_manifest(spec, "registry.example/pinads_rec:1", 2)))
 
 
 def test_autoscaling_and_volume(tiny_run, tmp_path):
