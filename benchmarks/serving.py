@@ -217,7 +217,7 @@ def model_alone(run_dir, step, args, requests: List[dict], precision: str, sizes
             lap("check")
             table = ranker.live.build(batch)
             lap("features")
-            loader_batch = ranker.predictor._batcher.batch_requests(table, "request")
+            loader_batch = ranker.predictor.requests_batch(table, "request")
             lap("batcher")
             with torch.inference_mode():
                 ranker.predictor.score_batch(loader_batch)[loader_batch.valid].tolist()

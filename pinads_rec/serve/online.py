@@ -141,8 +141,7 @@ class Ranker:
         self.live = LiveFeatures(cfg, raw_dir, vocabularies, bounds.max_candidates, bounds.max_events)
 
     def check(self, request: Any) -> None:
-        """Raises RequestError for a request that can never be scored (its fields against the raw logs).
-        ``score`` takes checked requests only: it does not check each value again."""
+        """Raises RequestError for a request that can never be scored (its fields against the raw logs)."""
         self.live.raw_tables([request], "request")
 
     def score(self, requests: List[dict], checked: bool = False) -> List[dict]:
@@ -167,7 +166,7 @@ class Ranker:
 
     def _score(self, requests: List[dict], checked: bool) -> List[dict]:
         rows = self.live.build(requests, checked=checked)
-        batch = self.predictor._batcher.batch_requests(rows, "request")
+        batch = self.predictor.requests_batch(rows, "request")
         probs = self.predictor.score_batch(batch)[batch.valid].tolist()
         out, at = [], 0
         for n in batch_candidates(rows, self.cfg):

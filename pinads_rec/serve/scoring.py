@@ -45,6 +45,10 @@ class RowScorer:
     def request_batch(self, request: pa.Table, where: str = "request") -> Batch:
         return self._batcher.batch(request, where)
 
+    def requests_batch(self, requests: pa.Table, where: str = "requests") -> Batch:
+        """Several requests' batch from their per-request rows (one user slot each)."""
+        return self._batcher.batch_requests(requests, where)
+
     def score_request(self, request: pa.Table) -> torch.Tensor:
         """Probabilities [N, T] (tasks in config order) for one request's N candidate rows, given as an
         Arrow table in the data contract (label columns optional). The user-side work runs once."""
