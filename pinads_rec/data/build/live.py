@@ -171,12 +171,12 @@ class LiveFeatures:
                 f"FROM read_parquet({sql_string(str(path))})"
             )
             self.vocabularies[v.table] = kept
-        self.required = self._required_fields()
-        self.types: Dict[Any, Any] = {}  # LiveBuild's type questions, the same for every batch
-        labels = {t.label_column for t in cfg.features.tasks} | {
+        # Outcomes (labels, the generator's truth): columns a live request has none of.
+        self.label_columns = {t.label_column for t in cfg.features.tasks} | {
             t.true_probability_column for t in cfg.features.tasks if t.true_probability_column
         }
-        self.label_columns = labels
+        self.required = self._required_fields()
+        self.types: Dict[Any, Any] = {}  # LiveBuild's type questions, the same for every batch
 
     @staticmethod
     def _columns(loader: Build, source: RawSource) -> Dict[str, RawColumn]:
@@ -186,9 +186,8 @@ class LiveFeatures:
     def _required_fields(self) -> Dict[str, Dict[str, str]]:
         """Per raw log ("impressions" or a behaviour log), each column an expression the served
         build runs reads -> the config key of the first such expression."""
-        b, labels = self.b, {t.label_column for t in self.cfg.features.tasks}
-        labels |= {t.true_probability_column for t in self.cfg.features.tasks if t.true_probability_column}
-        imp_exprs = {f"build.columns.{c}": e for c, e in b.columns.items() if c not in labels}
+        b = self.b
+        imp_exprs = {f"build.columns.{c}": e for c, e in b.columns.items() if c not in self.label_columns}
         imp = b.impressions
         imp_exprs["build.impressions.time"] = imp.time
         imp_exprs["build.impressions.item"] = imp.item
