@@ -14,12 +14,12 @@ data/demo/summary.json: $(CONFIG) | setup
 
 data: data/demo/summary.json
 
-# Generate the demo data, then train on $(NPROC) ranks launched through TorchX (gloo on CPU).
-# OMP_NUM_THREADS=1: what torchrun sets anyway when it is unset (with a warning); train.py sizes
-# torch's thread pool itself (CPUs / local ranks).
+# Generate the demo data, then train on $(NPROC) ranks launched through TorchX (gloo on CPU): the
+# README's command as a user types it, venv not activated (.torchxconfig's dist.ddp defaults give
+# the ranks OMP_NUM_THREADS=1 and the venv's torchrun).
 demo: setup data
 	rm -rf runs/demo
-	PATH="$(CURDIR)/.venv/bin:$$PATH" torchx run -s local_cwd dist.ddp -j 1x$(NPROC) --env OMP_NUM_THREADS=1 --script pinads_rec/train.py -- --config $(CONFIG)
+	.venv/bin/torchx run -s local_cwd dist.ddp -j 1x$(NPROC) --script pinads_rec/train.py -- --config $(CONFIG)
 
 test: setup
 	bash scripts/run_tests.sh $(ARGS)

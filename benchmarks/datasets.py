@@ -1,8 +1,8 @@
 """A public dataset's config on raw logs of its exact shape with a planted truth: the project's
 model, the same model without its sequences, a simple reference and the oracle, side by side.
 
-    python benchmarks/datasets.py --dataset taobao|kuairand [--users N] [--seed S] [--work DIR]
-        [--set KEY=VALUE ...] [--timeout-s S]
+    python benchmarks/datasets.py --dataset taobao|kuairand|movielens [--users N] [--seed S] [--work DIR]
+        [--config PATH] [--generate KEY=VALUE ...] [--set KEY=VALUE ...] [--timeout-s S]
 
 Why: on data it was not designed on, a model's AUC alone says little -- is 0.56 poor, or all there
 is? Against the oracle (the true probabilities the labels were drawn from) and a reference any
@@ -21,21 +21,10 @@ analyst would fit in an afternoon, it says how much of the attainable signal the
    ``WORK/runs/model``; then the same with ``features.sequence_groups=[]`` (``WORK/runs/no_sequence``:
    the candidate features of the sequence tables are then pooled per row). Each run's final
    evaluation summary (metrics.jsonl) gives its AUC and the oracle's per surface x task.
-4. **Fits the reference** on ``WORK/data/train``, evaluated on ``eval``: a logistic regression
-   (scikit-learn) and gradient-boosted trees (LightGBM, when installed) on hand-computed point-in-
-   time features of each row, read off the built files, generic over the config:
-
-   - for every candidate feature that shares a table with a sequence feature (the config's table
-     sharing, ``FeatureLayout.shared_keys``), and every group holding a feature of that table: the
-     matches of the candidate's id among the newest 5, 20 and all events (log1p) and the log
-     seconds since the newest match;
-   - when the item feature itself is such a feature (KuaiRand's ``video_id``): the same counts for
-     each candidate attribute that is a function of the item (author, tags, ...; the map read off
-     the built rows), the events' items mapped to it -- "an earlier click was by this author";
-   - the item's and the user's label rate per task on the training split (smoothed towards the
-     mean; out of fold on the training rows themselves);
-   - the config's dense features (signed log where the config says ``norm: log``) and the surface,
-     one-hot.
+4. **Fits the references** on ``WORK/data/train``, evaluated on ``eval``: the project's reference
+   (``pinads_rec.reference``: LightGBM, here on every training row rather than the run's sample),
+   and logistic regressions on the same point-in-time features of each row, read off the built
+   files, generic over the config (``pinads_rec/reference/features.py`` says how):
 
    A second logistic regression leaves the match features out ("LR without history"): the
    reference's counterpart of the model without sequences, so the history's worth shows twice.
@@ -50,28 +39,27 @@ analyst would fit in an afternoon, it says how much of the attainable signal the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import math
 import os
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
+import yaml
 
 from pinads_rec import config, metrics
-from pinads_rec.data import storage_layout
 from pinads_rec.data.build import build
 from pinads_rec.data.shaped_logs import DATASETS, config_with_truth, truth_overrides
 from pinads_rec.data.shaped_logs.common import auc
 from pinads_rec.experiments import markdown
 from pinads_rec.experiments.harness import launch, meters
 from pinads_rec.experiments.harness.provenance import code_state
-from pinads_rec.features import FeatureLayout
+from pinads_rec.reference import fit as reference
+from pinads_rec.reference.features import Split
 from pinads_rec.training.run_log import read_run_log
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,285 +145,46 @@ def torchx_train(config_path: str, overrides: Sequence[str], run_dir: Path, time
 # --------------------------------------------------------------------------------------------
 
 
-def _padded(arr: pa.Array, fill: int = -1) -> np.ndarray:
-    """A list<int> array as [n, longest] int64, ``fill`` past each list's end."""
-    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-    lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy().astype(np.int64)
-    values = pc.list_flatten(arr).to_numpy(zero_copy_only=False).astype(np.int64)
-    out = np.full((len(lengths), max(int(lengths.max(initial=0)), 1)), fill, dtype=np.int64)
-    starts = np.cumsum(lengths) - lengths
-    rows = np.repeat(np.arange(len(lengths)), lengths)
-    out[rows, np.arange(len(values)) - starts[rows]] = values
-    return out
-
-
-class Split:
-    """One built split in memory: candidate columns one value per row, request-level ones once per
-    request, ``req`` the request of each row."""
-
-    def __init__(self, path: Path, features: config.FeaturesConfig, columns: Sequence[str]):
-        files = sorted(path.glob("*.parquet"))
-        schema = pq.read_schema(files[0])
-        self.request_level = storage_layout.stored_request_level(schema, features)
-        table = pa.concat_tables(pq.read_table(f, columns=list(dict.fromkeys(columns))) for f in files)
-        self.table = table
-        counts = storage_layout.candidate_counts(table, features)
-        self.req = np.repeat(np.arange(len(counts)), counts)
-        self.n = len(self.req)
-
-    def row_values(self, column: str) -> np.ndarray:
-        """A scalar column, one value per row."""
-        col = self.table.column(column).combine_chunks()
-        if column in self.request_level:
-            return col.to_numpy(zero_copy_only=False)[self.req]
-        return pc.list_flatten(col).to_numpy(zero_copy_only=False)
-
-    def row_lists(self, column: str) -> np.ndarray:
-        """An id column as [rows, k] (single ids: k = 1), -1 padded."""
-        col = self.table.column(column).combine_chunks()
-        if column in self.request_level:
-            one = col if pa.types.is_list(col.type) else pa.array([[x] for x in col.to_pylist()])
-            return _padded(one)[self.req]
-        flat = pc.list_flatten(col)
-        return _padded(flat) if pa.types.is_list(flat.type) else flat.to_numpy(zero_copy_only=False)[:, None]
-
-    def request_padded(self, column: str) -> np.ndarray:
-        """A request-level list column as [requests, L]; a list of bags (a multi-valued event
-        attribute) as [requests, L, K]; -1 padded."""
-        col = self.table.column(column).combine_chunks()
-        if not pa.types.is_list(col.type.value_type):
-            return _padded(col)
-        events = _padded(pc.list_flatten(col))  # [all events, K]
-        lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy().astype(np.int64)
-        out = np.full((len(lengths), max(int(lengths.max(initial=0)), 1), events.shape[1]), -1, dtype=np.int64)
-        starts = np.cumsum(lengths) - lengths
-        rows = np.repeat(np.arange(len(lengths)), lengths)
-        out[rows, np.arange(len(events)) - starts[rows]] = events
-        return out
-
-
-def _signed_log(x: np.ndarray) -> np.ndarray:
-    return np.sign(x) * np.log1p(np.abs(x))
-
-
-def _logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, 1e-6, 1 - 1e-6)
-    return np.log(p / (1 - p))
-
-
-class Reference:
-    """The reference's feature map (module docstring, step 4), fitted on the training split."""
-
-    def __init__(self, cfg: config.ExperimentConfig, splits: Dict[str, Split]):
-        f = cfg.features
-        self.features, self.layout = f, FeatureLayout.of(f)
-        self.tasks = [t.label_column for t in f.tasks]
-        sparse = {s.name: s for s in f.sparse}
-        # (candidate feature, group, event column) for each table shared with a sequence feature.
-        self.matches = []
-        for key in self.layout.shared_keys:
-            s = sparse[key]
-            if s.user_side:
-                continue
-            for g in f.sequence_groups:
-                for e in g.features:
-                    if e.table == s.table:
-                        self.matches.append((s.column, g, e.column))
-        # The item's attributes, through the events' items: when the item feature is shared.
-        item = next((s for s in f.sparse if s.column == f.columns.item_id and not s.user_side), None)
-        self.attributes = []  # (attribute column, group, event column, item -> [k] ids)
-        if item is not None and item.name in self.layout.shared_keys:
-            for s in f.sparse:
-                if s.user_side or s.name == item.name or s.table in self.layout.sequence_tables:
-                    continue
-                of_item = self._attribute_map(splits, f.columns.item_id, s.column)
-                if of_item is None:
-                    continue
-                for column, g, e in self.matches:
-                    if column == item.column:
-                        self.attributes.append((s.column, g, e, of_item))
-        # Label rates on the training split: (sum, count) per item and per user, each task.
-        train = splits["train"]
-        self.item, self.user = train.row_values(f.columns.item_id), train.row_values(f.columns.user_id)
-        self.labels = np.stack([train.row_values(t) for t in self.tasks], 1).astype(np.float64)
-        self.prior = self.labels.mean(0)
-        self.fold = train.req % FOLDS
-        self.rates = {
-            "item": self._rate_tables(self.item, self.labels),
-            "user": self._rate_tables(self.user, self.labels),
-        }
-
-    @staticmethod
-    def _attribute_map(splits: Dict[str, Split], item_column: str, column: str) -> Optional[np.ndarray]:
-        """item id -> its ``column`` ids ([items, k], -1 padded) when every item has one value in
-        every split's rows (an item attribute); None otherwise. The unknown item (0) has none."""
-        items = np.concatenate([s.row_values(item_column) for s in splits.values()]).astype(np.int64)
-        lists = [s.row_lists(column) for s in splits.values()]
-        k = max(x.shape[1] for x in lists)
-        values = np.concatenate([np.pad(x, ((0, 0), (0, k - x.shape[1])), constant_values=-1) for x in lists])
-        known = items > 0
-        items, values = items[known], values[known]
-        out = np.full((int(items.max(initial=0)) + 1, k), -2, dtype=np.int64)
-        out[items] = values
-        if not (out[items] == values).all():  # an item with two values: not an attribute
-            return None
-        out[out == -2] = -1
-        return out
-
-    @staticmethod
-    def _rate_tables(ids: np.ndarray, labels: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        ids = ids.astype(np.int64)
-        size = int(ids.max()) + 1
-        counts = np.bincount(ids, minlength=size).astype(np.float64)
-        sums = np.stack([np.bincount(ids, weights=labels[:, t], minlength=size) for t in range(labels.shape[1])], 1)
-        return sums, counts
-
-    def _rates(self, which: str, ids: np.ndarray, train_rows: bool) -> np.ndarray:
-        """Smoothed label rates (logit) of ``ids`` per task; out of fold for the training rows."""
-        sums, counts = self.rates[which]
-        ids = ids.astype(np.int64)
-        known = ids < len(counts)
-        safe = np.where(known, ids, 0)
-        s = np.where(known[:, None], sums[safe], 0.0)
-        c = np.where(known, counts[safe], 0.0)
-        if train_rows:  # minus the row's own fold
-            base = self.user if which == "user" else self.item
-            for k in range(FOLDS):
-                on = self.fold == k
-                fold_s, fold_c = self._rate_tables(base[on], self.labels[on])
-                pad = len(counts) - len(fold_c)
-                fold_s = np.pad(fold_s, ((0, pad), (0, 0)))
-                fold_c = np.pad(fold_c, (0, pad))
-                s[on] -= fold_s[safe[on]]
-                c[on] -= fold_c[safe[on]]
-        return _logit((s + RATE_PRIOR * self.prior) / (c + RATE_PRIOR)[:, None])
-
-    def names(self) -> List[str]:
-        out = []
-        for column, _, e in self.matches:
-            out += [f"{column}~{e}: newest {k}" for k in RECENT] + [f"{column}~{e}: all", f"{column}~{e}: log s since"]
-        for column, _, e, _ in self.attributes:
-            out += [f"{column}~{e}.{column}: newest {k}" for k in RECENT]
-            out += [f"{column}~{e}.{column}: all", f"{column}~{e}.{column}: log s since"]
-        out += [f"{w} rate {t}" for w in ("item", "user") for t in self.tasks]
-        out += [d.name for d in self.features.dense if d.dim == 1]
-        out += [f"surface {s}" for s in self.features.surfaces]
-        return out
-
-    def transform(self, split: Split, train_rows: bool = False) -> np.ndarray:
-        f = self.features
-        t_req = split.table.column(f.columns.timestamp).combine_chunks().to_numpy().astype(np.float64)
-        blocks = []
-        for column, g, e in self.matches:
-            cand = split.row_lists(column)
-            blocks.append(self._match_features(split, cand, split.request_padded(e), g, t_req, None))
-        for column, g, e, of_item in self.attributes:
-            cand = split.row_lists(column)
-            blocks.append(self._match_features(split, cand, split.request_padded(e), g, t_req, of_item))
-        blocks.append(self._rates("item", split.row_values(f.columns.item_id), train_rows))
-        blocks.append(self._rates("user", split.row_values(f.columns.user_id), train_rows))
-        for d in f.dense:
-            if d.dim == 1:
-                x = split.row_values(d.column).astype(np.float64)
-                blocks.append((_signed_log(x) if d.norm == "log" else x)[:, None])
-        surface = split.row_values(f.columns.surface)
-        blocks.append(np.stack([surface == s for s in f.surfaces], 1).astype(np.float64))
-        return np.concatenate(blocks, 1).astype(np.float32)
-
-    @staticmethod
-    def _match_features(split, cand, events, g, t_req, of_item) -> np.ndarray:
-        """Per row: matches of the candidate's ids (0 = unknown, never a match) among the newest
-        5 / 20 / all events (log1p), and log1p(seconds since the newest match). ``of_item``: the
-        events are items, compared through this attribute map. Events of bags ([U, L, K]: a
-        multi-valued attribute) match when a bag holds one of the candidate's ids."""
-        ts = split.request_padded(g.timestamp_column)
-        out = np.empty((split.n, len(RECENT) + 2))
-        for lo in range(0, split.n, CHUNK_ROWS):
-            rows = slice(lo, min(lo + CHUNK_ROWS, split.n))
-            req = split.req[rows]
-            ev = events[req]  # [r, L]
-            c = np.where(cand[rows] > 0, cand[rows], -3)  # [r, k]
-            if of_item is not None:
-                known = (ev >= 0) & (ev < len(of_item))
-                ev_attr = np.where(known[:, :, None], of_item[np.where(known, ev, 0)], -1)  # [r, L, k']
-                hit = (ev_attr[:, :, :, None] == c[:, None, None, :]).any((2, 3))
-            elif ev.ndim == 3:
-                hit = (ev[:, :, :, None] == c[:, None, None, :]).any((2, 3))
-            else:
-                hit = (ev[:, :, None] == c[:, None, :]).any(2)
-            for i, k in enumerate(RECENT):
-                out[rows, i] = np.log1p(hit[:, :k].sum(1))
-            out[rows, len(RECENT)] = np.log1p(hit.sum(1))
-            first = hit.argmax(1)
-            any_hit = hit.any(1)
-            age = t_req[req] - ts[req, first].astype(np.float64)
-            out[rows, len(RECENT) + 1] = np.log1p(np.where(any_hit, np.maximum(age, 0.0), NO_MATCH_S))
-        return out
-
-
 def fit_references(cfg: config.ExperimentConfig, data: Path, work: Path) -> Dict[str, dict]:
     """The references' eval predictions: {name: {"scores": [rows, tasks]}} plus the eval rows' labels,
-    surfaces and true probabilities under "eval"."""
+    surfaces and true probabilities under "eval". LightGBM is the run's own reference
+    (pinads_rec.reference) fitted here on every training row; the logistic regressions take the same
+    features."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
     f = cfg.features
-    columns = [f.columns.timestamp, f.columns.user_id, f.columns.item_id, f.columns.surface]
-    columns += [t.label_column for t in f.tasks] + [t.true_probability_column for t in f.tasks]
-    columns += [s.column for s in f.sparse if not s.user_side]
-    columns += [c for g in f.sequence_groups for c in [g.timestamp_column] + [e.column for e in g.features]]
-    columns += [d.column for d in f.dense]
-    splits = {s: Split(data / s, f, columns) for s in ("train", "eval")}
     t0 = time.perf_counter()
-    ref = Reference(cfg, splits)
-    names = ref.names()
-    x_train = ref.transform(splits["train"], train_rows=True)
-    x_eval = ref.transform(splits["eval"])
+    fitted = reference.fit(cfg, dataclasses.replace(cfg.reference, max_train_rows=0))
+    names = fitted.features.names()
     print(
-        f"   reference features: {len(names)} on {len(x_train):,} training rows, {len(x_eval):,} eval rows "
-        f"({time.perf_counter() - t0:.0f} s)",
+        f"   reference features: {len(names)} on {len(fitted.x_train):,} training rows, {len(fitted.x_eval):,} "
+        f"eval rows; LightGBM fitted ({time.perf_counter() - t0:.0f} s)",
         flush=True,
     )
     (work / "reference_features.json").write_text(json.dumps(names, indent=1) + "\n")
-    ev = splits["eval"]
-    labels = np.stack([ev.row_values(t.label_column) for t in f.tasks], 1).astype(np.float64)
-    truth = np.stack([ev.row_values(t.true_probability_column) for t in f.tasks], 1).astype(np.float64)
-    surface = ev.row_values(f.columns.surface)
+    ev, keep = fitted.eval_split, fitted.keep_eval
+    truth_columns = [t.true_probability_column for t in f.tasks]
+    truth_split = Split.read(str(data / "eval"), f, [f.tasks[0].label_column] + truth_columns)
+    truth = np.stack([truth_split.row_values(c) for c in truth_columns], 1).astype(np.float64)[keep]
+    labels = ev.labels(f)[keep]
+    surface = ev.row_values(f.columns.surface)[keep]
 
     def logistic():
         return make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
 
-    everything = np.arange(len(names))
-    history = np.array(["~" in n for n in names])  # the match features: what the sequences tell
-    models = {"logistic regression": (logistic, everything), "LR without history": (logistic, np.flatnonzero(~history))}
-    try:
-        import lightgbm
-
-        # One thread: on a shared machine LightGBM's OpenMP threads spin-wait (several times slower).
-        models["LightGBM"] = (
-            lambda: lightgbm.LGBMClassifier(
-                n_estimators=200,
-                learning_rate=0.1,
-                num_leaves=31,
-                min_child_samples=50,
-                max_bin=63,
-                n_jobs=1,
-                verbose=-1,
-            ),
-            everything,
-        )
-    except ImportError:
-        print("   LightGBM not installed: the logistic regression only")
+    history = fitted.features.history()  # the match features: what the sequences tell
     out = {"eval": {"labels": labels, "truth": truth, "surface": surface}}
-    for name, (make, use) in models.items():
+    for name, use in (("logistic regression", np.arange(len(names))), ("LR without history", np.flatnonzero(~history))):
         t0 = time.perf_counter()
         scores = np.zeros_like(labels)
-        for t, task in enumerate(f.tasks):
-            y = splits["train"].row_values(task.label_column).astype(np.int64)
-            scores[:, t] = make().fit(x_train[:, use], y).predict_proba(x_eval[:, use])[:, 1]
+        for t in range(len(f.tasks)):
+            y = (fitted.y_train[:, t] > 0.5).astype(np.int64)
+            scores[:, t] = logistic().fit(fitted.x_train[:, use], y).predict_proba(fitted.x_eval[:, use])[:, 1]
         out[name] = {"scores": scores}
         print(f"   {name}: fitted in {time.perf_counter() - t0:.0f} s", flush=True)
+    out["LightGBM"] = {"scores": fitted.scores}
     return out
 
 
@@ -502,6 +251,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--work", default=None, help="working directory (default: runs/datasets_benchmark/<dataset>)")
     config.add_overrides_flag(p, "an override for the build and both trainings (e.g. train.max_steps=20)")
     p.add_argument("--timeout-s", type=float, default=4 * 3600.0, help="limit of each training launch")
+    p.add_argument("--config", default=None, help="another config of the dataset's raw files (default: its own)")
+    p.add_argument("--generate", action="append", default=[], metavar="KEY=VALUE", help="a generator option")
     args = p.parse_args(argv)
     ds = DATASETS[args.dataset]
     work = Path(args.work or REPO / "runs" / "datasets_benchmark" / args.dataset).resolve()
@@ -512,16 +263,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     with Stage("generate", stages):
         writer = importlib.import_module(f"pinads_rec.data.shaped_logs.{args.dataset}")
-        generated = writer.write(raw, **({"users": args.users} if args.users else {}), seed=args.seed)
+        options = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.generate)}
+        generated = writer.write(raw, **({"users": args.users} if args.users else {}), seed=args.seed, **options)
     overrides = data_overrides(data) + truth_overrides(args.dataset) + list(args.overrides)
     with Stage("build", stages):
-        cfg = config_with_truth(args.dataset, data_overrides(data) + list(args.overrides))
+        cfg = config_with_truth(args.dataset, data_overrides(data) + list(args.overrides), args.config)
         built = build(cfg, str(raw), str(data), threads=min(os.cpu_count() or 1, 4))
     runs = {}
     for name, extra in (("model", []), ("no sequences", ["features.sequence_groups=[]"])):
         print(f"== train: {name}", flush=True)
         run_dir = work / "runs" / name.replace(" ", "_")
-        runs[name] = run = torchx_train(ds.config, overrides + extra, run_dir, args.timeout_s)
+        runs[name] = run = torchx_train(args.config or ds.config, overrides + extra, run_dir, args.timeout_s)
         stages[f"train: {name}"] = {"wall_s": run["wall_s"], "peak_rss_mib": run["peak_rss_mib"]}
         print(f"   train: {name}: {run['wall_s']} s, peak RSS {run['peak_rss_mib']} MiB (the launch's largest process)")
     with Stage("reference", stages):
@@ -538,7 +290,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         for name, s in stages.items()
     )
     users = generated.get("users", args.users)
-    title = f"{args.dataset}: {users} users, seed {args.seed} ({ds.config})" + (
+    title = f"{args.dataset}: {users} users, seed {args.seed} ({args.config or ds.config})" + (
         f", --set {' '.join(args.overrides)}" if args.overrides else ""
     )
     sizes = {s: {k: built["splits"][s][k] for k in ("requests", "rows")} for s in built["splits"]}

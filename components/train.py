@@ -1,9 +1,9 @@
 """TorchX component: train the pinads_rec ranker on any TorchX scheduler.
 
-From the repository root (with the project's virtual environment active, so ``torchrun`` is on
-PATH)::
+From the repository root, with the project's venv activated or not (``.venv/bin/torchx`` works
+from a fresh shell: the ranks find the torchrun of the environment torchx runs from)::
 
-    torchx run components/train.py:train -j 1x2 --config configs/demo.yaml --set train.max_steps=50
+    torchx run components/train.py:train -j 1x2 --config configs/demo.yaml --set train.max_steps=50,data.batch_size=256
     torchx run components/train.py:train -j 1x8 --config configs/my_experiment.yaml     # 8 GPUs
     torchx run -s slurm components/train.py:train -j 2x8 --config ...                   # 2 nodes
     torchx run components/train.py:train -j 2x1 --rdzv_port 0 --gpu 0                   # 2 "nodes" here
@@ -15,9 +15,9 @@ not depend on it. See docs/launching.md.
 What each scheduler must provide on every node (the component assumes it, it cannot check it):
   * local_cwd: nothing; the nodes are processes of this machine, in the repository root.
   * slurm: the repository and its ``.venv`` on a shared filesystem at the same path on every node
-    (``make setup`` run once on a login node; sbatch runs in the submitting directory, or in a
-    snapshot of it with ``-cfg job_dir=...``), and that venv activated when submitting: TorchX's
-    srun exports the whole environment (``--export=ALL``), so PATH finds ``torchrun``. TorchX 0.7's
+    (``make setup`` run once on a GPU node; sbatch runs in the submitting directory, or in a
+    snapshot of it with ``-cfg job_dir=...``), submitted with that venv's torchx: each node's PATH
+    then starts with the venv's bin directory (``torchrun_of_this_environment``). TorchX 0.7's
     Slurm scheduler runs no container image (no pyxis/enroot), so ``--image`` is ignored there.
   * kubernetes and other container schedulers: ``--image``, the image built by the repository's
     Dockerfile (the project installed with its CUDA stack, the repository root as workdir).
@@ -33,8 +33,10 @@ Notes for whoever edits this file:
 """
 
 import os
+import shlex
 import socket
 import sys
+import sysconfig
 from typing import Dict, List, Optional
 
 import torchx.components.dist as torchx_dist
@@ -95,6 +97,25 @@ def with_nproc(j: str, nproc: int) -> str:
     return f"{nodes}x{nproc}"
 
 
+def torchrun_of_this_environment(app: specs.AppDef) -> specs.AppDef:
+    """Puts the bin directory of the interpreter running torchx first on each node's PATH for its
+    ``bash -c "torchrun ..."`` (dist.ddp names torchrun by name alone), when that directory holds a
+    torchrun: ``.venv/bin/torchx run ...`` then launches from a fresh shell, without the venv
+    activated, and the nodes run the torch of the environment that built the job.
+
+    Why in the command, not in the role's ``env``: local_cwd prepends an env PATH to its own, but
+    Slurm (``--export``) and Kubernetes replace the node's PATH with it. In the command the node's
+    own PATH follows, so a node without this directory (a container: the image's torchrun) is
+    unaffected, and a Slurm node on the shared filesystem finds the same venv."""
+    scripts = sysconfig.get_path("scripts")
+    if not os.path.isfile(os.path.join(scripts, "torchrun")):
+        return app
+    for role in app.roles:
+        # $$: TorchX's escape for a literal $ in role arguments (dist.ddp escapes its endpoint so).
+        role.args[-1] = f'PATH={shlex.quote(scripts)}:"$$PATH" {role.args[-1]}'
+    return app
+
+
 def free_port() -> int:
     """A TCP port that is free on this machine now, picked by the OS (bound on all interfaces, as
     torchrun's c10d store binds). Another process may take it before torchrun does: rare, and the
@@ -131,9 +152,9 @@ def train(
     ``-j 1x8``.
 
     Args:
-        script_args: extra arguments for pinads_rec/train.py, after ``--`` (e.g. ``-- --set a=1 --set b=2``)
+        script_args: extra arguments for pinads_rec/train.py, after ``--`` (e.g. ``-- --set a=1,b=2``)
         config: experiment YAML, relative to the repository root
-        set: config overrides ``key.path=value``, several separated by commas or spaces (``--set "train.max_steps=50,data.batch_size=256"``); a repeated ``--set`` keeps only the last, so put more after ``--`` or in one flag
+        set: config overrides ``key.path=value``, several in one flag separated by commas (``--set train.max_steps=50,data.batch_size=256``; TorchX refuses a repeated ``--set``)
         j: ``[{min_nnodes}:]{nnodes}x{nproc_per_node}``: nodes x processes per node (one process per GPU; on CPU, gloo ranks)
         nproc: shorthand that replaces the processes-per-node part of ``-j``; 0: keep ``-j``
         script: training script run by torchrun on every node
@@ -152,8 +173,7 @@ def train(
     if repeated_set_flags(sys.argv) > 1:
         raise ValueError(
             "--set given more than once: torchx keeps only the last. Give several overrides in one "
-            '--set separated by commas or spaces (--set "a.b=1,c.d=2"), or after -- as '
-            "-- --set=a.b=1 --set=c.d=2"
+            "--set separated by commas: --set a.b=1,c.d=2"
         )
     j = with_nproc(j, nproc)
     _, max_nnodes, nproc_per_node, _ = torchx_dist.parse_nnodes(j)
@@ -173,7 +193,7 @@ def train(
         args += ["--set", assignment]
     args += list(script_args)
 
-    return torchx_dist.ddp(
+    app = torchx_dist.ddp(
         *args,
         script=script,
         name=name,
@@ -189,3 +209,4 @@ def train(
         rdzv_port=rdzv_port,
         debug=debug,
     )
+    return torchrun_of_this_environment(app)

@@ -69,6 +69,7 @@ __all__ = [
     "calibration",
     "expected_calibration_error",
     "MetricAccumulator",
+    "auc_standard_error",
     "format_table",
     "gather_rows",
 ]
@@ -360,14 +361,19 @@ class MetricAccumulator:
 
     # ---- compute ----------------------------------------------------------------------------
 
-    def compute(self, process_group: Any = None) -> List[Dict[str, Any]]:
+    def compute(self, process_group: Any = None, gather: bool = True) -> List[Dict[str, Any]]:
         """Metrics rows for every surface (then ``"all"``) x task, over all examples of all ranks.
 
         Collective when torch.distributed is initialized with world size > 1: every rank of
-        ``process_group`` must call it.
+        ``process_group`` must call it. ``gather=False``: this process's examples only, no collective
+        (rank 0's reference, fitted when the other ranks are done).
         """
         T = len(self.tasks)
-        data = gather_rows(self._local_packed(), process_group)
+
+        def gathered(rows: torch.Tensor) -> torch.Tensor:
+            return gather_rows(rows, process_group) if gather else rows
+
+        data = gathered(self._local_packed())
         surface = data[:, 0].to(torch.int64)
         probs = data[:, 1 : 1 + T]
         labels = data[:, 1 + T : 1 + 2 * T]
@@ -375,7 +381,7 @@ class MetricAccumulator:
         users = None
         if self.has_users:  # int64 apart: ids past 2**53 are not exact in the float64 columns
             local = torch.cat(self._users) if self._users else torch.zeros(0, dtype=torch.int64)
-            users = gather_rows(local.unsqueeze(1), process_group)[:, 0]
+            users = gathered(local.unsqueeze(1))[:, 0]
 
         rows: List[Dict[str, Any]] = []
         selections = [(name, surface == i) for i, name in enumerate(self.surfaces)]
@@ -435,48 +441,51 @@ def oracle_lift(row: Dict[str, Any]) -> Optional[float]:
     return (a - 0.5) / (o - 0.5)
 
 
-def format_table(rows: Sequence[Dict[str, Any]]) -> str:
+def auc_standard_error(value: Optional[float], positives: int, negatives: int) -> Optional[float]:
+    """The AUC's standard error by Hanley & McNeil (1982): how far a second sample of the same size
+    would move it. None when undefined (one class, or no AUC)."""
+    if value is None or math.isnan(value) or positives < 1 or negatives < 1:
+        return None
+    q1, q2 = value / (2 - value), 2 * value * value / (1 + value)
+    var = value * (1 - value) + (positives - 1) * (q1 - value**2) + (negatives - 1) * (q2 - value**2)
+    return math.sqrt(max(var, 0.0) / (positives * negatives))
+
+
+def format_table(rows: Sequence[Dict[str, Any]], reference: Optional[Sequence[Dict[str, Any]]] = None) -> str:
     """Fixed-width text table of :meth:`MetricAccumulator.compute` rows.
 
     Lift = (auc - 0.5) / (oracle_auc - 0.5): the fraction of the oracle's attainable AUC gain over
-    random that the model achieves ("-" without an oracle). GAUC is shown when the rows have it.
+    random that the model achieves; the oracle's columns (oAUC, lift, oNE, cal/true) are shown only
+    where the rows have an oracle. GAUC is shown when the rows have it. ``reference``: the reference
+    model's rows (pinads_rec.reference), shown beside the model's per surface x task: its AUC, NE
+    (and GAUC), ``vs ref`` the model's AUC minus the reference's, and ``AUC se`` the model's AUC's
+    standard error (:func:`auc_standard_error`): a margin within it is not a win.
     """
+    with_oracle = any(r.get("oracle_auc") is not None for r in rows)
     with_gauc = any(r.get("gauc") is not None for r in rows)
-    headers = [
-        "surface",
-        "task",
-        "n",
-        "pos_rate",
-        "AUC",
-        "oAUC",
-        "lift",
-        "NE",
-        "oNE",
-        "logloss",
-        "calib",
-        "cal/true",
-        "ECE",
-    ] + (["GAUC"] if with_gauc else [])
+    by_cell = {(r["surface"], r["task"]): r for r in reference or []}
+    with_ref_gauc = with_gauc and any(r.get("gauc") is not None for r in by_cell.values())
+    headers = ["surface", "task", "n", "pos_rate", "AUC"]
+    headers += ["oAUC", "lift"] if with_oracle else []
+    headers += ["NE"] + (["oNE"] if with_oracle else []) + ["logloss", "calib"]
+    headers += (["cal/true"] if with_oracle else []) + ["ECE"] + (["GAUC"] if with_gauc else [])
+    if reference is not None:
+        headers += ["ref AUC", "ref NE"] + (["ref GAUC"] if with_ref_gauc else []) + ["vs ref", "AUC se"]
     body: List[List[str]] = []
     for r in rows:
         n = int(r["examples"])
         pos_rate = r["positives"] / n if n else float("nan")
-        body.append(
-            [
-                str(r["surface"]),
-                str(r["task"]),
-                str(n),
-                _fmt(pos_rate),
-                _fmt(r["auc"]),
-                _fmt(r.get("oracle_auc")),
-                _fmt(oracle_lift(r), ".3f"),
-                _fmt(r["ne"]),
-                _fmt(r.get("oracle_ne")),
-                _fmt(r["log_loss"]),
-                _fmt(r["calibration"], ".3f"),
-                _fmt(r.get("calibration_vs_truth"), ".3f"),
-                _fmt(r.get("ece"), ".5f"),
-            ]
-            + ([_fmt(r.get("gauc"))] if with_gauc else [])
-        )
+        cells = [str(r["surface"]), str(r["task"]), str(n), _fmt(pos_rate), _fmt(r["auc"])]
+        cells += [_fmt(r.get("oracle_auc")), _fmt(oracle_lift(r), ".3f")] if with_oracle else []
+        cells += [_fmt(r["ne"])] + ([_fmt(r.get("oracle_ne"))] if with_oracle else [])
+        cells += [_fmt(r["log_loss"]), _fmt(r["calibration"], ".3f")]
+        cells += [_fmt(r.get("calibration_vs_truth"), ".3f")] if with_oracle else []
+        cells += [_fmt(r.get("ece"), ".5f")] + ([_fmt(r.get("gauc"))] if with_gauc else [])
+        if reference is not None:
+            ref = by_cell.get((r["surface"], r["task"]), {})
+            margin = None if ref.get("auc") is None or r["auc"] is None else r["auc"] - ref["auc"]
+            cells += [_fmt(ref.get("auc")), _fmt(ref.get("ne"))] + ([_fmt(ref.get("gauc"))] if with_ref_gauc else [])
+            se = auc_standard_error(r["auc"], int(r["positives"]), n - int(r["positives"]))
+            cells += [_fmt(margin, "+.4f"), _fmt(se)]
+        body.append(cells)
     return text_table.format_table(headers, body, left=[0, 1])  # surface and task names at the left

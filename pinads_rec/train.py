@@ -1,13 +1,14 @@
 """Train the unified ranker: the script torchrun / TorchX launch on every rank.
 
-    torchx run dist.ddp -j 1x2 --script pinads_rec/train.py -- --config configs/demo.yaml
+    torchx run dist.ddp -j 1x2 --script pinads_rec/train.py -- --config configs/demo.yaml --set a.b=1,c.d=2
     python -m pinads_rec.train --config configs/demo.yaml --set train.max_steps=100   # one process
 
 Parses the command line, sets up logging, and runs ``pinads_rec.training.Trainer`` with the run log
 (metrics.jsonl, config.json, run_metadata.json), the console report, the TensorBoard event files
 (train.tensorboard) and the profiler trace (train.profile_steps) as hooks; a data, checkpoint or
 numerics error ends the rank with a one-line message, and so does a collective that another rank
-left waiting for train.collective_timeout_s (naming the rank and the step).
+left waiting for train.collective_timeout_s (naming the rank and the step), and so does a
+train.run_dir holding a run of another config.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from pinads_rec import config, parallel
 from pinads_rec.data.contract import ContractError
 from pinads_rec.models.train_task import NonFiniteError
 from pinads_rec.modules.precision import PrecisionOverflow
+from pinads_rec.reference.hook import ReferenceBaseline
 from pinads_rec.training.board import TensorBoardWriter
-from pinads_rec.training.checkpoint import IncompatibleCheckpoint, NoCheckpoint
+from pinads_rec.training.checkpoint import IncompatibleCheckpoint, NoCheckpoint, RunDirConflict
 from pinads_rec.training.console import ConsoleReport
 from pinads_rec.training.profiler import StepProfiler
 from pinads_rec.training.run_log import RunLog
@@ -39,8 +41,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("config_path", nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--config", default=None, help=f"experiment YAML (default {DEFAULT_CONFIG})")
-    config.add_overrides_flag(p, "override any config field, e.g. --set train.max_steps=100 (repeatable)")
+    config.add_overrides_flag(
+        p, "override config fields: --set train.max_steps=100 (repeatable), or several in one: --set a.b=1,c.d=2"
+    )
     args = p.parse_args(argv)
+    # TorchX refuses a repeated --set on its command line, so under TorchX several come in one flag.
+    args.overrides = [part for text in args.overrides for part in config.split_overrides(text)]
     args.config = (
         args.config
         or (args.config_path if args.config_path and args.config_path.endswith((".yaml", ".yml")) else None)
@@ -50,9 +56,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def default_hooks(train: config.TrainConfig) -> List[Hook]:
-    """What a run reports: metrics.jsonl and its metadata, the console, TensorBoard (unless
-    train.tensorboard is off) and a profiler trace (when train.profile_steps names steps)."""
-    hooks: List[Hook] = [RunLog(), ConsoleReport()]
+    """What a run reports: the reference beside it (unless reference.enabled is off), metrics.jsonl and
+    its metadata, the console, TensorBoard (unless train.tensorboard is off) and a profiler trace
+    (when train.profile_steps names steps)."""
+    # The reference first: it adds to the summary the others print and write.
+    hooks: List[Hook] = [ReferenceBaseline(), RunLog(), ConsoleReport()]
     if train.tensorboard:
         hooks.append(TensorBoardWriter())
     if train.profile_steps:
@@ -88,6 +96,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         NoCheckpoint,
         NonFiniteError,
         PrecisionOverflow,
+        RunDirConflict,
     ) as e:
         # A DataLoader worker's error arrives wrapped with its traceback; the user needs the last line.
         message = str(e).strip().splitlines()[-1]
@@ -95,6 +104,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             ContractError: "data error",
             IncompatibleCheckpoint: "checkpoint error",
             NoCheckpoint: "checkpoint error",
+            RunDirConflict: "checkpoint error",
         }
         kind = kinds.get(type(e), "numerics error")
         print(f"[rank {env.rank}] {kind}: {message}", file=sys.stderr, flush=True)

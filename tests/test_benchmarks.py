@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, tiny_overrides
+from conftest import DEMO, REPO, tiny_overrides
 
 from pinads_rec.config import ConfigError
 
@@ -349,6 +349,30 @@ def test_datasets_benchmark_sets_model_no_sequence_reference_and_oracle_side_by_
     assert "features.sequence_groups=[]" in report["commands"]["no sequences"]
     table = (tmp_path / "report.md").read_text()
     assert "| all | click |" in table and "oracle AUC" in table and table in out
+
+
+def test_reference_features_refits_without_each_group(tiny_data):
+    _, data_dir = tiny_data
+    out = _run("reference_features.py", f"--config {DEMO} --top 5", tiny_overrides(data_dir))
+    table = out[out.index("| features |") :]
+    for variant in ("all features", "no history matches", "no pins matches", "no item rates", "no dense features"):
+        assert f"| {variant} |" in table
+    assert "gain share" in out
+    # Without the history the tiny world's planted interests are lost: the AUC over all falls.
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in table.splitlines() if line.startswith("| ")}
+    whole, blind = float(rows["all features"][-1]), float(rows["no history matches"][-1])
+    assert whole > blind
+
+
+def test_history_designs_times_each_design_side_by_side(tmp_path):
+    likes, shipped = "configs/datasets/movielens_100k_likes.yaml", "configs/datasets/movielens_100k.yaml"
+    out = _run("history_designs.py", f"{likes} {shipped} --users 60 --steps 2 --repeats 1 --work {tmp_path}")
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  movielens_100k")}
+    assert set(lines) == {"movielens_100k_likes", "movielens_100k"}
+    assert "x1.00" in lines["movielens_100k_likes"]
+    # The shipped design holds every rating besides the likes: more events per request.
+    events = {name: float(line.split("events/request")[1].split()[0]) for name, line in lines.items()}
+    assert events["movielens_100k"] > events["movielens_100k_likes"] > 0
 
 
 def test_kuairand_ceiling_reports_the_oracle_and_what_the_logs_reveal():

@@ -206,6 +206,114 @@ def test_cli_prints_the_summary(tmp_path, capsys):
     assert "train: 3 requests, 4 rows" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("terminal", [False, True])
+def test_duckdb_draws_its_progress_bar_only_on_a_terminal(tmp_path, monkeypatch, terminal):
+    """DuckDB draws its bar on stdout: a build redirected into a log gets none."""
+    from pinads_rec.data.build.engine import DuckDBEngine
+
+    monkeypatch.setattr("sys.stdout.isatty", lambda: terminal)
+    engine = DuckDBEngine(1, str(tmp_path / "spill"), None)
+    assert engine.rows("SELECT current_setting('enable_progress_bar')") == [(terminal,)]
+    engine.close()
+
+
+def test_a_cases_own_else_is_counted_apart_from_the_repairs(built, tmp_path, capsys):
+    """all_btag's ELSE 3 stands for fav and buy on purpose: the three such events are reported as
+    the rows no WHEN matched, never among the repairs (the build's own defaults and drops)."""
+    out, summary = built
+    assert summary["case_else"] == {"build.sequences[0].columns.all_btag: events given the CASE's ELSE value 3": 3}
+    assert not [what for what in summary["repairs"] if "ELSE" in what]
+    assert json.loads((out / "summary.json").read_text())["case_else"] == summary["case_else"]
+    # A CASE whose ELSE a THEN gives too, or a non-id column's (the surface), is not counted at all.
+    raw, path = write_raw(tmp_path)
+    cfg = config.load(path, ["build.sequences.0.columns.all_btag=CASE btag WHEN 'pv' THEN 1 ELSE 1 END"])
+    assert build(cfg, str(raw), str(tmp_path / "out"), threads=1)["case_else"] == {}
+    assert main(["--config", str(path), "--raw", str(raw), "--out", str(tmp_path / "again"), "--threads", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "rows no WHEN of the config's CASE matched (given its own ELSE; not repairs):\n" in text
+    assert "\n  build.sequences[0].columns.all_btag: events given the CASE's ELSE value 3: 3" in text
+
+
+TYPED_BUILD = """
+build:
+  impressions:
+    path: [impressions.inter]
+    format: csv
+    delimiter: "\\t"
+    user: '"user_id:token"'
+    time: '"timestamp:float"'
+    request_key: ['"timestamp:float"', '"user_id:token"', '"pid:token"']
+    item: '"item_id:token"'
+    filter: '"item_id:token" <> 99'
+  side_tables:
+    - name: ads
+      path: [ads.csv]
+      key: {"item_id:token": '"item_id:token"'}
+      defaults: {"cate:token": "0", "price:float": "0.0"}
+  sequences:
+    - group: all
+      path: [behaviour.csv]
+      user: '"user_id:token"'
+      time: '"timestamp:float"'
+      columns:
+        all_item: '"item_id:token"'
+        all_btag: "CASE \\"btag:token\\" WHEN 'pv' THEN 1 WHEN 'cart' THEN 2 ELSE 3 END"
+    - group: buys
+      path: [behaviour.csv]
+      user: '"user_id:token"'
+      time: '"timestamp:float"'
+      filter: "\\"btag:token\\" IN ('cart', 'buy')"
+      min_gap_s: 10
+      columns: {buy_cate: '"cate:token"'}
+  columns:
+    user_id: '"user_id:token"'
+    item_id: '"item_id:token"'
+    cate: 'ads."cate:token"'
+    price: 'ads."price:float"'
+    surface: "CASE \\"pid:token\\" WHEN 'p1' THEN 'feed' ELSE 'search' END"
+    click: '"clk:token"'
+  splits:
+    - {name: train, end: "2017-07-14T03:00:00"}
+    - {name: eval, start: "2017-07-14T03:00:00"}
+  timezone: UTC
+  requests_per_row_group: 2
+"""
+
+
+def test_typed_headers_are_read_through_quoted_names(built, tmp_path):
+    """Column names that are no plain SQL identifiers (RecBole's atomic files: ``user_id:token``, a
+    tab-separated ``.inter`` file) are read as double-quoted identifiers in every expression: the
+    build equals the plain-header one row for row."""
+    raw, path = write_raw(tmp_path, config_text=CONFIG.split("build:")[0] + TYPED_BUILD)
+    plain = (raw / "impressions.csv").read_text().splitlines()[1:]
+    (raw / "impressions.csv").unlink()
+    (raw / "impressions.inter").write_text(
+        "\t".join(["user_id:token", "timestamp:float", "pid:token", "item_id:token", "clk:token"])
+        + "\n"
+        + "".join(line.replace(",", "\t") + "\n" for line in plain)
+    )
+    for name, header in {
+        "behaviour.csv": "user_id:token,timestamp:float,btag:token,item_id:token,cate:token",
+        "ads.csv": "item_id:token,cate:token,price:float",
+    }.items():
+        lines = (raw / name).read_text().splitlines()
+        (raw / name).write_text("\n".join([header] + lines[1:]) + "\n")
+    summary = build(config.load(path), str(raw), str(tmp_path / "out"), threads=1)
+    out, expected = built
+    for split in ("train", "eval"):
+        assert pq.read_table(tmp_path / "out" / split).equals(pq.read_table(out / split))
+    assert summary["join_misses"] == expected["join_misses"] and summary["case_else"] == expected["case_else"]
+    # A misspelt quoted name is named as any other column is; a bare one is a syntax error that says how to quote.
+    with pytest.raises(ContractError, match=r"""build.columns.click: '"clk:tokn"' reads column 'clk:tokn', which """):
+        build(config.load(path, ["""build.columns.click='"clk:tokn"'"""]), str(raw), str(tmp_path / "typo"))
+    with pytest.raises(
+        ContractError,
+        match=r"""^build.columns.click: 'clk:token': Parser Error: .*; column 'clk:token' is no plain SQL name: """
+        r"""write it double-quoted, "clk:token" \(in YAML, inside single quotes: '"clk:token"'\)$""",
+    ):
+        build(config.load(path, ["build.columns.click=clk:token"]), str(raw), str(tmp_path / "bare"))
+
+
 # --- bad input: a clear error naming file, column and row -----------------------------------------
 
 
@@ -290,6 +398,35 @@ def test_vocabulary_fitted_on_train(tmp_path):
     assert mapped.column("cate").to_pylist() == [1, 2]  # no vocabulary for its table
 
 
+def test_unknown_ids_per_split_and_table_in_the_summary(tmp_path):
+    """summary.json's unknown_ids: per split and vocabulary table, the ids mapped to 0 of the
+    impressions (a user-side id counts each of its request's rows) and of the events of the
+    split's sequences, as the written files hold them."""
+    raw, path = write_raw(tmp_path)
+    cfg = config.load(path, ["build.vocabularies=[{table: item}, {table: user}]"])
+    summary = build(cfg, str(raw), str(tmp_path / "out"))
+    expected = {}
+    for split in ("train", "eval"):
+        rows = requests_of(tmp_path / "out", split).values()
+
+        def counted(ids):
+            return {"ids": len(ids), "unknown": ids.count(0), "share": round(ids.count(0) / len(ids), 6)}
+
+        expected[split] = {
+            "item": {
+                "impressions": counted([i for r in rows for i in r["item_id"]]),
+                "events": counted([i for r in rows for i in r["all_item"]]),
+            },
+            "user": {"impressions": counted([r["user_id"] for r in rows for _ in r["click"]])},
+        }
+    assert summary["unknown_ids"] == expected
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["unknown_ids"] == expected
+    # User 3 and its ad 13 first show in eval, and its one event (item 57) after the training split.
+    assert expected["eval"]["user"]["impressions"] == {"ids": 1, "unknown": 1, "share": 1.0}
+    assert expected["eval"]["item"]["events"]["unknown"] == 1
+    assert expected["train"]["user"]["impressions"]["unknown"] == 0
+
+
 def test_vocabulary_counts_an_event_once_whatever_the_groups_reading_it(tmp_path):
     # Item 51 shows once, in a cart event: the "all" group and the "buys" group (carts and buys)
     # both read it, and it must not pass min_count 2 by being counted twice. Item 52 (a buy) and
@@ -304,6 +441,47 @@ def test_vocabulary_counts_an_event_once_whatever_the_groups_reading_it(tmp_path
     kept = {v["raw"]: v["count"] for v in pq.read_table(tmp_path / "out" / "vocabularies" / "item.parquet").to_pylist()}
     assert "51" not in kept and "52" not in kept and "50" not in kept, kept
     assert kept["10"] == 2  # ad 10 shown twice in the training split
+
+
+def test_the_impressions_filter_reaches_the_event_logs_only_with_event_users_built(tmp_path):
+    """build.impressions.filter drops user 2's only impression. Their behaviour (item 56, before the
+    training split's end) still counts in the item vocabulary by default; event_users: built keeps
+    only the events of users with a request built, so the vocabulary is the filtered build's."""
+    raw, path = write_raw(tmp_path)
+    sample = ["build.impressions.filter=user <> 2", "build.vocabularies=[{table: item}]"]
+
+    def vocabulary(out):
+        return {v["raw"] for v in pq.read_table(out / "vocabularies" / "item.parquet").to_pylist()}
+
+    summary = build(config.load(path, sample), str(raw), str(tmp_path / "all"), threads=1)
+    assert 2 not in {user for user, _ in requests_of(tmp_path / "all", "train")}
+    assert "56" in vocabulary(tmp_path / "all")
+    assert not [what for what in summary["repairs"] if "no request built" in what]
+
+    summary = build(config.load(path, sample + ["build.impressions.event_users=built"]), str(raw), str(tmp_path / "b"))
+    assert "56" not in vocabulary(tmp_path / "b") and "50" in vocabulary(tmp_path / "b")
+    assert summary["repairs"]["sequence group all: events of users with no request built (dropped)"] == 1
+    assert summary["repairs"]["sequence group buys: events of users with no request built (dropped)"] == 0
+    # The users built keep every event: their sequences are the unfiltered build's.
+    for split in ("train", "eval"):
+        assert requests_of(tmp_path / "b", split).keys() == requests_of(tmp_path / "all", split).keys()
+    first = requests_of(tmp_path / "b", "train")[(1, T0 + 200)]
+    assert first["all_ts"] == [T0 + 101, T0 + 100, T0 + 99] and first["buy_ts"] == [T0 + 101, T0 + 100, T0 + 95]
+
+
+def test_the_impressions_filter_reaches_a_history_read_from_the_impression_log(tmp_path):
+    """A sequence source without a path reads the impression log as filtered: user 1's click on ad
+    11 is in their later request's history, unless the filter drops that impression."""
+    clicks = [
+        "build.sequences.1.path=[]",
+        "build.sequences.1.filter=clk = 1",
+        "build.sequences.1.columns={buy_cate: ads.cate}",
+    ]
+    raw, path = write_raw(tmp_path)
+    build(config.load(path, clicks), str(raw), str(tmp_path / "all"), threads=1)
+    assert requests_of(tmp_path / "all", "train")[(1, T0 + 200)]["buy_cate"] == [2]  # ad 11's category
+    build(config.load(path, clicks + ["build.impressions.filter=ad <> 11"]), str(raw), str(tmp_path / "f"), threads=1)
+    assert requests_of(tmp_path / "f", "train")[(1, T0 + 200)]["buy_cate"] == []
 
 
 def test_negative_downsampling_counts_and_records(tmp_path):

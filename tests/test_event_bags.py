@@ -64,7 +64,8 @@ T0 = 880_000_000  # 1997-11-20 (epoch seconds)
 
 @pytest.fixture
 def movielens_features():
-    return load(os.path.join(REPO, "configs", "datasets", "movielens_100k.yaml")).features
+    # The likes-only design: the tables below hold the liked_* columns alone.
+    return load(os.path.join(REPO, "configs", "datasets", "movielens_100k_likes.yaml")).features
 
 
 def _table(genres, candidate_genres=None):

@@ -324,6 +324,42 @@ def test_draft_config_loads_and_passes_on_its_data(tmp_path, layout):
     assert json.loads((tmp_path / "r.json").read_text())["problems"] == []
 
 
+def test_draft_proposes_a_history_of_every_event_with_its_action(tmp_path):
+    """Labels with negatives and no group carrying an action: the draft proposes a group of every
+    event with its action, commented out, pointing at the docs, and the proposal loads once pasted.
+    A group that carries an action is said to, with no proposal."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_rows(data / "part-0.parquet", clean_rows())
+    text = insp.draft_config(str(data))
+    assert 'docs/datasets.md, "Designing history groups"' in text
+    proposal = yaml.safe_load("\n".join(x[len("  #   ") :] for x in text.splitlines() if x.startswith("  #   ")))
+    raw = yaml.safe_load(text)
+    raw["features"]["tables"] += proposal["features.tables"]
+    raw["features"]["sequence_groups"] += proposal["features.sequence_groups"]
+    raw["build"] = {"impressions": {"path": ["log.parquet"]}, "sequences": proposal["build.sequences"]}
+    cfg = config.from_dict(raw)
+    assert [f.name for f in cfg.features.sequence_groups[-1].features] == ["item", "action"]
+    assert cfg.build.sequences[0].columns["events_action"] == "CASE WHEN click = 1 THEN 1 ELSE 2 END"
+    assert cfg.build.sequences[0].filter is None  # every event: the negatives too
+
+    acting = pq.read_table(data / "part-0.parquet").rename_columns(
+        ["hist_action" if n == "hist_cat" else n for n in SCHEMA.names]
+    )
+    pq.write_table(acting, data / "part-0.parquet")
+    text = insp.draft_config(str(data))
+    assert "History: 'hist' (hist_action) carries each event's action" in text and "build.sequences" not in text
+
+    # A ratings log as is: the rating is the outcome (never a feature); its earlier values the action.
+    ratings = tmp_path / "ratings"
+    ratings.mkdir()
+    log = {"request_id": list(range(8)), "user_id": [1, 2] * 4, "item_id": list(range(8)), "rating": [1, 5] * 4}
+    pq.write_table(pa.table({**log, "timestamp": [T0 + i for i in range(8)]}), ratings / "u.parquet")
+    text = insp.draft_config(str(ratings))
+    assert "rating" not in {s["column"] for s in yaml.safe_load(text)["features"]["sparse"]}
+    assert "events_action: CASE WHEN rating >= 4 THEN 1 ELSE 2 END" in text
+
+
 def test_command_line_exit_codes_and_json(tmp_path, capsys):
     write_rows(tmp_path / "bad.parquet", planted_rows())
     cfg_path = tmp_path / "cfg.yaml"
@@ -356,3 +392,46 @@ def test_unknown_items_of_a_built_vocabulary_are_not_duplicates(tmp_path):
         pa.table({"raw": ["a"], "idx": [1], "count": [3]}), tmp_path / "build" / "vocabularies" / "item.parquet"
     )
     assert ("duplicated (request, item) row", "item_id") not in found(scan(cfg_of(), str(split)))
+
+
+def test_a_split_dominated_by_unknown_ids_is_shown_and_warned(tmp_path):
+    """A build's summary.json beside the data gives each split's unknown-id shares: shown as a
+    table, and a split at or above UNKNOWN_DOMINATES of a table's ids warned about in one line
+    naming split, table and share -- a warning, not a problem (the exit code stays 0)."""
+
+    def shares(calibration_share):
+        def entry(ids, share):
+            return {"ids": ids, "unknown": round(ids * share), "share": share}
+
+        return {
+            "train": {"user": {"impressions": entry(1000, 0.0)}, "item": {"impressions": entry(4000, 0.0)}},
+            "calibration": {
+                "user": {"impressions": entry(200, calibration_share)},
+                "item": {"impressions": entry(800, 0.0)},
+            },
+            "eval": {"user": {"impressions": entry(400, 0.16)}, "item": {"impressions": entry(1600, 0.0)}},
+        }
+
+    build_dir = tmp_path / "build"
+    (build_dir / "train").mkdir(parents=True)
+    write_rows(build_dir / "train" / "part-00000.parquet", clean_rows())
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump({"features": FEATURES, "data": {"train_dir": str(build_dir / "train")}}))
+    for share, warned in ((0.74, True), (0.4, False)):
+        (build_dir / "summary.json").write_text(json.dumps({"unknown_ids": shares(share)}))
+        report = scan(cfg_of(), str(build_dir / "train"))
+        assert report.unknown_ids == shares(share) and report.problems == []
+        warnings = [w for w in report.warnings if "'calibration'" in w]
+        assert len(warnings) == (1 if warned else 0) and len(report.warnings) == len(warnings)
+        if warned:
+            assert "74.0% of the impressions' user ids" in warnings[0], warnings
+        text = insp.format_report(report, cfg_of().features)
+        assert ("WARNING: split 'calibration'" in text) == warned
+        # The table lists the tables with an unknown id somewhere, in every split.
+        assert "eval         user   impressions    400       64  16.0%" in text, text
+        assert "item" not in text.split("Unknown ids per split")[1]
+    assert insp.main(["--config", str(cfg_path)]) == 0  # the last summary: no warning, no problem
+    # One file of the split finds its build too; data no build wrote has no shares.
+    assert scan(cfg_of(), str(build_dir / "train" / "part-00000.parquet")).unknown_ids == shares(0.4)
+    (build_dir / "summary.json").unlink()
+    assert scan(cfg_of(), str(build_dir / "train")).unknown_ids == {}

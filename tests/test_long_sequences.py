@@ -180,6 +180,44 @@ def test_retrieval_config_names_what_is_wrong():
         config.load(demo, ["model.sequence.window=500"])
 
 
+def test_each_group_retrieves_by_its_own_attribute(tiny_data):
+    """model.sequence lists the retrieval for every group; the queries group has no item attribute,
+    so it names its own under model.sequence_groups (the error says where), and the model reads
+    each group's own ids."""
+    from conftest import load_tiny
+
+    from pinads_rec.models import build_model
+    from pinads_rec.serve.batching import file_order_batches
+
+    _, data_dir = tiny_data
+    shared = [
+        "model.sequence.encoders=[transformer, retrieval]",
+        "model.sequence.retrieval={attribute: item, candidate: item_id, max_events: 4}",
+    ]
+    with pytest.raises(
+        config.ConfigError,
+        match=r"model\.sequence\.retrieval\.attribute: 'item' is not a feature of sequence group 'queries' .*; "
+        r"model\.sequence serves every group without an entry in model\.sequence_groups: set "
+        r"model\.sequence_groups\.queries\.retrieval\.attribute for group 'queries' alone, or its encoders "
+        r"without 'retrieval'",
+    ):
+        load_tiny(data_dir, shared)
+    own = "model.sequence_groups={queries: {retrieval: {attribute: topic, candidate: item_topic}}}"
+    cfg = load_tiny(data_dir, shared + [own])
+    assert cfg.model.sequence_for("queries").retrieval.max_events == 4  # the rest is model.sequence's
+    torch.manual_seed(0)
+    model = build_model(cfg.features, cfg.model).eval()
+    arch = model.sequence_arch
+    assert {g: e.id_keys for g, e in arch.groups.items()} == {
+        "pins": ["pins.item", "candidate.item_id"],
+        "ads": ["ads.item", "candidate.item_id"],
+        "queries": ["queries.topic", "candidate.item_topic"],
+    }
+    batch = next(iter(file_order_batches(cfg, f"{data_dir}/eval", 64)))
+    with torch.no_grad():
+        assert torch.isfinite(model(batch)).all()
+
+
 LONG_VARIANTS = {
     "unpadded Transformer": ["model.sequence.padding=buckets"],
     "retrieval": [

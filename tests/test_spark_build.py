@@ -65,7 +65,7 @@ def assert_same_build(duck: Path, spark: Path, splits, features) -> None:
         # Spark writes the columns nullable; the rows are what is compared.
         assert pq.read_table(spark / "vocabularies" / vocab.name).to_pylist() == pq.read_table(vocab).to_pylist()
     sa, sb = (json.loads((d / "summary.json").read_text()) for d in (duck, spark))
-    for key in ("splits", "repairs", "join_misses"):
+    for key in ("splits", "repairs", "case_else", "join_misses"):
         assert sb[key] == sa[key], key
     assert json.loads((spark / "manifest.json").read_text())["engine"] == "spark"
     assert json.loads((duck / "manifest.json").read_text())["engine"] == "duckdb"
@@ -173,6 +173,9 @@ EXPRESSIONS = [
     "(hash(CAST(n AS BIGINT), CAST(k AS BIGINT), CAST(7 AS BIGINT)) % 1000000) / 1000000.0",
     "CASE WHEN n > 50 THEN 'big' ELSE 'small' END || '_' || k",
     "array_length(l)",
+    # A typed header (RecBole's user_id:token) is named double-quoted, as on DuckDB.
+    '"n:token" * 2 + n',
+    """CASE "n:token" WHEN 1 THEN 'one' ELSE 'other' END""",
 ]
 
 
@@ -189,6 +192,7 @@ def test_translated_expressions_mean_what_they_mean_on_duckdb(tmp_path):
             "k": [3, 1, 0],
             "l": [[1, 2, 3, 4], [5], [6, 7]],
             "tags": ["1, 2,x", "", "40"],
+            "n:token": [1, 2, 3],
         }
     )
     pq.write_table(rows, tmp_path / "t.parquet")

@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -56,9 +57,18 @@ def _dryrun(component: str, *args: str):
     return role
 
 
+# What the component puts first on each node's PATH: the bin directory of the torchx that builds
+# the job (here the venv's; torchrun_of_this_environment), "$PATH" expanded by the node's bash.
+NODE_PATH = f"PATH={sysconfig.get_path('scripts')}:$PATH"
+
+
 def _torchrun_argv(role) -> list[str]:
+    """torchrun's argv of a role's ``bash -c`` command (macros not yet applied: $$ for $), the
+    component's PATH prefix dropped."""
     assert role.entrypoint == "bash" and role.args[0] == "-c"
-    argv = shlex.split(role.args[1])
+    argv = shlex.split(role.args[1].replace("$$", "$"))
+    if argv[0] == NODE_PATH:
+        argv = argv[1:]
     assert argv[0] == "torchrun"
     return argv
 
@@ -138,6 +148,7 @@ def test_component_command_line():
         "--set=train.lr=0.01",
     ]
     assert role.env["OMP_NUM_THREADS"] == "1" and role.env["PYTHONPATH"] == "."
+    assert shlex.split(role.args[1].replace("$$", "$"))[0] == NODE_PATH  # the venv's torchrun, venv active or not
     assert role.num_replicas == 1
     assert (role.resource.gpu, role.resource.cpu, role.resource.memMB) == (8, 32, 8 * 16 * 1024)
     assert role.max_retries == 2
@@ -160,6 +171,10 @@ def test_dist_ddp_forms():
     # another script on the command line still wins over the default
     role = _dryrun("dist.ddp", "-j", "1x1", "--script", "other.py")
     assert _script_and_args(_torchrun_argv(role)) == ["other.py"]
+    # the ranks' PATH (local_cwd puts it before its own, in the repository root) starts with the
+    # venv's bin directory, so `.venv/bin/torchx` finds torchrun from a shell without the venv
+    assert role.env["PATH"].split(":")[0] == ".venv/bin" and (REPO / ".venv/bin/torchrun").is_file()
+    assert role.env["OMP_NUM_THREADS"] == "1"
 
 
 def test_train_ignores_stray_positional():
@@ -168,6 +183,13 @@ def test_train_ignores_stray_positional():
     assert parse_args(["pinads_rec/train.py"]).config == DEFAULT_CONFIG
     assert parse_args(["configs/other.yaml"]).config == "configs/other.yaml"
     assert parse_args(["pinads_rec/train.py", "--config", "x.yaml"]).config == "x.yaml"
+
+
+def test_train_reads_several_overrides_in_one_set():
+    # Under TorchX --set cannot repeat: train.py splits one before each key=, as the component does.
+    from pinads_rec.train import parse_args
+
+    assert parse_args(["--set", "a.b=1,c.d=[x, y]", "--set", "e=2"]).overrides == ["a.b=1", "c.d=[x, y]", "e=2"]
 
 
 def test_rdzv_port_0_picks_one_free_port_for_all_nodes():
@@ -195,7 +217,10 @@ IMAGE = "registry.example.com/ads/pinads_rec:1.0"
 
 
 def _check_torchrun(argv: list[str], endpoint_host: str) -> None:
-    """2 nodes x 8 processes, c10d rendezvous on the first node's port 29500, our script."""
+    """The venv's bin directory first on the node's PATH, then 2 nodes x 8 processes, c10d
+    rendezvous on the first node's port 29500, our script."""
+    assert argv[0] == NODE_PATH
+    argv = argv[1:]
     assert argv[0] == "torchrun"
     assert argv[argv.index("--nnodes") + 1] == "2"
     assert argv[argv.index("--nproc_per_node") + 1] == "8"
@@ -249,8 +274,8 @@ def test_slurm_dryrun_sbatch_script():
             assert opt in sbatch, (opt, sbatch)
         (export,) = [o[len("--export=") :] for o in srun if o.startswith("--export=")]
         export = export.split(",")
-        # ALL: the submitting shell's environment (its activated .venv on the shared filesystem)
-        # reaches every node, so torchrun and the project's packages are found there.
+        # ALL: the submitting shell's environment reaches every node; the torchrun the node runs
+        # comes from the PATH prefix (the venv on the shared filesystem), activated or not.
         assert export[0] == "ALL"
         env = dict(kv.split("=", 1) for kv in export[1:])
         assert {k: env[k] for k in CLUSTER_ENV} == CLUSTER_ENV

@@ -46,6 +46,7 @@ from pinads_rec.config.schema import (
     NegativeDownsamplingConfig,
     PrecisionConfig,
     RawSourceConfig,
+    ReferenceConfig,
     ResilientBNConfig,
     RetrievalConfig,
     RowFilterConfig,
@@ -69,6 +70,7 @@ from pinads_rec.config.schema import (
 __all__ = [
     "AdmissionConfig",
     "BuildConfig",
+    "ReferenceConfig",
     "ServeConfig",
     "CANDIDATE_PREFIX",
     "ColumnsConfig",

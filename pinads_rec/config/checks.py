@@ -185,8 +185,22 @@ def _validate_model(m: ModelConfig, f: FeaturesConfig) -> None:
             )
     _validate_encoder("model.sequence", m.sequence, f, None)
     for g in f.sequence_groups:
-        path = f"model.sequence_groups.{g.name}" if g.name in m.sequence_groups else "model.sequence"
-        _validate_encoder(path, m.sequence_for(g.name), f, g)
+        if g.name in m.sequence_groups:
+            _validate_encoder(f"model.sequence_groups.{g.name}", m.sequence_for(g.name), f, g)
+            continue
+        try:
+            _validate_encoder("model.sequence", m.sequence, f, g)
+        except ConfigError as e:
+            # model.sequence passed alone: what fails is its fit to this group (a retrieval attribute
+            # the group lacks, a window past its max_length), which an entry of the group's own changes.
+            key = str(e).split(":", 1)[0]
+            key = key.removeprefix("model.sequence.") if key.startswith("model.sequence.") else ""
+            encoder = key.split(".")[0]
+            drop = f", or its encoders without {encoder!r}" if encoder in m.sequence.encoders else ""
+            raise ConfigError(
+                f"{e}; model.sequence serves every group without an entry in model.sequence_groups: set "
+                f"model.sequence_groups.{g.name}{'.' + key if key else ''} for group {g.name!r} alone{drop}"
+            ) from None
     positive("model.dcn.num_layers", m.dcn.num_layers, allow_zero=True)
     positive("model.dcn.low_rank", m.dcn.low_rank, allow_zero=True)
     positive("model.mmoe.num_experts", m.mmoe.num_experts)

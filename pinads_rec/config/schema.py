@@ -416,6 +416,10 @@ class RawSourceConfig:
 class ImpressionsConfig(RawSourceConfig):
     """The impression log: one row per ad shown (who, which ad, where, when, what they did)."""
 
+    # SQL predicate over the log's columns: the impressions built, and the rows a history read from
+    # this log has (a sequence source without a path). Behaviour logs keep every user's events
+    # (event_users). Requests, labels and the vocabularies' impression counts see matching rows only.
+    filter: Optional[str] = None
     user: str = "user_id"  # SQL expression: the user key (joins the behaviour logs)
     # SQL expression: the impression time, epoch seconds (a number, fractions allowed) or a TIMESTAMP.
     time: str = "timestamp"
@@ -433,6 +437,11 @@ class ImpressionsConfig(RawSourceConfig):
     # An impression whose surface is not one of features.surfaces: stop with an error naming its
     # file and row, or drop it (counted in the summary).
     unknown_surface: Literal["error", "drop"] = "error"
+    # Whose events the sequence sources keep: all users' (all count in the vocabularies), or built:
+    # the users with a request built, after filter, splits and drops (the rest dropped, counted). A
+    # filter that samples users then samples the event logs and the vocabularies with it; the
+    # sequences hold the same events either way (only users with a request built get sequences).
+    event_users: Literal["all", "built"] = "all"
 
 
 @dataclass
@@ -507,9 +516,9 @@ class NegativeDownsamplingConfig:
 @dataclass
 class VocabularyConfig:
     """Raw ids of ``table`` mapped to 1..V by frequency on the fitting split (every column feeding
-    the table: candidate and sequence ones); 0 is the out-of-vocabulary bucket. V is at most
-    num_embeddings - 1; ids seen fewer than min_count times are out of vocabulary. Saved as
-    <out>/vocabularies/<table>.parquet for serving."""
+    the table: candidate and sequence ones); 0 is the out-of-vocabulary bucket, trained by the id
+    dropout (docs/data_build.md, "Cold start"). V is at most num_embeddings - 1; ids seen fewer than
+    min_count times are out of vocabulary. Saved as <out>/vocabularies/<table>.parquet for serving."""
 
     # The features.tables entry whose raw ids are mapped.
     table: str
@@ -517,6 +526,9 @@ class VocabularyConfig:
     min_count: int = 1
     # The build.splits entry the frequencies are counted on.
     fit_split: str = "train"
+    # Training only: each id of the table in a training batch becomes 0 at this rate, so the
+    # out-of-vocabulary row (ids new since fit_split) is trained. 0: only ids below min_count train it.
+    dropout: float = 0.02
 
 
 @dataclass
@@ -582,9 +594,12 @@ class RetrievalConfig:
     """Target-aware retrieval from a long history (SIM's hard search; modules/retrieval.py): per
     candidate, the newest ``max_events`` events whose ``attribute`` equals the candidate's
     ``candidate`` feature, encoded with target attention. With bags on either side (a multi-valued
-    attribute, a multi-hot candidate feature) an event matches when the two share an id."""
+    attribute, a multi-hot candidate feature) an event matches when the two share an id. Groups
+    whose attributes differ each set their own under model.sequence_groups.<group>.retrieval."""
 
-    attribute: str = "topic"  # a feature of the group
+    # A feature of the group (model.sequence's must be one of every group that lists retrieval and
+    # has no model.sequence_groups entry: a group with other attributes sets its own there).
+    attribute: str = "topic"
     candidate: str = "item_topic"  # a candidate-side sparse feature on the attribute's table
     # Events retrieved per candidate: the newest that match.
     max_events: int = 32
@@ -894,6 +909,27 @@ class ServeConfig:
 
 
 @dataclass
+class ReferenceConfig:
+    """The reference model beside every run (``python -m pinads_rec.reference``; docs/datasets.md):
+    LightGBM on point-in-time features the project computes from the built files -- the user's and
+    the item's positive rates on the training split, the matches of the candidate with the newest
+    events of each sequence group, the dense features -- scored on the eval split and printed in the
+    run's final table beside the model."""
+
+    # Fit and print the reference when a run ends (rank 0, after the evaluation).
+    enabled: bool = True
+    # Training rows it is fitted on: a uniform sample of whole requests when the split holds more
+    # (bounds its time and memory; the table says how many were used).
+    max_train_rows: int = 300000
+    # Eval rows it scores: a uniform sample of whole requests beyond this (0: every row, as the model).
+    max_eval_rows: int = 0
+    trees: int = 200  # LightGBM's boosting rounds per task
+    leaves: int = 31  # LightGBM's num_leaves
+    learning_rate: float = 0.1  # LightGBM's shrinkage per round
+    seed: int = 0  # the row sample's and LightGBM's seed
+
+
+@dataclass
 class ExperimentConfig:
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -902,3 +938,4 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     build: BuildConfig = field(default_factory=BuildConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)

@@ -12,7 +12,7 @@ outputs, the user-side work repeated per candidate.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +21,7 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
+from pinads_rec import config
 from pinads_rec.data.contract import checked_columns, contract_columns
 from pinads_rec.data.storage_layout import Requests, request_starts
 from pinads_rec.features import FeatureLayout
@@ -179,9 +180,21 @@ class BatchBuilder:
     Tensors are built from Arrow buffers (``torch.from_numpy``) or ``torch.empty`` then filled: no
     zero-filled staging allocations (a cost the two-tower article calls out). ``zero_fill`` True
     allocates them with ``torch.zeros`` instead -- the same batches, for benchmarks/train_throughput.py
-    to measure what that costs."""
+    to measure what that costs.
 
-    def __init__(self, layout: FeatureLayout, user_slots: int, broadcast: bool = True, zero_fill: bool = False):
+    ``id_dropout``: table -> rate. Given a generator (``build_requests``' ``rng``: training batches),
+    each id of such a table -- pooled, user-side, sequence and candidate keys alike -- is replaced by
+    0 with that probability: the out-of-vocabulary row of a vocabulary-mapped table is then trained
+    (build.vocabularies[].dropout; docs/data_build.md, "Cold start")."""
+
+    def __init__(
+        self,
+        layout: FeatureLayout,
+        user_slots: int,
+        broadcast: bool = True,
+        zero_fill: bool = False,
+        id_dropout: Optional[Mapping[str, float]] = None,
+    ):
         self.layout, self.user_slots, self.broadcast = layout, user_slots, broadcast
         self.zero_fill = zero_fill
         # The checked columns of each KJT, resolved once (not per batch): a column feeding several
@@ -196,6 +209,12 @@ class BatchBuilder:
         self.embedding_columns = {g.name: names["embedding", g.name] for g in f.sequence_groups if g.embedding_column}
         self.user_id_column = user_id_column(f)
         self.spread = set(layout.managed_keys())  # raw ids, spread over the managed modules' input range
+        # Every KJT key whose ids come from a table with a dropout rate, and its rate.
+        key_tables = {s.name: s.table for s in f.sparse}
+        key_tables.update((config.CANDIDATE_PREFIX + k, key_tables[k]) for k in layout.shared_keys)
+        key_tables.update((f"{g.name}.{sf.name}", sf.table) for g in f.sequence_groups for sf in g.features)
+        rates = id_dropout or {}
+        self.drop = {k: rates[t] for k, t in key_tables.items() if rates.get(t, 0.0) > 0.0}
 
     def build(self, table: pa.Table, source: str = "", pad_to: Optional[int] = None) -> Batch:
         """The batch of ``table``'s rows (one per candidate, a request's rows contiguous; its
@@ -204,8 +223,11 @@ class BatchBuilder:
         block = Requests(pa.table({}), table, np.append(starts, table.num_rows).astype(np.int64))
         return self.build_requests(block, source, pad_to)
 
-    def build_requests(self, block: Requests, source: str = "", pad_to: Optional[int] = None) -> Batch:
-        """The batch of ``block``'s candidates. ``pad_to``: fewer rows are padded to this many by
+    def build_requests(
+        self, block: Requests, source: str = "", pad_to: Optional[int] = None, rng: Optional[np.random.Generator] = None
+    ) -> Batch:
+        """The batch of ``block``'s candidates; ``rng`` draws the id dropout (none without it).
+        ``pad_to``: fewer rows are padded to this many by
         repeating the last row marked ``valid = False`` (it belongs to the last request, so no request
         slot is added: the user slots of the sharded lookups stay within their fixed number). That
         request may then hold most of the batch's rows (a batch closed early by
@@ -224,9 +246,9 @@ class BatchBuilder:
             if requests.num_columns:
                 requests = requests.take(pa.array(block.request_of_rows()))
             block = Requests(requests, block.rows, np.arange(block.num_rows + 1, dtype=np.int64))
-        return self._build(block, num_valid, source)
+        return self._build(block, num_valid, source, rng)
 
-    def _build(self, block: Requests, num_valid: Optional[int], source: str) -> Batch:
+    def _build(self, block: Requests, num_valid: Optional[int], source: str, rng=None) -> Batch:
         layout = self.layout
         f = layout.features
         B, U = block.num_rows, block.num_requests
@@ -241,7 +263,8 @@ class BatchBuilder:
             dense_np[:, at : at + d.dim] = values.reshape(B, d.dim)
             at += d.dim
 
-        sparse = _kjt(layout.row_keys, [block.row_column(c) for c in self.row_columns], B, self.spread)
+        drop = (self.drop, rng) if rng is not None and self.drop else None
+        sparse = _kjt(layout.row_keys, [block.row_column(c) for c in self.row_columns], B, self.spread, drop)
         # A fixed number of user slots (the unused ones empty): pooled embedding lookups exchange
         # equal-sized blocks between ranks, so their batch size must not vary.
         user_sparse = _kjt(
@@ -249,12 +272,13 @@ class BatchBuilder:
             [block.request_column(c) for c in self.user_columns],
             self.user_slots if self.broadcast else B,
             self.spread,
+            drop,
         )
         seq_cols = [block.request_column(c) for c in self.event_columns]
         # Candidate ids sharing a sequence table: per request, the ids of its rows (in row order).
         offsets = pa.array(block.offsets.astype(np.int32))
         seq_cols += [pa.ListArray.from_arrays(offsets, block.row_column(c)) for c in self.shared_columns]
-        sequences = _kjt(layout.sequence_keys, seq_cols, U, self.spread)
+        sequences = _kjt(layout.sequence_keys, seq_cols, U, self.spread, drop)
         bag_sizes = {}
         for key in layout.bag_keys:
             column = seq_cols[layout.sequence_keys.index(key)]
@@ -316,9 +340,16 @@ def user_id_column(features) -> Optional[str]:
     return None
 
 
-def _kjt(keys: List[str], columns: List[pa.ChunkedArray], stride: int, spread=frozenset()) -> KeyedJaggedTensor:
+def _kjt(
+    keys: List[str],
+    columns: List[pa.ChunkedArray],
+    stride: int,
+    spread=frozenset(),
+    drop: Optional[Tuple[Dict[str, float], np.random.Generator]] = None,
+) -> KeyedJaggedTensor:
     """One KJT of the columns; slots past a column's length are empty (padding to a fixed stride).
-    The keys in ``spread`` are a managed-collision table's: their ids go through ``spread_ids``."""
+    The keys in ``spread`` are a managed-collision table's: their ids go through ``spread_ids``.
+    ``drop``: (key -> rate, generator): each id of such a key becomes 0 with that probability."""
     values, lengths = [], []
     for key, col in zip(keys, columns):
         col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
@@ -335,6 +366,8 @@ def _kjt(keys: List[str], columns: List[pa.ChunkedArray], stride: int, spread=fr
                 flat = flat.flatten()
             values.append(flat.to_numpy(zero_copy_only=False))
             lengths.append(counts.astype(np.int32))
+        if drop is not None and key in drop[0]:
+            values[-1] = np.where(drop[1].random(len(values[-1])) < drop[0][key], 0, values[-1])
         if key in spread:
             values[-1] = spread_ids(values[-1])
         lengths.append(np.zeros(stride - len(col), np.int32))

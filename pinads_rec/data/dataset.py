@@ -4,7 +4,8 @@
 filter), ``ShufflePool`` (data/shuffle.py: whole requests, bounded shuffle buffer) and
 ``BatchBuilder`` (data/batch.py: Arrow -> tensors). ``make_loader`` wraps it in a DataLoader. What
 they read of the experiment is ``LoaderSettings`` (``LoaderSettings.of(cfg)``): the feature layout,
-the data section, the seed and ``model.broadcast`` -- never the whole config.
+the data section, the seed, ``model.broadcast`` and the vocabularies' id dropout -- never the
+whole config.
 
 - Both storage layouts are read (data/storage_layout.py: one row per candidate, or one per request); in
   memory a request's sequences are held once, from the file to the batch.
@@ -33,18 +34,19 @@ the data section, the seed and ``model.broadcast`` -- never the whole config.
   segmentation), before shuffling; requests left without rows disappear.
 
 Random numbers: the row-group deal draws from (seed, epoch), the request shuffle from (seed, epoch,
-rank, worker), so a run is reproducible whatever the workers' timing.
+rank, worker), the id dropout (``build.vocabularies[].dropout``: training batches only) from a
+generator of its own of the same, so a run is reproducible whatever the workers' timing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
-from pinads_rec.config import DataConfig, ExperimentConfig
+from pinads_rec.config import ConfigError, DataConfig, ExperimentConfig
 from pinads_rec.data.batch import Batch, BatchBuilder
 from pinads_rec.data.contract import ContractError
 from pinads_rec.data.reader import (
@@ -74,10 +76,16 @@ class LoaderSettings:
     data: DataConfig  # batch size, shuffle buffer, workers, repairs, row filter, user bound, holdout
     seed: int  # draws the row-group deal and the request shuffle (train.seed)
     broadcast: bool  # model.broadcast: one user slot per request, or per row
+    # (table, rate) of build.vocabularies[].dropout: training batches' ids of the table set to 0 at that rate
+    id_dropout: Tuple[Tuple[str, float], ...] = ()
 
     @classmethod
     def of(cls, cfg: ExperimentConfig) -> "LoaderSettings":
-        return cls(FeatureLayout.of(cfg.features), cfg.data, cfg.train.seed, cfg.model.broadcast)
+        for i, v in enumerate(cfg.build.vocabularies):
+            if not 0.0 <= v.dropout < 1.0:
+                raise ConfigError(f"build.vocabularies[{i}].dropout: must be in [0, 1), got {v.dropout}")
+        dropout = tuple((v.table, v.dropout) for v in cfg.build.vocabularies if v.dropout > 0.0)
+        return cls(FeatureLayout.of(cfg.features), cfg.data, cfg.train.seed, cfg.model.broadcast, dropout)
 
 
 class ParquetBatches(torch.utils.data.IterableDataset):
@@ -113,7 +121,7 @@ class ParquetBatches(torch.utils.data.IterableDataset):
         # Requests (unique users) a batch may hold: the user-side lookups' fixed batch size.
         self.user_slots = min(data.max_unique_users_per_batch or self.batch_size, self.batch_size)
         self.max_requests = self.user_slots if settings.broadcast else self.batch_size
-        self.builder = BatchBuilder(layout, self.user_slots, settings.broadcast)
+        self.builder = BatchBuilder(layout, self.user_slots, settings.broadcast, id_dropout=dict(settings.id_dropout))
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -195,10 +203,15 @@ class ParquetBatches(torch.utils.data.IterableDataset):
             max(self.settings.data.shuffle_buffer_rows, self.batch_size) if self.shuffle else 0,
             rng if self.shuffle else None,
         )
+        # Training batches (shuffled; a scoring pass never is) drop ids; a generator of their own
+        # leaves the shuffle's draws as they are.
+        drop_rng = np.random.default_rng([self.settings.seed, self.epoch, self.rank, info.id if info else 0, 1])
         for rows in pool.batches(read_requests(self.reader, self.my_row_groups())):
             if rows.last and self.drop_last and rows.num_rows < self.batch_size:
                 return
-            yield self.builder.build_requests(rows.requests, rows.source, pad_to=self.batch_size)
+            yield self.builder.build_requests(
+                rows.requests, rows.source, pad_to=self.batch_size, rng=drop_rng if self.shuffle else None
+            )
 
 
 def make_loader(

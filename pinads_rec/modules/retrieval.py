@@ -1,6 +1,7 @@
 """Target-aware retrieval from a long history (SIM's "hard search", Pi et al. 2020): for each
 candidate, the newest ``max_events`` events of its request's history whose category (a configured
-attribute) equals the candidate's, encoded with target attention.
+attribute of the group: each group may name its own, model.sequence_groups.<group>.retrieval)
+equals the candidate's, encoded with target attention.
 
 A long history is mostly about other things than the candidate. Attending over all of it costs L^2
 (self-attention) or B x L (target attention) and dilutes the few relevant events; the hard search

@@ -7,7 +7,10 @@ world size changes) and each rank's RNG state (``rng-<rank>.pt``). A checkpoint
 is written to ``step-<N>.tmp`` and renamed once every rank has finished, so a crash while saving
 leaves the previous checkpoint as the latest loadable one. Loading checks first that the
 checkpoint's ``features`` and ``model`` config match the run's, and refuses with the differing keys
-(weights of another model would load partly or fail deep inside DCP).
+(weights of another model would load partly or fail deep inside DCP). A resume (the run's own
+train.run_dir holds a checkpoint) also checks that the data and training config is the
+checkpoint's but for what a resume may change (:data:`RESUMABLE_CHANGES`), and refuses a run
+directory holding a run of another config (:func:`check_same_run`).
 
 With evaluations during training (train.eval_every) every improvement on the best evaluation is
 saved as a checkpoint of its step, and ``train_state.json`` carries the selection: the best value,
@@ -119,16 +122,21 @@ def config_differences(saved: dict, current: dict, prefix: str = "") -> list:
     return [] if saved == current else [prefix]
 
 
+def _saved_config(path: Path) -> dict:
+    """Checkpoint ``path``'s config as a dict."""
+    saved = json.loads((Path(path) / STATE_FILE).read_text())["config"]
+    try:  # a checkpoint older than a config key holds that key's default: filled in, not a difference
+        return config.to_dict(config.from_dict(saved))
+    except config.ConfigError:  # a key since removed or renamed: compared as saved
+        return saved
+
+
 def check_compatible(path: Path, cfg: config.ExperimentConfig) -> None:
     """The parts of the config that shape the weights must match: features and model (except
     model.calibration: the calibration maps are refit at the end of every run, so a trained model
     may be recalibrated another way; and model.precision.inference: it only says how the trained
     weights are served -- checkpoints of the days its default was bf16 resume under auto)."""
-    saved = json.loads((Path(path) / STATE_FILE).read_text())["config"]
-    try:  # a checkpoint older than a config key holds that key's default: filled in, not a difference
-        saved = config.to_dict(config.from_dict(saved))
-    except config.ConfigError:  # a key since removed or renamed: compared as saved
-        pass
+    saved = _saved_config(path)
     current = config.to_dict(cfg)
     diffs = [
         d
@@ -141,6 +149,70 @@ def check_compatible(path: Path, cfg: config.ExperimentConfig) -> None:
         raise IncompatibleCheckpoint(
             f"checkpoint {path} was written by a different model ({shown} differ); use another "
             f"train.run_dir or restore the config it was trained with"
+        )
+
+
+class RunDirConflict(ValueError):
+    """train.run_dir holds a checkpoint of a run of another config: resuming would go on with that run."""
+
+
+# The data and train keys a resume may change (and their sub-keys); check_compatible covers
+# features and model, the other sections are not training's.
+RESUMABLE_CHANGES = (
+    # how far the run goes: a relaunch may train on
+    "train.max_steps",
+    "train.epochs",
+    # what it goes on with and is evaluated on: continued training on a newer day's data
+    # (experiments/stability.py resumes on the newest day)
+    "data.train_dir",
+    "data.eval_dir",
+    "data.calibration_dir",
+    # which of their rows are read (experiments/ablate.py evaluates a finished run on a slice)
+    "data.row_filter",
+    # evaluation during training: the trainer resets a best value picked another way
+    "train.eval_every",
+    "train.eval_on",
+    "train.early_stop",
+    # the fault policies: the fix a data or numerics error names is a relaunch with another one
+    "train.nonfinite",
+    "data.nonfinite_dense",
+    "data.overlong_sequence",
+    # how it runs and reports, not what it computes
+    "data.num_workers",
+    "data.prefetch_factor",
+    "train.dense_optimizer_kernel",
+    "train.collective_timeout_s",
+    "train.log_every",
+    "train.tensorboard",
+    "train.profile_steps",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    # where: a checkpoint copied into another directory; and the plan, which a resume takes from
+    # the checkpoint unless train.plan_file names one
+    "train.run_dir",
+    "train.plan_file",
+)
+
+
+def check_same_run(path: Path, cfg: config.ExperimentConfig) -> None:
+    """A resume from checkpoint ``path`` (the latest in cfg.train.run_dir) goes on with the same
+    run: its data and train config must be the checkpoint's, but for RESUMABLE_CHANGES. Otherwise
+    RunDirConflict, naming the differing keys and the fix (another train.run_dir, or delete this one)."""
+    saved, current = _saved_config(path), config.to_dict(cfg)
+    diffs = [
+        d
+        for section in ("data", "train")
+        for d in config_differences(saved.get(section), current[section], section)
+        if not any(d == key or d.startswith((key + ".", key + "[")) for key in RESUMABLE_CHANGES)
+    ]
+    if diffs:
+        run_dir = cfg.train.run_dir
+        shown = ", ".join(diffs[:8]) + (f" and {len(diffs) - 8} more" if len(diffs) > 8 else "")
+        raise RunDirConflict(
+            f"train.run_dir {run_dir} holds a run of another config (its checkpoint {Path(path).name} differs "
+            f"in {shown}): give this run a new train.run_dir, or delete {run_dir} to start over "
+            f"(a resume may change only how far it trains, the data directories, evaluation, fault "
+            f"policies and reporting)"
         )
 
 

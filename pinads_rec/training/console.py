@@ -12,6 +12,8 @@ from typing import Optional
 from tqdm import tqdm
 
 from pinads_rec.metrics import format_table
+from pinads_rec.reference.fit import describe
+from pinads_rec.training.evaluation import format_slices
 from pinads_rec.training.trainer import Hook, Trainer
 
 # Ranks beyond this many: the epoch line leaves the per-rank counts to metrics.jsonl.
@@ -49,8 +51,11 @@ class ConsoleReport(Hook):
             initial=trainer.state.step,
             disable=not trainer.env.is_main,
             unit="step",
-            mininterval=1.0 if sys.stderr.isatty() else 15.0,
+            mininterval=1.0 if sys.stdout.isatty() else 15.0,
             dynamic_ncols=True,
+            # stdout, as the tables: under a launcher (torchx) stdout and stderr are separate pipes,
+            # merged in whatever order they arrive, so a bar on stderr could land inside the table.
+            file=sys.stdout,
         )
 
     def on_step(self, trainer: Trainer, record: dict) -> None:
@@ -82,4 +87,11 @@ class ConsoleReport(Hook):
                     f"model: the weights of step {chosen['best_step']}, the best evaluation by {chosen['by']}: "
                     f"{chosen['best_value']:.4f}" + (f"; early stopping at step {stopped}" if stopped else "")
                 )
-            print(format_table(summary["eval"]))
+            reference = summary.get("reference")
+            print(format_table(summary["eval"], reference.get("eval") if reference else None))
+            if reference:
+                print(describe(reference, summary["eval"]))
+            slices = format_slices(summary.get("slices", []))
+            if slices:
+                print("\nknown and new ids (id 0: not in the build's vocabulary):\n" + slices)
+            sys.stdout.flush()

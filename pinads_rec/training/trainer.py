@@ -46,6 +46,7 @@ from pinads_rec.modules.precision import fallback_count, set_precision
 from pinads_rec.training import checkpoint
 from pinads_rec.training.evaluation import (
     evaluation_rows,
+    evaluation_with_slices,
     fit_calibration,
     improves,
     selection_name,
@@ -292,6 +293,9 @@ class Trainer:
             self.warm_from = checkpoint.resolve(self.cfg.train.init_from)
         if self.resumed_from is not None or self.warm_from is not None:
             self.cfg = resume_config(self.cfg, self.resumed_from or self.warm_from)
+        if self.resumed_from is not None:
+            # A relaunch of the same config resumes by itself; another config must not go on with this run.
+            checkpoint.check_same_run(self.resumed_from, self.cfg)
         cfg, env = self.cfg, self.env
         self.settings = settings = LoaderSettings.of(cfg)
         pin_memory = env.device.type == "cuda"
@@ -676,7 +680,8 @@ class Trainer:
     def run(self) -> dict:
         """fit, then (pipeline detached) restore the best evaluation's weights (train.eval_every),
         calibrate, save, evaluate; hooks see the summary. Returns the summary: fit's figures, the
-        guard's and FP16 fallback counts, world size, global batch, the ``eval`` rows and, with
+        guard's and FP16 fallback counts, world size, global batch, the ``eval`` rows, ``slices`` (the
+        known / new users' and items' rows, where a vocabulary maps them and eval holds new ones) and, with
         train.eval_every, ``selection``: {"by", "best_step", "best_value", "evals_since_best",
         "stopped_early_at" (the step, or None)}."""
         self.setup()
@@ -690,7 +695,11 @@ class Trainer:
         with self.collectives(f"{after}, saving the checkpoint"):
             self.save()
         with self.collectives(f"{after}, evaluation"):
-            rows = self.evaluate()
+            # One pass: the rows, and those of the known / new users and items (vocabulary id 0).
+            vocabularies = [v.table for v in self.cfg.build.vocabularies]
+            rows, slices = evaluation_with_slices(
+                self.dmp, self.settings, self.env, self.data_group, "eval", vocabularies
+            )
         summary = {
             **fitted,
             "nonfinite_skipped": self.guard.skipped,
@@ -699,6 +708,8 @@ class Trainer:
             "global_batch": self.cfg.data.batch_size * self.env.world_size,
             "eval": rows,
         }
+        if slices:
+            summary["slices"] = slices
         if self.cfg.train.eval_every is not None:
             summary["selection"] = {
                 "by": self.state.selection,

@@ -1,7 +1,7 @@
 """The raw data's checks on the way through a build: times, nulls, labels, id types and ranges,
 surfaces, the side tables' defaults, and a failed step's expressions named by their config keys.
-Each error names the file, column and row; each repair (a CASE's ELSE, a dropped surface) is
-counted in the summary.
+Each error names the file, column and row; each repair (a side table's default, a dropped
+surface) is counted in the summary, and so, apart, are the rows a CASE gave its own ELSE.
 """
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ from pinads_rec.data.raw_sources import RawSource, first_line, sql_name, sql_str
 
 # DuckDB's parser, for the config's expressions (written in its dialect whatever the engine).
 _PARSER = duckdb.connect()
+# A column name SQL reads without double quotes.
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Checks(Queries):
     """Mixed into ``Build``: reads the tables its steps made (``imp``, the events tables) and its
     state (``b``, ``features``, ``columns``, ``computed``, ``imp_source``, ``side_sources``,
-    ``group_sources``), and adds to its ``counts``."""
+    ``group_sources``), and adds to its ``counts`` (repairs and drops) and ``case_else``."""
 
     def check_times(self, table: str, column: str, source: RawSource, expr: str, where: str) -> None:
         bad = self.one(f"SELECT __file, count(*) FROM {table} WHERE {column} IS NULL GROUP BY __file LIMIT 1")
@@ -140,7 +142,8 @@ class Checks(Queries):
             except self.engine.errors as e:
                 missing = self.engine.missing_column(e)
                 if not missing:
-                    raise ContractError(self.explain(e) or f"{key}: {expr!r}: {first_line(e)}") from None
+                    hint = self.bare_name_hint(expr, relation)
+                    raise ContractError(self.explain(e) or f"{key}: {expr!r}: {first_line(e)}{hint}") from None
                 described = self.engine.describe(f"SELECT * FROM {relation}")
                 have = [f"{name}.<column>" if kind.startswith("STRUCT") else name for name, kind in described]
                 files = source.files[0] + (" ..." if len(source.files) > 1 else "")
@@ -148,6 +151,27 @@ class Checks(Queries):
                     f"{key}: {expr!r} reads column {missing!r}, which {files} does not have (its columns: "
                     f"{', '.join(h for h in have if not h.startswith('__'))})"
                 ) from None
+
+    def bare_name_hint(self, expr: str, relation: str) -> str:
+        """How SQL names a column of ``relation`` (or a field of a side table's struct there) that
+        ``expr`` writes bare although it is no plain name (a typed header, ``user_id:token``: a syntax
+        error), as the end of an error message; empty when there is none."""
+        quoted = {}
+        for name, kind in self.engine.describe(f"SELECT * FROM {relation}"):
+            if not _PLAIN.fullmatch(name):
+                quoted[name] = sql_name(name)
+            if kind.startswith("STRUCT("):  # a side table: DuckDB quotes exactly the fields that need it
+                for field in re.findall(r'"((?:[^"]|"")+)"', kind):
+                    field = field.replace('""', '"')
+                    quoted[f"{name}.{field}"] = f"{name}.{sql_name(field)}"
+        bare = [(n, q) for n, q in quoted.items() if n in expr and q not in expr]
+        if not bare:
+            return ""
+        name, right = bare[0]
+        return (
+            f"; column {name!r} is no plain SQL name: write it double-quoted, {right} (in YAML, inside single "
+            f"quotes: '{right}')"
+        )
 
     def check_default_types(self, side, source: RawSource, where: str) -> None:
         """A number for the default of a column DuckDB reads as text (one text value makes it so)
@@ -203,9 +227,11 @@ class Checks(Queries):
             self.engine.execute(f"DELETE FROM imp WHERE {bad}")
 
     def count_else(self, table: str, columns: List[str], where: str, exprs: Dict[str, str]) -> None:
-        """Counts the rows a CASE gave its ELSE in an id column (a mapping's default: an unknown
-        behaviour type becomes id 0), so the summary shows what no WHEN matched. A label's ELSE is
-        its negative class, and a surface's is checked by check_surfaces: neither is counted."""
+        """Counts the rows a CASE gave its ELSE in an id column, so the summary shows what no WHEN
+        matched (a behaviour type the mapping did not foresee). Not a repair: the ELSE is the
+        config's own value, chosen on purpose (``case_else`` in the summary, beside the repairs,
+        which are the build's own fills and drops). A label's ELSE is its negative class, and a
+        surface's is checked by check_surfaces: neither is counted."""
         what = "impressions" if table == "imp" else "events"
         for c in columns:
             if self.columns[c].role not in ID_ROLES:
@@ -213,7 +239,7 @@ class Checks(Queries):
             default = self.else_value(exprs[c])
             if default is not None and not self.is_list_column(table, c):
                 n = self.scalar(f"SELECT count(*) FROM {table} WHERE {sql_name(c)} = {default}")
-                self.counts[f"{where}.{c}: {what} given the CASE's ELSE value {default}"] = n
+                self.case_else[f"{where}.{c}: {what} given the CASE's ELSE value {default}"] = n
 
     def else_value(self, expr: str) -> Optional[str]:
         """The ELSE of ``expr`` as SQL when ``expr`` is a CASE whose ELSE is a constant that no THEN

@@ -34,6 +34,10 @@ def format_summary(summary: dict) -> str:
             lines.append(f"{what}: {n}")
     for name, n in summary["join_misses"].items():
         lines.append(f"side table {name}: {n} impression(s) without a row (defaults used)")
+    # The config's own ELSE values: no repair, but a raw value no WHEN foresaw shows up here.
+    chosen = [f"  {what}: {n}" for what, n in summary["case_else"].items() if n]
+    if chosen:
+        lines += ["rows no WHEN of the config's CASE matched (given its own ELSE; not repairs):"] + chosen
     return "\n".join(lines)
 
 

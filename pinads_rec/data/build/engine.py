@@ -11,6 +11,7 @@ driver, how a refusal is told (``errors``) and which column it missed.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import duckdb
@@ -20,6 +21,13 @@ from pinads_rec.config import ConfigError
 from pinads_rec.data.raw_sources import RawSource, explain, sql_string
 
 ENGINES = ("duckdb", "spark")
+
+
+def show_progress(con: duckdb.DuckDBPyConnection) -> None:
+    """DuckDB's progress bar (drawn on stdout for a statement past 2 s) only when stdout is a
+    terminal: redirected into a build log, its redraws would fill the log with thousands of bars."""
+    isatty = getattr(sys.stdout, "isatty", None)
+    con.execute(f"SET enable_progress_bar = {'true' if isatty is not None and isatty() else 'false'}")
 
 
 class Engine:
@@ -82,6 +90,7 @@ class DuckDBEngine(Engine):
         self.con.execute(f"SET threads = {int(threads)}")
         self.con.execute(f"SET temp_directory = {sql_string(spill_dir)}")
         self.con.execute("SET preserve_insertion_order = false")
+        show_progress(self.con)
         if memory_limit:
             try:
                 self.con.execute(f"SET memory_limit = {sql_string(memory_limit)}")

@@ -77,6 +77,8 @@ class Build(Checks, Reports):
             engine if isinstance(engine, Engine) else open_engine(engine, self.threads, str(self.tmp), memory_limit)
         )
         self.counts: Dict[str, int] = {}  # every repair and drop, by what it was
+        # Rows an id CASE gave its ELSE: the config's own value, so reported apart from the repairs.
+        self.case_else: Dict[str, int] = {}
         self.columns = {c.name: c for c in contract_columns(self.features)}
         names = self.features.columns
         self.user_side = [s.column for s in self.features.sparse if s.user_side]
@@ -92,6 +94,12 @@ class Build(Checks, Reports):
 
     def check_config(self) -> None:
         check_build(self.cfg.build, self.cfg.features)
+
+    def summarize(self, outputs: Dict[str, dict], seconds: float, root=None, impressions: str = "imp") -> dict:
+        """The summary (writer.py), with the rows each CASE gave its ELSE beside the repairs."""
+        summary = {**super().summarize(outputs, seconds, root, impressions), "case_else": self.case_else}
+        summary["unknown_ids"] = self.unknown_ids(list(outputs))  # per split and vocabulary (vocabulary section)
+        return summary
 
     # --- the steps ---------------------------------------------------------------------------
 
@@ -475,7 +483,20 @@ class Build(Checks, Reports):
         self.group_sources[group.name] = (events, source, group)
 
     def prune_events(self, events: str) -> None:
-        """Every event may precede a request (a day build keeps those that can: days.py)."""
+        """Every event may precede a request (a day build keeps those that can: days.py), unless
+        build.impressions.event_users: built keeps only the users with a request built (what the
+        impressions' filter, the splits and the drops left; the others' events counted): a filter
+        that samples users then samples the event logs, and the vocabularies fitted on them, too."""
+        if self.b.impressions.event_users != "built":
+            return
+        group = next(g.name for g in self.features.sequence_groups if events == f"ev_{_ident(g.name)}")
+        before = self.scalar(f"SELECT count(*) FROM {events}")
+        self.sql(
+            f"keeping the events of the users built (sequence group {group!r})",
+            f"CREATE OR REPLACE TEMP TABLE {events} AS SELECT * FROM {events} WHERE __user IN (SELECT __user FROM req)",
+        )
+        dropped = before - self.scalar(f"SELECT count(*) FROM {events}")
+        self.counts[f"sequence group {group}: events of users with no request built (dropped)"] = dropped
 
     def vocabulary(self, vocab) -> None:
         """Maps every column feeding ``vocab.table`` (candidate and sequence ones) to 1..V by
@@ -545,6 +566,52 @@ class Build(Checks, Reports):
             out_of_vocabulary += self.scalar(f"SELECT coalesce(sum(CAST({zero} AS BIGINT)), 0) FROM {table_name}")
         self.counts[f"vocabulary {table}: ids out of vocabulary (mapped to 0)"] = int(out_of_vocabulary)
         self.counts[f"vocabulary {table}: ids kept"] = self.scalar(f"SELECT count(*) FROM {name}")
+
+    def unknown_ids(self, splits: List[str]) -> Dict[str, Dict[str, dict]]:
+        """split -> vocabulary table -> the ids its vocabulary did not keep (0: a user or item new
+        since the fitting split, or rarer than min_count), of the ``impressions`` (the impression
+        columns feeding the table: a row each, or each id of a list) and of the ``events`` of the
+        split's sequences (each id of a bag), each {"ids", "unknown", "share"}; counted once the
+        sequences are cut, on what is written. {} without vocabularies."""
+        if not self.b.vocabularies:
+            return {}
+        out: Dict[str, Dict[str, dict]] = {split: {} for split in splits}
+        for vocab in self.b.vocabularies:
+            imp_cols, _ = self.vocabulary_columns(vocab.table)
+            counted: Dict[str, List[str]] = {"impressions": [], "events": []}
+            for c in dict.fromkeys(imp_cols):
+                col = sql_name(c)
+                if self.is_list_column("imp", c):
+                    ids, zero = f"array_length({col})", f"array_length(list_filter({col}, lambda x: x = 0))"
+                else:
+                    ids, zero = "1", f"CAST({col} = 0 AS BIGINT)"
+                counted["impressions"].append(
+                    f"SELECT __split, sum(coalesce({ids}, 0)) AS n, sum(coalesce({zero}, 0)) AS z "
+                    f"FROM imp GROUP BY __split"
+                )
+            for _, _, group in self.group_sources.values():
+                for f in group.features:
+                    if f.table == vocab.table:  # a bag per event: its ids
+                        col = sql_name(f.column)
+                        col = f"flatten({col})" if f.multi_valued else col
+                        counted["events"].append(
+                            f"SELECT r.__split, sum(coalesce(array_length({col}), 0)) AS n, "
+                            f"sum(coalesce(array_length(list_filter({col}, lambda x: x = 0)), 0)) AS z "
+                            f"FROM __seq_{_ident(group.name)} JOIN req r USING (__req) GROUP BY r.__split"
+                        )
+            for kind, parts in counted.items():
+                if not parts:
+                    continue
+                totals = dict.fromkeys(splits, (0, 0))
+                for split, n, z in self.rows(
+                    f"SELECT __split, sum(n), sum(z) FROM ({' UNION ALL '.join(parts)}) GROUP BY __split"
+                ):
+                    if split in totals:
+                        totals[split] = (int(n or 0), int(z or 0))
+                for split, (n, z) in totals.items():
+                    share = round(z / n, 6) if n else 0.0
+                    out[split].setdefault(vocab.table, {})[kind] = {"ids": n, "unknown": z, "share": share}
+        return out
 
     def remap(self, table: str, column: str, vocab: str) -> None:
         col = sql_name(column)
@@ -742,7 +809,8 @@ class Build(Checks, Reports):
         try:
             kind = self.one(f"SELECT typeof({expr}) FROM {relation} LIMIT 1")
         except self.engine.errors as e:
-            raise ContractError(f"{where}: {expr!r}: {str(e).strip().splitlines()[0]}") from None
+            hint = self.bare_name_hint(expr, relation)
+            raise ContractError(f"{where}: {expr!r}: {str(e).strip().splitlines()[0]}{hint}") from None
         kind = kind[0] if kind else "DOUBLE"
         tz = sql_string(self.b.timezone)
         if kind == "TIMESTAMP WITH TIME ZONE":

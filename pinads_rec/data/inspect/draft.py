@@ -1,5 +1,7 @@
 """The draft: a starting config (a ``features:`` section and ``data.train_dir``) guessed from the
 Parquet schema and statistics of a dataset alone (``draft_config``); comments in it mark each guess.
+Where the data holds negative outcomes and no history group carries an action, it proposes one of
+every event with its action (``_history_design``; docs/datasets.md, "Designing history groups").
 The command checks the data with the draft right after writing it."""
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ from pinads_rec.data.inspect.scan import PER_REQUEST, FileInfo, open_files
 _TIME = re.compile(r"(^|_)(ts|time|times|timestamp|timestamps|time_ms)(_|$)")
 _LABEL = re.compile(r"(^|_)(click|clk|label|conv|conversion|save|like|buy|purchase|follow|is)(_|$)|^y$")
 _PROB = re.compile(r"(^|_)(p|prob|probability|pctr|true_p)(_|$)")
+# An event attribute saying what the user did (a like or a dislike, a click or a skip, a view or a buy).
+_ACTION = re.compile(r"(^|_)(action|actions|btag|behavior|behaviour|feedback|event|rating|label|click|clk)(_|$)")
+# A rating on the impression row: its outcome (a label is derived from it), never a feature.
+_RATING = re.compile(r"(^|_)(rating|ratings|stars)(_|$)")
+HISTORY_DOCS = 'docs/datasets.md, "Designing history groups"'
 SEQUENCE_DIM = 32  # one width for every sequence table (one EmbeddingCollection)
 MAX_TABLE = 10_000_000  # ids up to this size get an exact table; beyond it, a hashed one
 
@@ -128,6 +135,51 @@ def _table_for(name: str, st: dict, comments: List[str]) -> dict:
     return out
 
 
+def _history_design(groups: List[dict], negatives: Optional[str], items: Optional[int]) -> List[str]:
+    """Comment lines (indented for the features section) on the history's design: a group that
+    carries each event's action is said so; with negative outcomes in the data (``negatives``: a 0/1
+    label with both values, or a rating) and no such group, a group of every earlier event with its
+    action is proposed, ready to paste (the design ``HISTORY_DOCS`` measures). ``items``: the item
+    table's size (the events' item table gets it)."""
+    acting = [(g["name"], f["column"]) for g in groups for f in g["features"] if _ACTION.search(f["name"].lower())]
+    if acting:
+        held = ", ".join(f"{g!r} ({c})" for g, c in acting)
+        return [
+            f"  # History: {held} carries each event's action, negative feedback included",
+            f"  # ({HISTORY_DOCS}).",
+        ]
+    if negatives is None:
+        return []
+    length = max((g["max_length"] for g in groups), default=50)
+    had = "no history group carries an action" if groups else "there is no history group"
+    action = negatives if negatives.startswith("CASE") else f"CASE WHEN {negatives} = 1 THEN 1 ELSE 2 END"
+    return [
+        f"  # History design ({HISTORY_DOCS}):",
+        f"  # the data holds negative outcomes but {had},",
+        "  # so the model never sees what a user skipped or disliked. Proposed: a group of every earlier",
+        "  # event with its action (1 = positive, 2 = negative); on a real MovieLens-1M time split (a user's",
+        "  # report) such a group took the model from 0.759 to 0.789 AUC. Its cost: one more group's events",
+        "  # per request. Build it (build.sequences, docs/data_build.md; the SQL reads the contract's names:",
+        "  # use your raw log's), then declare it:",
+        "  #   features.tables:",
+        f"  #     - {{name: action, num_embeddings: 3, embedding_dim: {SEQUENCE_DIM}}}",
+        f"  #     - {{name: events_item, num_embeddings: {items or 100_000}, embedding_dim: {SEQUENCE_DIM}}}",
+        "  #   features.sequence_groups:",
+        "  #     - name: events",
+        "  #       timestamp_column: events_ts",
+        f"  #       max_length: {length}",
+        "  #       features:",
+        "  #         - {name: item, column: events_item, table: events_item}",
+        "  #         - {name: action, column: events_action, table: action}",
+        "  #   build.sequences:",
+        "  #     - group: events",
+        "  #       path: []  # the impression log itself, every row (no filter: the negatives too)",
+        "  #       user: user_id",
+        "  #       time: timestamp",
+        f"  #       columns: {{events_item: item_id, events_action: {_flow(action)}}}",
+    ]
+
+
 def draft_config(data: str) -> str:
     """A starting config (a ``features:`` section and ``data.train_dir``) guessed from the Parquet
     schema and statistics of ``data``; comments mark each guess."""
@@ -229,10 +281,31 @@ def draft_config(data: str) -> str:
             if "true_probability_column" not in best:
                 best["true_probability_column"] = n
                 used.add(n)
+    rating = next(
+        (
+            n
+            for n in ints
+            if n not in used and _RATING.search(n.lower()) and 0 <= (stats[n].get("min") or 0) <= stats[n]["max"] <= 10
+        ),
+        None,
+    )
+    if rating is not None:
+        st = stats[rating]
+        guesses.append(
+            f"{rating}: a rating ({st['min']}..{st['max']}), the impression's outcome: left out of the features "
+            f"(it would leak the label); build a 0/1 label from it (e.g. like: {rating} >= 4) and a history of "
+            f"the earlier ratings with their action ({HISTORY_DOCS})"
+        )
+        used.add(rating)
     if not tasks:
         guesses.append("no 0/1 label column found: add a task")
         tasks.append({"name": "click", "label_column": "click"})
     sequence_tables = {t["name"] for t in tables}
+    both = [t["label_column"] for t in tasks if stats.get(t["label_column"], {}).get("min") == 0]
+    if rating is not None:
+        negatives: Optional[str] = f"CASE WHEN {rating} >= 4 THEN 1 ELSE 2 END"
+    else:
+        negatives = next((n for n in both if stats[n].get("max") == 1), None)
 
     def id_feature(n: str) -> None:
         """A sparse feature of column ``n`` on a table of its own (renamed off a sequence table's name)."""
@@ -298,6 +371,9 @@ def draft_config(data: str) -> str:
     for key, items in (("tables", tables), ("sparse", sparse), ("dense", dense)):
         lines.append(f"  {key}:" + ("" if items else " []"))
         lines += [f"    - {_flow(x)}" for x in items]
+    item_table = next((x["table"] for x in sparse if x["column"] == columns["item_id"]), None)
+    items = next((t["num_embeddings"] for t in tables if t["name"] == item_table), None)
+    lines += _history_design(groups, negatives, items)
     lines.append("  sequence_groups:" + ("" if groups else " []"))
     for g in groups:
         lines.append(f"    - name: {_flow(g['name'])}")

@@ -74,6 +74,10 @@ def format_report(r: Report, features: FeaturesConfig) -> str:
     else:
         out.append("No problem found: the loader reads this data as it is.")
     out.append("")
+    for w in r.warnings:
+        out.append(f"WARNING: {w}")
+    if r.warnings:
+        out.append("")
     roles = {c.name: c.role for c in contract_columns(features)}
     id_rows, value_rows = [], []
     for name, st in r.columns.items():
@@ -124,6 +128,27 @@ def format_report(r: Report, features: FeaturesConfig) -> str:
                 ["surface", "rows"] + tasks,
                 [[s, e["rows"]] + [e.get(t) for t in tasks] for s, e in r.label_rates.items()],
             )
+        )
+        out.append("")
+    if r.unknown_ids:
+        # The tables with an unknown id in some split, in every split (a training split's 0 shows too).
+        some = {
+            (t, k)
+            for tables in r.unknown_ids.values()
+            for t, kinds in tables.items()
+            for k, c in kinds.items()
+            if c["unknown"]
+        }
+        rows = [
+            [split, table, kind, c["ids"], c["unknown"], f"{c['share']:.1%}"]
+            for split, tables in r.unknown_ids.items()
+            for table, kinds in tables.items()
+            for kind, c in kinds.items()
+            if (table, kind) in some
+        ]
+        out.append(f"Unknown ids per split (id 0: out of the build's vocabulary; {r.unknown_ids_from})")
+        out.append(
+            text_table(["split", "table", "of", "ids", "unknown", "share"], rows) if rows else "none in any split"
         )
         out.append("")
     for n in r.notes:

@@ -18,6 +18,7 @@ SQL of each check from ``checks.py``. The files and places here are shared with 
 from __future__ import annotations
 
 import bisect
+import json
 import os
 import shutil
 import tempfile
@@ -534,6 +535,53 @@ class Report:
     sequence_unit: str
     label_rates: Dict[str, dict]
     notes: List[str]
+    # split -> vocabulary table -> "impressions" / "events" -> {"ids", "unknown", "share"}: the
+    # build's summary.json beside the data (build_unknown_ids), {} when the data is no build's
+    unknown_ids: Dict[str, Dict[str, dict]] = field(default_factory=dict)
+    unknown_ids_from: Optional[str] = None  # that summary.json
+    warnings: List[str] = field(default_factory=list)  # worth a look, not a problem: the exit code ignores them
+
+
+# A split is dominated by unknown ids from this share of a vocabulary table's ids (its impressions'
+# or its events'): most of its rows then see one row, 0, trained on no id of theirs, so the split's
+# metrics -- and a calibration fitted on it -- speak for the unknown row more than for the ids.
+UNKNOWN_DOMINATES = 0.5
+
+
+def build_unknown_ids(files: List[FileInfo]) -> Tuple[Dict[str, Dict[str, dict]], Optional[str]]:
+    """The unknown-id shares of the build the files come from (its ``summary.json``'s
+    ``unknown_ids``: a split's files sit under ``<out>/<split>/``, a day's at the top of its
+    partition), and that file's path; ({}, None) for data no build wrote."""
+    seen = set()
+    for f in files:
+        for d in (Path(f.path).parent, Path(f.path).parent.parent):
+            summary = d / "summary.json"
+            if summary in seen or not summary.is_file():
+                continue
+            seen.add(summary)
+            try:
+                unknown = json.loads(summary.read_text()).get("unknown_ids")
+            except (OSError, ValueError):
+                continue
+            if isinstance(unknown, dict) and unknown:
+                return unknown, str(summary)
+    return {}, None
+
+
+def unknown_id_warnings(unknown: Dict[str, Dict[str, dict]]) -> List[str]:
+    """One line per (split, table, impressions or events) whose share of unknown ids is at least
+    ``UNKNOWN_DOMINATES``."""
+    out = []
+    for split, tables in unknown.items():
+        for table, kinds in tables.items():
+            for kind, c in kinds.items():
+                if c.get("ids") and c["share"] >= UNKNOWN_DOMINATES:
+                    out.append(
+                        f"split {split!r} is dominated by unknown ids: {c['share']:.1%} of the {kind}' {table} ids "
+                        f"({c['unknown']:,} of {c['ids']:,}) are 0, out of the vocabulary; its metrics and a "
+                        f"calibration fitted on it are mostly the unknown row's"
+                    )
+    return out
 
 
 def _view_schema(f: FileInfo, features: FeaturesConfig) -> Tuple[pa.Schema, List[str]]:
@@ -631,6 +679,7 @@ def scan_dataset(
         rates[surface] = {"rows": e["rows"], **{k: v / e["rows"] for k, v in e.items() if k != "rows" and e["rows"]}}
     # In the order the data meets them: file, row group, row (schema problems first in their file).
     problems = sorted(scan.problems.values(), key=lambda p: (scan.place_key(p.place) if p.place else (-1,), p.kind))
+    unknown, unknown_from = build_unknown_ids(files)
     return Report(
         data=data,
         files=len(files),
@@ -644,4 +693,7 @@ def scan_dataset(
         sequence_unit=scan.sequence_unit,
         label_rates=rates,
         notes=notes,
+        unknown_ids=unknown,
+        unknown_ids_from=unknown_from,
+        warnings=unknown_id_warnings(unknown),
     )

@@ -4,9 +4,10 @@ project's model was not designed on, to measure it against the oracle and a simp
 (``benchmarks/datasets.py``; docs/datasets.md).
 
 ``python -m pinads_rec.data.shaped_logs taobao --out RAW [--users N] [--seed S]`` (or ``kuairand``,
-``movielens``).
+``movielens [--avoided-genres N]``).
 
-``config_with_truth`` is the dataset's config with ``truth.csv`` joined as one more side table, so
+``config_with_truth`` is the dataset's config (or, with ``config_path``, another config of the same
+raw files, such as another history design) with ``truth.csv`` joined as one more side table, so
 that every built split carries a ``true_<task>`` column and the evaluation reports the oracle
 beside the model; the features, and so the training, are the config's own.
 """
@@ -15,9 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Sequence
-
-import yaml
+from typing import Dict, Optional, Sequence
 
 from pinads_rec import config
 
@@ -61,11 +60,15 @@ def truth_overrides(name: str) -> list:
     return [f"features.tasks.{t}.true_probability_column={truth_column(t)}" for t in DATASETS[name].truth]
 
 
-def config_with_truth(name: str, overrides: Sequence[str] = ()) -> config.ExperimentConfig:
+def config_with_truth(
+    name: str, overrides: Sequence[str] = (), config_path: Optional[str] = None
+) -> config.ExperimentConfig:
     """The dataset's config, ``truth.csv`` joined as the side table ``truth`` and each task's true
-    probability built into ``true_<task>`` and named as its ``true_probability_column``."""
+    probability built into ``true_<task>`` and named as its ``true_probability_column``.
+    ``config_path``: another config of the same raw files instead (a variant of the dataset's, e.g.
+    another history design; relative to the repository root or absolute)."""
     ds = DATASETS[name]
-    raw = yaml.safe_load((REPO / ds.config).read_text())
+    raw = config.read_yaml(REPO / (config_path or ds.config))  # extends: resolved
     raw["build"]["side_tables"].append({"name": "truth", "path": ["truth.csv"], "key": dict(ds.truth_key)})
     for task, column in ds.truth.items():
         raw["build"]["columns"][truth_column(task)] = f"truth.{column}"

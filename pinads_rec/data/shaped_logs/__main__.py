@@ -18,9 +18,15 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True, help="directory to write the raw files into")
     parser.add_argument("--users", type=int, default=None, help="number of users (default: the generator's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--avoided-genres", type=int, default=0, help="movielens: genres per user rated harshly (default 0: none)"
+    )
     args = parser.parse_args(argv)
+    if args.avoided_genres and args.dataset != "movielens":
+        parser.error("--avoided-genres is an option of the movielens generator")
     writer = importlib.import_module(f"pinads_rec.data.shaped_logs.{args.dataset}")
     kwargs = {"seed": args.seed} | ({"users": args.users} if args.users else {})
+    kwargs |= {"avoided": args.avoided_genres} if args.avoided_genres else {}
     start = time.perf_counter()
     summary = writer.write(Path(args.out), **kwargs)
     print(json.dumps(summary, indent=2))

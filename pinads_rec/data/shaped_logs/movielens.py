@@ -13,10 +13,16 @@ planted truth kept aside in ``truth.csv`` (the true probability that each rating
   a few sessions; what they watch is half popular movies, half movies of their favourite genres.
   P(like) = sigmoid(base + quality + user bias + FAVOURITE x the number of the movie's genres among
   the user's favourites); a like is rated 4 or 5, the others 1 to 3.
+- **Avoided genres** (``avoided > 0``; none by default): each user also has ``avoided`` genres
+  they rate harshly, drawn by popularity among the others, and P(like) loses AVOID per one of
+  them the movie lists. What they watch does not change (the popular half holds such movies), so
+  only their low ratings show the avoidance: a history of likes sees it as an absence, a history
+  of every rating with its like/dislike action sees it outright (docs/datasets.md, "Designing
+  history groups"). A real ratings log has this: a user's dislikes say which genres they avoid.
 
 ``write`` returns (and saves as ``summary.json``) the counts and the oracle's AUC.
-``first_genre_config`` is the MovieLens config with each liked movie's first genre instead of its
-bag: what the bag is measured against (tests/test_movielens.py, benchmarks/event_bags.py).
+``first_genre_config`` is the MovieLens config with each history event's first genre instead of
+its bag: what the bag is measured against (tests/test_movielens.py, benchmarks/event_bags.py).
 """
 
 from __future__ import annotations
@@ -42,25 +48,27 @@ N_MOVIES = 1682
 START = int(datetime(1997, 9, 20, tzinfo=timezone.utc).timestamp())
 END = int(datetime(1998, 4, 23, tzinfo=timezone.utc).timestamp())
 BASE, USER_SD, QUALITY_SD, FAVOURITE = -1.2, 0.5, 0.6, 1.6
-
-
-# The override that makes the history's genres one id per event.
-FIRST_GENRE = "features.sequence_groups.liked.features.genres.max_values=1"
+AVOID = 1.6  # the like logit lost per avoided genre a movie lists (write(avoided=...))
 
 
 def first_genre_config(overrides: Sequence[str] = ()):
-    """``config_with_truth("movielens")`` with each liked movie's first genre (u.item's column
-    order) as its genre, one id per event, instead of the bag of them."""
+    """``config_with_truth("movielens")`` with each history event's first genre (u.item's column
+    order) as its genre, one id per event, instead of the bag of them, in every group."""
     from pinads_rec.data.shaped_logs import config_with_truth
 
-    cfg = config_with_truth("movielens", list(overrides) + [FIRST_GENRE])
-    source = cfg.build.sequences[0]
-    source.columns["liked_genres"] = f"({source.columns['liked_genres']})[1]"
+    bags = config_with_truth("movielens", overrides)
+    columns = {g.name: next(f.column for f in g.features if f.name == "genres") for g in bags.features.sequence_groups}
+    one_id = [f"features.sequence_groups.{g}.features.genres.max_values=1" for g in columns]
+    cfg = config_with_truth("movielens", list(overrides) + one_id)
+    for source in cfg.build.sequences:
+        column = columns[source.group]
+        source.columns[column] = f"({source.columns[column]})[1]"
     return cfg
 
 
-def write(raw: Path, users: int = 943, seed: int = 0) -> Dict:
-    """Writes u.data, u.item, u.user and truth.csv into ``raw``; returns the summary."""
+def write(raw: Path, users: int = 943, seed: int = 0, avoided: int = 0) -> Dict:
+    """Writes u.data, u.item, u.user and truth.csv into ``raw``; returns the summary. ``avoided``:
+    genres per user rated harshly (module docstring); 0 writes the files exactly as before."""
     rng = np.random.default_rng(seed)
     raw = Path(raw)
     raw.mkdir(parents=True, exist_ok=True)
@@ -96,7 +104,12 @@ def write(raw: Path, users: int = 943, seed: int = 0) -> Dict:
     log = pd.concat(rows, ignore_index=True).sort_values(["u", "timestamp"], kind="stable")
     u, m = log.u.to_numpy(), log.m.to_numpy()
     matches = flags[m[:, None], favourites[u]].sum(1)
-    p_like = sigmoid(BASE + quality[m] + user_bias[u] + FAVOURITE * matches)
+    logit = BASE + quality[m] + user_bias[u] + FAVOURITE * matches
+    if avoided:
+        # A stream of its own: the default files (avoided = 0) stay draw for draw as they were.
+        avoid = _avoided_genres(np.random.default_rng([seed, 1]), favourites, avoided, genre_p)
+        logit = logit - AVOID * flags[m[:, None], avoid[u]].sum(1)
+    p_like = sigmoid(logit)
     like = rng.random(len(log)) < p_like
     rating = np.where(
         like, rng.choice([4, 5], len(log), p=[0.6, 0.4]), rng.choice([1, 2, 3], len(log), p=[0.2, 0.3, 0.5])
@@ -134,6 +147,7 @@ def write(raw: Path, users: int = 943, seed: int = 0) -> Dict:
 
     summary = {
         "users": users,
+        **({"avoided_genres": avoided} if avoided else {}),
         "movies": N_MOVIES,
         "ratings": len(data),
         "like_rate": round(float(like.mean()), 4),
@@ -145,6 +159,16 @@ def write(raw: Path, users: int = 943, seed: int = 0) -> Dict:
     }
     (raw / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _avoided_genres(rng: np.random.Generator, favourites: np.ndarray, k: int, genre_p: np.ndarray) -> np.ndarray:
+    """[users, k] genres each user avoids: drawn by popularity, never one of their favourites."""
+    out = np.empty((len(favourites), k), np.int64)
+    for u, fav in enumerate(favourites):
+        p = genre_p.copy()
+        p[fav] = 0.0
+        out[u] = rng.choice(len(p), k, replace=False, p=p / p.sum())
+    return out
 
 
 def _not_first(flags: np.ndarray, favourites: np.ndarray, movies: np.ndarray) -> float:

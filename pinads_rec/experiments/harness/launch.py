@@ -219,8 +219,7 @@ def torchx_train(
         raise FileNotFoundError("the torchx CLI is not installed (the project's torchx dependency)")
     env = dict(os.environ)
     env.pop("TORCHXCONFIG", None)  # no user scheduler defaults
-    # local_cwd runs `bash -c "torchrun ..."`: torchrun must be the one of this interpreter.
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    # PATH as it is: the component has the ranks find the torchrun beside this torchx.
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
