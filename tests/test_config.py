@@ -56,6 +56,12 @@ def test_unknown_key_override(override, key):
     assert "valid keys here" in msg
 
 
+@pytest.mark.parametrize("override", ["train.lr=[1,", "build.impressions.filter=a: b: c", "train.run_dir='x"])
+def test_an_override_that_is_not_yaml_names_its_key(override):
+    key = override.split("=", 1)[0]
+    assert_config_error("^override " + re.escape(key) + ": the value .* is not valid YAML", overrides=[override])
+
+
 def test_unknown_key_inside_a_list_item():
     raw = demo_raw()
     raw["features"]["tables"][1]["sized"] = 3

@@ -92,7 +92,11 @@ def _set_override(raw: dict, assignment: str) -> None:
     if "=" not in assignment:
         raise ConfigError(f"override {assignment!r}: expected key.path=value")
     key, text = assignment.split("=", 1)
-    value = yaml.safe_load(text) if text else ""
+    try:
+        value = yaml.safe_load(text) if text else ""
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"override {key.strip()}: the value {text!r} is not valid YAML ({problem})") from None
     node = raw
     parts = key.strip().split(".")
     for i, part in enumerate(parts[:-1]):
