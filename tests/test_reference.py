@@ -156,3 +156,37 @@ def test_the_command_line_compares_with_the_run(run_with_reference, tiny_data):
     assert "beside the reference" in out.stdout and "vs ref" in out.stdout
     bad = subprocess.run(cmd + ["--run", str(run_dir / "nowhere")], cwd=REPO, capture_output=True, text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "nowhere" in bad.stderr
+
+
+def test_the_console_prints_the_table_then_the_reference_then_the_slices(capsys):
+    from types import SimpleNamespace
+
+    from tqdm import tqdm
+
+    from pinads_rec.training.console import ConsoleReport
+
+    acc = metrics.MetricAccumulator(["click"], ["home"])
+    acc.update(torch.tensor([[0.2], [0.7], [0.6], [0.1]]), torch.tensor([[0.0], [1.0], [0.0], [1.0]]), torch.zeros(4))
+    rows = acc.compute()
+    reference = {
+        "model": "LightGBM",
+        "features": 3,
+        "train_rows": 10,
+        "train_split_rows": 20,
+        "eval_rows": 4,
+        "feature_s": 1.0,
+        "fit_s": 1.0,
+        "eval": [dict(r, auc=0.25) for r in rows],
+    }
+    slices = [dict(r, slice=f"{which} users") for which in ("known", "new") for r in rows]
+    report = ConsoleReport()
+    report.bar = tqdm(total=1, disable=True)
+    trainer = SimpleNamespace(env=SimpleNamespace(is_main=True))
+    summary = {"step": 1, "world_size": 1, "train_examples_per_s": 1.0, "eval": rows, "reference": reference}
+    report.on_evaluation(trainer, dict(summary, slices=slices))
+    out = capsys.readouterr().out
+    table, ref, sliced = out.index("ref AUC"), out.index("reference: LightGBM"), out.index("new users")
+    assert table < ref < sliced
+    assert "10 of 20 training rows" in out and "+0.2500" in out
+    report.on_evaluation(trainer, dict(summary, reference={"model": "LightGBM", "error": "no rows"}))
+    assert "reference (LightGBM): not fitted: no rows" in capsys.readouterr().out
