@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from pinads_rec import config
+from pinads_rec import arguments, config
 from pinads_rec.data.build.live import RequestError
 from pinads_rec.data.contract import ContractError
 from pinads_rec.modules.precision import PRECISIONS
@@ -54,6 +54,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     s.add_argument(
         "--out",
         default="predictions.parquet",
+        type=arguments.output_file,
         help="written whole or not at all: a temporary file beside it, renamed once every row is in",
     )
     s.add_argument(

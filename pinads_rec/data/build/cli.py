@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import List, Optional
 
+from pinads_rec import arguments
 from pinads_rec.config import ConfigError, add_overrides_flag, load
 from pinads_rec.data.build.days import DAYS, build_days, parse_days
 from pinads_rec.data.build.engine import ENGINES
@@ -50,6 +51,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument(
         "--out",
         required=True,
+        type=arguments.output_dir,
         help="output directory (<split>/, vocabularies/, summary.json, manifest.json), replaced whole once the "
         f"build is complete; with --day, each day's partition {DAYS}/<day>/ in it is",
     )
@@ -80,7 +82,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         default=None,
         help="memory cap, e.g. 2GB: DuckDB's (it spills to disk beyond it); on Spark local[N], the driver's memory",
     )
-    ap.add_argument("--threads", type=int, default=None, help="worker threads (default: every core)")
+    ap.add_argument("--threads", type=arguments.positive_int, default=None, help="worker threads (default: every core)")
     add_overrides_flag(ap, "override a config field, e.g. --set build.timezone=UTC (repeatable)")
     args = ap.parse_args(argv)
     try:
