@@ -24,11 +24,6 @@ from pinads_rec.experiments import harness
 WARMUP = 5
 
 
-def step_ms(cfg, work: Path, steps: int) -> float:
-    (out,) = harness.rank_results(harness.measure_training, 1, work, cfg, WARMUP, steps, 0, timeout_s=600)
-    return sum(out[f"{k}_ms"] for k in ("forward", "backward", "optimizer"))
-
-
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--users", type=int, default=943)
@@ -51,7 +46,9 @@ def main(argv=None) -> dict:
     ms = {name: [] for name in variants}
     for r in range(args.repeats):
         for name, (cfg, _) in variants.items():
-            ms[name].append(step_ms(cfg, work / "runs" / f"{name.replace(' ', '_')}-{r}", args.steps))
+            ms[name].append(
+                harness.one_rank_step_ms(cfg, work / "runs" / f"{name.replace(' ', '_')}-{r}", WARMUP, args.steps)
+            )
     ratio = statistics.median(b / f for b, f in zip(ms["bags"], ms["first genre"]))
     mb = {
         name: sum(f.stat().st_size for f in (out / "train").glob("*.parquet")) / 2**20

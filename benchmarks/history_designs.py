@@ -33,11 +33,6 @@ DESIGNS = [
 ]
 
 
-def step_ms(cfg, work: Path, steps: int) -> float:
-    (out,) = harness.rank_results(harness.measure_training, 1, work, cfg, WARMUP, steps, 0, timeout_s=600)
-    return sum(out[f"{k}_ms"] for k in ("forward", "backward", "optimizer"))
-
-
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -64,7 +59,7 @@ def main(argv=None) -> dict:
     ms = {name: [] for name in variants}
     for r in range(args.repeats):
         for name, (cfg, _, _) in variants.items():
-            ms[name].append(step_ms(cfg, work / "runs" / f"{name}-{r}", args.steps))
+            ms[name].append(harness.one_rank_step_ms(cfg, work / "runs" / f"{name}-{r}", WARMUP, args.steps))
     first = next(iter(variants))
     print(
         f"MovieLens-shaped, {args.users} users, avoided genres {args.avoided_genres}; ms per training step "

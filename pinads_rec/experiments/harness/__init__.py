@@ -21,6 +21,7 @@ from pinads_rec.experiments.harness.timing import (
     embedding_size,
     measure_training,
     measured_trainer,
+    one_rank_step_ms,
     plan_summary,
     timed_steps,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "RanksFailed",
     "embedding_size",
     "measure_training",
+    "one_rank_step_ms",
     "measured_trainer",
     "peak_rss_mib",
     "plan_summary",

@@ -198,3 +198,12 @@ def measure_training(cfg, warmup: int, steps: int, num_workers: int = 0, comms_s
         **size,
         "plan": plan_summary(trainer.dmp),
     }
+
+
+def one_rank_step_ms(cfg, work, warmup: int, steps: int) -> float:
+    """ms per training step (forward + backward + optimizer) of ``cfg`` on one rank after ``warmup``
+    steps: ``measure_training`` in a process of its own under ``work``."""
+    from pinads_rec.experiments.harness.launch import rank_results
+
+    (out,) = rank_results(measure_training, 1, work, cfg, warmup, steps, 0, timeout_s=600)
+    return sum(out[f"{k}_ms"] for k in ("forward", "backward", "optimizer"))
