@@ -22,6 +22,8 @@ its share of ids old and new. The remapping is TorchRec's.
 
 from __future__ import annotations
 
+import hashlib
+from contextlib import contextmanager
 from functools import partial
 from typing import Dict, List, Optional, Tuple, Union
 
@@ -210,6 +212,87 @@ class ManagedIds(MCHManagedCollisionModule):
                 weights=jt.weights_or_none(),
             )
         return routed
+
+    # --- the round in progress: what TorchRec keeps outside the state dict ---------------------------
+
+    def round_state(self) -> dict:
+        """What the next eviction round needs that the state dict lacks: the ids counted since the
+        last round with the policy's history of them (when each was seen), the step of that round
+        and the history buffer's size (TorchRec sizes it from the first batch it profiles). Without
+        them a resumed module would start the schedule at its resume step with nothing counted."""
+        counted = self._current_history_buffer_offset
+        ids = self._history_accumulator[:counted] if counted else torch.empty(0, dtype=torch.int64)
+        return {
+            "last_round": self._last_eviction_iter,
+            "buffer_size": self._input_history_buffer_size,
+            "ids": ids.cpu().clone(),
+            "history": {name: h[:counted].cpu().clone() for name, h in self._history_metadata.items()},
+        }
+
+    @torch.no_grad()
+    def restore_round(self, last_round: int, buffer_size: int, ids: torch.Tensor, history: Dict[str, torch.Tensor]):
+        """Puts a ``round_state`` back (after the state dict, whose step counter it goes on from)."""
+        if last_round < 0:  # saved before the module's first training step: TorchRec starts it itself
+            return
+        self._current_iter = int(self._current_iter_tensor.item())
+        self._last_eviction_iter = last_round
+        size = max(buffer_size, len(ids))
+        self._input_history_buffer_size = size
+        self._history_accumulator = torch.zeros(size, dtype=torch.int64, device=self.device)
+        self._history_accumulator[: len(ids)] = ids.to(self.device)
+        for name, _, is_history in self._eviction_policy.metadata_info:
+            if is_history:
+                buffer = torch.zeros(size, dtype=torch.int64, device=self.device)
+                buffer[: len(ids)] = history[name].to(self.device)
+                self.register_buffer(f"_history_{name}", buffer, persistent=False)
+                self._history_metadata[name] = buffer
+        self._current_history_buffer_offset = len(ids)
+
+    def round_seed(self, run_seed: int) -> int:
+        """The seed of the rows this module's current round re-initializes: a function of the run's
+        seed, the table, the shard (its first row) and the round's step, so that a resumed run
+        draws the rows the uninterrupted one drew, with no generator state to carry."""
+        key = f"{run_seed}/{self._name}/{self._output_global_offset}/{self._current_iter}".encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+
+def managed_ids(model: torch.nn.Module) -> Dict[str, ManagedIds]:
+    """Table -> this process's ManagedIds module of it (one per table on a rank: row-wise shards)."""
+    return {m._name: m for m in model.modules() if isinstance(m, ManagedIds)}
+
+
+def round_states(model: torch.nn.Module) -> Dict[str, dict]:
+    """Every managed table's ``ManagedIds.round_state`` on this rank."""
+    return {table: module.round_state() for table, module in managed_ids(model).items()}
+
+
+def restore_rounds(
+    model: torch.nn.Module, saved: List[Dict[str, dict]], saved_world_size: int, world_size: int, rank: int
+) -> None:
+    """Puts the rounds in progress of a checkpoint back: ``saved`` holds this rank's ``round_states``
+    on the checkpoint's world size, or every saved rank's on another one. There each rank takes
+    the counted ids of its own block of the input range (where row-wise sharding now sends them),
+    in saved rank order, into a buffer as large as the largest saved one's share."""
+    for table, module in managed_ids(model).items():
+        parts = [s[table] for s in saved if table in s]
+        if not parts:
+            continue
+        if saved_world_size == world_size:
+            module.restore_round(**parts[0])
+            continue
+        ids = torch.cat([p["ids"] for p in parts])
+        mine = torch.div(ids, -(-INPUT_RANGE // world_size), rounding_mode="floor") == rank
+        history = {name: torch.cat([p["history"][name] for p in parts])[mine] for name in parts[0]["history"]}
+        size = max(p["buffer_size"] for p in parts) * saved_world_size // world_size
+        module.restore_round(max(p["last_round"] for p in parts), size, ids[mine], history)
+
+
+@contextmanager
+def seeded_rng(seed: int, device: torch.device):
+    """torch's RNG (CPU, and ``device``'s on CUDA) seeded by ``seed`` inside, restored after."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
 
 
 def route_misses(model: torch.nn.Module, unknown_rows: int) -> None:

@@ -50,6 +50,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from pinads_rec.config import ExperimentConfig, FeaturesConfig, TrainConfig
 from pinads_rec.features import FeatureLayout
 from pinads_rec.library_notices import without_log_message, without_warning
+from pinads_rec.managed_collision import seeded_rng
 
 
 @dataclass
@@ -114,34 +115,44 @@ class BagSharder(EmbeddingBagCollectionSharder):
         return types + [t for t in extra if t not in types]
 
 
-class _ResetEvictedRowsOnCpu:
+class _ReproducibleEviction:
     """An evicted slot's row starts fresh: TorchRec resets it (weights from the table's init_fn,
-    optimizer state to zero) with fbgemm's ``reset_weight_momentum``, which fbgemm 1.8 has for CUDA
+    optimizer state to zero). Here each table's round draws its rows with torch's RNG seeded by
+    ``ManagedIds.round_seed`` (the run's seed, the table, the shard, the round's step): a resumed
+    run re-initializes the rows the uninterrupted one did, whatever else drew from the global RNG
+    in between (a new loader iterator does), and the global RNG is left as it was.
+
+    TorchRec's reset goes through fbgemm's ``reset_weight_momentum``, which fbgemm 1.8 has for CUDA
     only (on CPU: "Could not run 'fbgemm::reset_weight_momentum' with arguments from the 'CPU'
     backend"). On CPU the same reset goes through the table-batched kernel's own views of its
     weights and optimizer state; on CUDA TorchRec's own path runs."""
 
+    run_seed: int = 0  # train.seed, set by ``shard``
+
     def _evict(self, evictions_per_table: Dict[str, Optional[torch.Tensor]]) -> None:
-        if self._device.type == "cuda":
-            return super()._evict(evictions_per_table)
         for table, slots in evictions_per_table.items():
             if slots is None or slots.numel() == 0:
                 continue
-            kernel, index = self._table_to_tbe_and_index[table]
-            index = int(index)
-            init = self._embedding_module._table_name_to_config[table].init_fn
-            with torch.no_grad():
-                weights = kernel.split_embedding_weights()[index]
-                weights[slots] = init(weights[slots].clone())
-                for state in kernel.get_optimizer_state()[index].values():
-                    state[slots] = 0
+            module = self._managed_collision_collection._managed_collision_modules[table]
+            with seeded_rng(module.round_seed(self.run_seed), self._device):
+                if self._device.type == "cuda":
+                    super()._evict({table: slots})
+                    continue
+                kernel, index = self._table_to_tbe_and_index[table]
+                index = int(index)
+                init = self._embedding_module._table_name_to_config[table].init_fn
+                with torch.no_grad():
+                    weights = kernel.split_embedding_weights()[index]
+                    weights[slots] = init(weights[slots].clone())
+                    for state in kernel.get_optimizer_state()[index].values():
+                        state[slots] = 0
 
 
-class _ShardedManagedBags(_ResetEvictedRowsOnCpu, ShardedManagedCollisionEmbeddingBagCollection):
+class _ShardedManagedBags(_ReproducibleEviction, ShardedManagedCollisionEmbeddingBagCollection):
     pass
 
 
-class _ShardedManagedSequences(_ResetEvictedRowsOnCpu, ShardedManagedCollisionEmbeddingCollection):
+class _ShardedManagedSequences(_ReproducibleEviction, ShardedManagedCollisionEmbeddingCollection):
     pass
 
 
@@ -470,6 +481,9 @@ def shard(
             module=model, env=sharding_env, device=env.device, plan=plan, sharders=sharders()
         )
     init_embeddings(dmp, cfg.train.seed)
+    for module in dmp.modules():
+        if isinstance(module, _ReproducibleEviction):
+            module.run_seed = cfg.train.seed
     return dmp
 
 

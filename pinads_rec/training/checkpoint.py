@@ -3,7 +3,9 @@
 Layout: ``<run_dir>/checkpoints/step-<N>/`` holds the DCP shards of the model and optimizers, a
 ``train_state.json`` (step, epoch, position in the epoch, world size, LR schedule, config), the
 sharding plan (``plan.json``, reused on resume so optimizer state keeps its layout even when the
-world size changes) and each rank's RNG state (``rng-<rank>.pt``). A checkpoint
+world size changes), each rank's RNG state (``rng-<rank>.pt``) and, with managed-collision
+tables, each rank's eviction rounds in progress (``managed-rounds-<rank>.pt``: the ids counted
+since the last round, which TorchRec keeps outside the state dict). A checkpoint
 is written to ``step-<N>.tmp`` and renamed once every rank has finished, so a crash while saving
 leaves the previous checkpoint as the latest loadable one. Loading checks first that the
 checkpoint's ``features`` and ``model`` config match the run's, and refuses with the differing keys
@@ -39,9 +41,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from pinads_rec import config, parallel
+from pinads_rec.managed_collision import restore_rounds, round_states
 
 STATE_FILE = "train_state.json"
 PLAN_FILE = "plan.json"
+ROUNDS_FILE = "managed-rounds"  # per rank: the managed tables' eviction rounds in progress
 
 
 @dataclass
@@ -89,6 +93,9 @@ def save(run_dir: Path, state: TrainState, dmp, optimizer, schedule, cfg: config
         {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
         tmp / f"rng-{_rank()}.pt",
     )
+    rounds = round_states(dmp)
+    if rounds:
+        torch.save(rounds, tmp / f"{ROUNDS_FILE}-{_rank()}.pt")
     _barrier()
     if rank0:
         meta = {"train": asdict(state), "schedule": schedule.state_dict(), "config": config.to_dict(cfg)}
@@ -251,6 +258,7 @@ def load(path: Path, dmp, optimizer, schedule, relayout: bool = False) -> TrainS
     optimizer.zero_grad(set_to_none=True)
     state = {"model": dmp.state_dict(), "optimizer": optimizer.state_dict()}
     _load_into(path, dmp, optimizer, state, relayout)
+    _restore_rounds(path, dmp)
     meta = json.loads((Path(path) / STATE_FILE).read_text())
     rng = Path(path) / f"rng-{_rank()}.pt"
     if rng.exists():  # a rank that did not exist in the saved run keeps its fresh seed
@@ -263,6 +271,18 @@ def load(path: Path, dmp, optimizer, schedule, relayout: bool = False) -> TrainS
     for group, lr in zip(schedule.optimizer.param_groups, schedule.get_last_lr()):
         group["lr"] = lr
     return TrainState(**meta["train"])
+
+
+def _restore_rounds(path: Path, dmp) -> None:
+    """The managed tables' eviction rounds in progress (``managed_collision.restore_rounds``): this
+    rank's on the checkpoint's world size, every saved rank's on another. A checkpoint without
+    them (written before they were saved) starts each table's next round at the resume step."""
+    world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
+    saved = saved_world_size(path)
+    ranks = [rank] if saved == world else range(saved)
+    files = [Path(path) / f"{ROUNDS_FILE}-{r}.pt" for r in ranks]
+    if all(f.exists() for f in files):
+        restore_rounds(dmp, [torch.load(f, weights_only=True) for f in files], saved, world, rank)
 
 
 def _load_into(path: Path, dmp, optimizer, state: dict, relayout: bool) -> None:
