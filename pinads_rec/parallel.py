@@ -47,7 +47,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-from pinads_rec.config import ExperimentConfig, FeaturesConfig, TrainConfig
+from pinads_rec.config import ConfigError, ExperimentConfig, FeaturesConfig, TrainConfig
 from pinads_rec.features import FeatureLayout
 from pinads_rec.library_notices import without_log_message, without_warning
 from pinads_rec.managed_collision import seeded_rng
@@ -271,7 +271,20 @@ def _managed_constraints(
                 f"but it is in a managed-collision collection (managed_collision on {managed}): row_wise only"
             )
     kernels = MANAGED_KERNELS["cuda" if compute_device == "cuda" else "cpu"]
-    return {name: ParameterConstraints(sharding_types=[row_wise], compute_kernels=kernels) for name in names}
+    out = {}
+    for name in names:
+        # A planned table keeps its kernel, as every other planned table does (on CPU a UVM kernel
+        # runs as fused: plan_kernel_changes says so); one a managed table cannot run is refused.
+        planned = saved[name]["compute_kernel"] if name in saved else None
+        if planned is not None and _kernel_for(planned, compute_device) not in kernels:
+            raise ValueError(
+                f"train.plan_file {train.plan_file}: table {name!r} is planned with the {planned} kernel, but it is "
+                f"in a managed-collision collection (managed_collision on {managed}), which runs "
+                f"{' or '.join(kernels)} on {compute_device}"
+            )
+        chosen = [_kernel_for(planned, compute_device)] if planned is not None else kernels
+        out[name] = ParameterConstraints(sharding_types=[row_wise], compute_kernels=chosen)
+    return out
 
 
 def check_managed_world_size(features: FeaturesConfig, world_size: int) -> None:
@@ -295,14 +308,16 @@ def check_managed_world_size(features: FeaturesConfig, world_size: int) -> None:
 
 def load_plan(path: str) -> dict:
     """A plan JSON written by pinads_rec.plan: {"tables": {name: {"sharding_type", "compute_kernel",
-    "ranks", ...}}, "topology": {...}}."""
+    "ranks", ...}}, "topology": {...}}. A ConfigError names the key when it cannot be read."""
     try:
         with open(path) as f:
             plan = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"train.plan_file: cannot read {path}: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"train.plan_file: cannot read {path}: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"train.plan_file: cannot read {path}: not JSON ({e})") from None
     if not isinstance(plan, dict) or not isinstance(plan.get("tables"), dict):
-        raise ValueError(f"train.plan_file: {path} is not a plan written by pinads_rec.plan (no 'tables')")
+        raise ConfigError(f"train.plan_file: {path} is not a plan written by pinads_rec.plan (no 'tables')")
     return plan
 
 
@@ -324,6 +339,28 @@ def _kernel_for(kernel: str, compute_device: str) -> str:
     if compute_device != "cuda" and kernel in ("fused_uvm", "fused_uvm_caching"):
         return "fused"
     return kernel
+
+
+def plan_kernel_changes(features: FeaturesConfig, train: TrainConfig, compute_device: str) -> str:
+    """'' when every table of train.plan_file runs the kernel planned on ``compute_device``; else one
+    line naming each table that does not, the kernel planned, the one run and why (a plan for GPUs
+    run on CPU: a UVM kernel keeps its table in CUDA's unified memory, which a CPU has not)."""
+    if not train.plan_file:
+        return ""
+    names = {t.name for t in features.tables}
+    planned = {n: t["compute_kernel"] for n, t in load_plan(train.plan_file)["tables"].items() if n in names}
+    changed = [
+        f"{n} {k} -> {_kernel_for(k, compute_device)}"
+        for n, k in sorted(planned.items())
+        if _kernel_for(k, compute_device) != k
+    ]
+    if not changed:
+        return ""
+    return (
+        f"train.plan_file {train.plan_file}: {len(changed)} table(s) run another kernel than planned on "
+        f"{compute_device} ({', '.join(changed)}): UVM kernels need CUDA's unified memory; fused runs from "
+        "host memory"
+    )
 
 
 class OrderedEnumerator(EmbeddingEnumerator):
@@ -447,6 +484,9 @@ def plan_sharding(
         )
     check_managed_world_size(cfg.features, env.world_size)
     allowed = constraints(cfg.features, cfg.train, compute)
+    changes = plan_kernel_changes(cfg.features, cfg.train, compute)
+    if changes and env.is_main:  # a plan file is an explicit request: never changed without a word
+        logging.getLogger("pinads_rec.parallel").warning(changes)
     planner = EmbeddingShardingPlanner(
         topology=topo,
         batch_size=cfg.data.batch_size,

@@ -8,7 +8,9 @@ Parses the command line, sets up logging, and runs ``pinads_rec.training.Trainer
 (train.tensorboard) and the profiler trace (train.profile_steps) as hooks; a data, checkpoint or
 numerics error ends the rank with a one-line message, and so does a collective that another rank
 left waiting for train.collective_timeout_s (naming the rank and the step), and so does a
-train.run_dir holding a run of another config.
+train.run_dir holding a run of another config. A config that cannot run -- a wrong key, an input
+directory or plan file that is not there, a plan this device cannot run -- is refused before the
+process group starts (``check_before_start``): one line, exit status 2.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
-from pinads_rec import config, parallel
+from pinads_rec import arguments, config, parallel
 from pinads_rec.data.contract import ContractError
 from pinads_rec.models.train_task import NonFiniteError
 from pinads_rec.modules.precision import PrecisionOverflow
 from pinads_rec.reference.hook import ReferenceBaseline
+from pinads_rec.training import checkpoint
 from pinads_rec.training.board import TensorBoardWriter
 from pinads_rec.training.checkpoint import IncompatibleCheckpoint, NoCheckpoint, RunDirConflict
 from pinads_rec.training.console import ConsoleReport
@@ -68,6 +71,21 @@ def default_hooks(train: config.TrainConfig) -> List[Hook]:
     return hooks
 
 
+def check_before_start(cfg: config.ExperimentConfig) -> None:
+    """What a run reads and where it writes, before the process group, the data and the model: a
+    missing directory, a warm start from no checkpoint, a plan file that is not a plan or that this
+    device or world size cannot run, is an error naming the key (ConfigError; the plan's ValueError;
+    NoCheckpoint), on every rank alike."""
+    for key in Trainer.REQUIRED_KEYS:
+        config.require(cfg, key)
+    inputs = ("data.train_dir", "data.eval_dir", "data.calibration_dir", "train.plan_file")
+    arguments.config_paths(cfg, inputs=inputs, outputs=("train.run_dir",))
+    if cfg.train.init_from and checkpoint.latest(cfg.train.run_dir) is None:  # else the run resumes: not read
+        checkpoint.resolve(cfg.train.init_from)
+    parallel.check_managed_world_size(cfg.features, int(os.environ.get("WORLD_SIZE", 1)))
+    parallel.constraints(cfg.features, cfg.train, "cuda" if torch.cuda.is_available() else "cpu")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     # force: importing torchrec already configured the root logger. Libraries stay at WARNING (fbgemm
@@ -76,9 +94,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.getLogger("pinads_rec").setLevel(logging.INFO)
     try:
         cfg = config.load(args.config, args.overrides)
-        for key in Trainer.REQUIRED_KEYS:
-            config.require(cfg, key)
-    except config.ConfigError as e:
+        check_before_start(cfg)
+    except (config.ConfigError, ValueError, NoCheckpoint) as e:  # ValueError: a plan the device cannot run
         print(f"config error: {e}", file=sys.stderr)
         return 2
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -98,8 +115,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         PrecisionOverflow,
         RunDirConflict,
     ) as e:
-        # A DataLoader worker's error arrives wrapped with its traceback; the user needs the last line.
-        message = str(e).strip().splitlines()[-1]
+        # A DataLoader worker's error arrives wrapped with its traceback; the user needs the last line,
+        # without the traceback's "module.ErrorClass: " in front of it.
+        message = str(e).strip().splitlines()[-1].removeprefix(f"{type(e).__module__}.{type(e).__qualname__}: ")
         kinds = {
             ContractError: "data error",
             IncompatibleCheckpoint: "checkpoint error",

@@ -103,6 +103,8 @@ def test_train_py_refuses_a_run_dir_of_another_config_in_one_line(tmp_path):
 
     run = tmp_path / "run"
     _checkpoint_of(run, load_tiny(tmp_path, [f"train.run_dir={run}"]))
+    for split in ("train", "eval", "calibration"):  # there (train.py checks its paths first), never read
+        (tmp_path / split).mkdir()
     overrides = ",".join(tiny_overrides(tmp_path, run) + ["train.lr=0.5"])
     proc = subprocess.run(
         [sys.executable, "-m", "pinads_rec.train", "--config", "configs/demo.yaml", "--set", overrides],

@@ -370,8 +370,9 @@ def test_command_line_exit_codes_and_json(tmp_path, capsys):
     report = json.loads((tmp_path / "r.json").read_text())
     beyond = next(p for p in report["problems"] if p["kind"] == "id beyond its table")
     assert beyond["count"] == 3 and beyond["place"]["where"].endswith("bad.parquet, row group 1, row 1")
-    assert insp.main(["--config", str(cfg_path), "--data", str(tmp_path / "nowhere")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # checked by argparse, before the config is read
+        insp.main(["--config", str(cfg_path), "--data", str(tmp_path / "nowhere")])
+    assert e.value.code == 2 and "argument --data: " in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         insp.main([])
     assert e.value.code == 2

@@ -276,3 +276,38 @@ def test_served_and_exported_scores_equal_the_trainers(runs):
     scorer = load_exported(str(path))
     _, batch = batches[0]
     assert torch.allclose(scorer.score_batch(batch), predictor.score_batch(batch), atol=1e-5)
+
+
+def test_a_plan_files_kernel_is_kept_or_replaced_with_one_warning_naming_the_table(tmp_path, caplog):
+    """train.plan_file is an explicit request: a managed table keeps its planned kernel; a GPU plan on
+    CPU runs fused, and rank 0 says so once (table, kernel planned, kernel run, why); a kernel a
+    managed table cannot run is refused, naming it."""
+    from pinads_rec.training.trainer import meta_train_task
+
+    cfg = load_tiny(tmp_path, MANAGED)
+    row_wise = {"sharding_type": "row_wise", "ranks": [0]}
+    plan = {
+        "tables": {
+            "item": dict(row_wise, compute_kernel="fused_uvm_caching"),
+            "user": dict(row_wise, compute_kernel="fused"),
+        }
+    }
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, plan_file=str(path)))
+    assert parallel.constraints(cfg.features, cfg.train, "cuda")["item"].compute_kernels == ["fused_uvm_caching"]
+    assert parallel.constraints(cfg.features, cfg.train, "cpu")["item"].compute_kernels == ["fused"]
+    assert parallel.plan_kernel_changes(cfg.features, cfg.train, "cuda") == ""
+    env = parallel.Distributed(0, 1, 0, torch.device("cpu"), "gloo")
+    with caplog.at_level("WARNING", logger="pinads_rec.parallel"):
+        sharding = parallel.plan_sharding(meta_train_task(cfg.features, cfg.model, cfg.train), cfg, env)
+    warned = [r.getMessage() for r in caplog.records if "train.plan_file" in r.getMessage()]
+    assert len(warned) == 1 and "\n" not in warned[0], warned
+    assert f"train.plan_file {path}: 1 table(s)" in warned[0] and "(item fused_uvm_caching -> fused)" in warned[0]
+    assert "UVM kernels need CUDA" in warned[0]
+    kernels = {name: p.compute_kernel for params in sharding.plan.values() for name, p in params.items()}
+    assert kernels["item"] == kernels["user"] == "fused"
+    plan["tables"]["item"]["compute_kernel"] = "dense"
+    path.write_text(json.dumps(plan))
+    with pytest.raises(ValueError, match="table 'item' is planned with the dense kernel, but it is in a managed"):
+        parallel.constraints(cfg.features, cfg.train, "cpu")

@@ -86,6 +86,13 @@ def _build(cls: type, raw: Any, path: str) -> Any:
     return cls(**kwargs)
 
 
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """yaml's error in one line: what is wrong and where (its own message spans several, with a caret)."""
+    problem = getattr(error, "problem", None) or str(error).strip().splitlines()[0]
+    mark = getattr(error, "problem_mark", None)
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
+
+
 def _set_override(raw: dict, assignment: str) -> None:
     """``a.b.c=value``. A list of named mappings is entered by an element's name or index:
     ``features.sequence_groups.pins.max_length=1000`` (or ``features.sequence_groups.0.max_length``)."""
@@ -95,7 +102,7 @@ def _set_override(raw: dict, assignment: str) -> None:
     try:
         value = yaml.safe_load(text) if text else ""
     except yaml.YAMLError as e:
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        problem = _yaml_problem(e)
         raise ConfigError(f"override {key.strip()}: the value {text!r} is not valid YAML ({problem})") from None
     node = raw
     parts = key.strip().split(".")
@@ -163,8 +170,14 @@ def read_yaml(path: str | Path, _seen: Sequence[Path] = ()) -> Dict[str, Any]:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory, not a YAML file") from None
+    except OSError as e:  # unreadable: permissions, a broken mount
+        raise ConfigError(f"config file {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not text (a YAML file is)") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(e)}") from None
     if not isinstance(raw, dict) or "extends" not in raw:
         return raw
     raw = dict(raw)

@@ -14,6 +14,9 @@ to ``<name>``, the old one removed. A failed or killed build never touches ``<na
 - ``recover_under(parent)``: the same for every output in ``parent`` (a day build's days).
 - ``require_complete(path)``: the readers' rule, in ``reader.list_files`` (loader, trainer,
   inspect, serve) and ``Vocabularies.load``.
+- ``require_unchanged(paths)``: the files a reader is about to use against their manifest's sha256,
+  each hashed once per process (``reader.list_files``: a job's ranks share the files;
+  ``Vocabularies.load``; a day build's ``--vocabularies``; ``inspect --verify``).
 - ``verify(out)``: every file's sha256 against the manifest; returns the fingerprint.
 - ``kill_point(step)``: the test hook that stops a build at a named step.
 
@@ -31,7 +34,7 @@ import shutil
 import signal
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from pinads_rec.config import ConfigError
 from pinads_rec.data.contract import ContractError
@@ -82,8 +85,9 @@ def leftovers(out: Path) -> List[Tuple[str, Path, int]]:
     return found
 
 
-def _running(pid: int) -> bool:
-    """Another build of that pid still runs on this machine: its directory is not a leftover."""
+def running(pid: int) -> bool:
+    """Another process of that pid (not this one) runs on this machine: what it named after its pid
+    (a build's directory, ``serve score``'s temporary file) is not a leftover."""
     if pid == os.getpid():
         return False
     try:
@@ -99,7 +103,7 @@ def recover(out: Path) -> None:
     """Cleans up after killed builds of ``out``: temporary directories removed, and the previous
     output put back if a build was killed between moving it aside and moving the new one in."""
     for kind, path, pid in leftovers(out):
-        if _running(pid):
+        if running(pid):
             continue
         if kind == "previous" and not os.path.lexists(out):
             os.rename(path, out)
@@ -268,7 +272,7 @@ def require_complete(path: str) -> None:
 
 def verify(out_dir: str) -> str:
     """The build's fingerprint, after checking every file's sha256 against its manifest (the
-    readers check sizes only); ContractError names the first file that differs."""
+    readers hash only the files they use); ContractError names the first file that differs."""
     root = Path(out_dir)
     problem = _problem(root, None)
     if problem:
@@ -276,7 +280,63 @@ def verify(out_dir: str) -> str:
     m = json.loads((root / MANIFEST).read_text())
     for rel, f in sorted(m["files"].items()):
         if sha256(root / rel) != f["sha256"]:
-            raise ContractError(f"{root / rel}: its sha256 differs from {MANIFEST}'s: changed since the build")
+            raise ContractError(changed(root / rel, root))
     if _fingerprint(m["files"]) != m.get("fingerprint"):
         raise ContractError(f"{root / MANIFEST}: its fingerprint does not match its file list")
     return m["fingerprint"]
+
+
+def changed(path: Path, root: Path) -> str:
+    """The one line saying that ``path``, a file of the build ``root``, is not the file it wrote."""
+    return (
+        f"{_shown(path)}: its sha256 differs from {MANIFEST}'s (the file changed after the build wrote it: disk, "
+        f"copy or edit); rebuild with python -m pinads_rec.data.build ... --out {_shown(root)}, or restore the "
+        f"file from a copy of that build"
+    )
+
+
+# (path, bytes, mtime, the manifest's sha256) of each file this process found unchanged: hashed
+# once, again only when the file or its build changes.
+_UNCHANGED: Set[Tuple[str, int, int, str]] = set()
+
+
+def _listed(path: Path, manifests: Dict[Path, Optional[dict]]) -> Optional[Tuple[Path, str]]:
+    """(the build's root, the sha256 its manifest lists) of ``path``: a file at a build's top or
+    one directory down (a split's, the vocabularies'), as ``require_complete`` finds builds; None
+    for a file no manifest lists."""
+    for root in (path.parent, path.parent.parent):
+        if root not in manifests:
+            try:
+                manifests[root] = json.loads((root / MANIFEST).read_text())
+            except (OSError, ValueError):
+                manifests[root] = None
+        m = manifests[root]
+        if m is not None:
+            entry = m.get("files", {}).get(path.relative_to(root).as_posix()) if isinstance(m, dict) else None
+            return (root, entry["sha256"]) if isinstance(entry, dict) and "sha256" in entry else None
+    return None
+
+
+def require_unchanged(paths: Iterable[str]) -> int:
+    """ContractError (one line, ``changed``) unless each of ``paths`` that a build's manifest lists
+    has the listed sha256: page checksums (data/page_checksums.py) guard the Parquet pages a reader
+    decodes; this guards whole files, those written without page checksums too (DuckDB's
+    vocabularies, builds made before them). Hashing costs about a second per GB, once per process.
+    Returns how many of ``paths`` a manifest lists."""
+    manifests: Dict[Path, Optional[dict]] = {}
+    listed_count = 0
+    for name in paths:
+        path = Path(os.path.abspath(name))
+        listed = _listed(path, manifests)
+        if listed is None:
+            continue
+        listed_count += 1
+        root, digest = listed
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns, digest)
+        if key in _UNCHANGED:
+            continue
+        if sha256(path) != digest:
+            raise ContractError(changed(path, root))
+        _UNCHANGED.add(key)
+    return listed_count

@@ -111,7 +111,7 @@ class ParquetBatches(torch.utils.data.IterableDataset):
         self.batch_size = batch_size or data.batch_size
         self.drop_last = shuffle if drop_last is None else drop_last
         self.directory, self.part = directory, part
-        self.files = list_files(directory)
+        self.files = list_files(directory, share=(rank, world_size))  # the ranks split the hashing
         groups = list_row_groups(self.files, layout.features)
         with_rows = {g.path for g in groups}
         self.files_without_rows = [f for f in self.files if f not in with_rows]

@@ -4,7 +4,9 @@ of row groups to (rank, worker) slots, and reading one row group at a time.
 - ``list_files`` / ``list_row_groups``: a directory's ``.parquet`` files (recursively, in name
   order) and their non-empty row groups; every file's schema is checked against the column contract
   (data/contract.py) when it is listed, so a wrong file fails before training starts. A build's
-  output that is not complete per its manifest is refused (data/build_output.py).
+  output that is not complete per its manifest, or whose files' sha256 differ from it, is refused
+  (data/build_output.py).
+- ``open_parquet``: every read verifies the pages' checksums (data/page_checksums.py).
 - ``select_part``: all row groups, the training ones, or the calibration holdout (the last ones).
 - ``assign_row_groups``: one slot's row groups for an epoch; the slots partition the list, so every
   row is read exactly once per epoch by exactly one slot.
@@ -24,7 +26,7 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -32,8 +34,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pinads_rec.config import DataConfig, FeaturesConfig
-from pinads_rec.data.build_output import require_complete
+from pinads_rec.data.build_output import require_complete, require_unchanged
 from pinads_rec.data.contract import ContractError, RowGroupChecker, check_schema, contract_columns
+from pinads_rec.data.page_checksums import CheckedParquetFile
 from pinads_rec.data.storage_layout import (
     Requests,
     is_per_request,
@@ -57,23 +60,29 @@ class RowGroup:
         return f"{self.path}, row group {self.index}"
 
 
-def list_files(directory: str) -> List[str]:
+def list_files(directory: str, share: Tuple[int, int] = (0, 1)) -> List[str]:
     """The ``.parquet`` files under ``directory`` (or the file itself), sorted by path; a build's
-    output only when complete (``build_output.require_complete``)."""
+    output only when complete and unchanged (``build_output.require_complete``, ``require_unchanged``).
+    ``share`` (index, count): this process hashes every count-th file from index against the
+    manifest; a job's ranks pass (rank, world size), so together they hash each file once."""
     require_complete(directory)
     if os.path.isfile(directory):
-        return [directory]
-    if not os.path.isdir(directory):
+        files = [directory]
+    elif not os.path.isdir(directory):
         raise ContractError(f"data directory {directory} does not exist")
-    files = sorted(glob.glob(os.path.join(directory, "**", "*.parquet"), recursive=True))
+    else:
+        files = sorted(glob.glob(os.path.join(directory, "**", "*.parquet"), recursive=True))
     if not files:
         raise ContractError(f"data directory {directory} holds no .parquet files")
+    index, count = share
+    require_unchanged(files[index::count])
     return files
 
 
-def open_parquet(path: str) -> pq.ParquetFile:
+def open_parquet(path: str) -> CheckedParquetFile:
+    """The file, its pages' checksums verified on every read (data/page_checksums.py)."""
     try:
-        return pq.ParquetFile(path)
+        return CheckedParquetFile(path)
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as e:
         raise ContractError(f"{path}: not a readable Parquet file ({e})") from None
 

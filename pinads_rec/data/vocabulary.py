@@ -15,11 +15,11 @@ from typing import Dict
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pinads_rec.config import FeaturesConfig
-from pinads_rec.data.build_output import require_complete
+from pinads_rec.data.build_output import require_complete, require_unchanged
 from pinads_rec.data.contract import ContractError
+from pinads_rec.data.reader import open_parquet
 
 OUT_OF_VOCABULARY = 0
 
@@ -43,13 +43,15 @@ class Vocabularies:
         directory = os.path.join(build_dir, "vocabularies")
         tables = {}
         if os.path.isdir(directory):
-            for name in sorted(os.listdir(directory)):
-                if name.endswith(".parquet"):
-                    path = os.path.join(directory, name)
-                    t = pq.read_table(path, columns=["raw", "idx"])
-                    if t.column("raw").null_count:
-                        raise ContractError(f"{path}: null raw id in a vocabulary")
-                    tables[name[: -len(".parquet")]] = t
+            names = [n for n in sorted(os.listdir(directory)) if n.endswith(".parquet")]
+            # DuckDB writes them without page checksums: their sha256 in the manifest guards them.
+            require_unchanged(os.path.join(directory, n) for n in names)
+            for name in names:
+                path = os.path.join(directory, name)
+                t = open_parquet(path).read(columns=["raw", "idx"])
+                if t.column("raw").null_count:
+                    raise ContractError(f"{path}: null raw id in a vocabulary")
+                tables[name[: -len(".parquet")]] = t
         return cls(tables, features)
 
     def apply(self, rows: pa.Table) -> pa.Table:

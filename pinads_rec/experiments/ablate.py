@@ -76,9 +76,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import numpy as np
-import yaml
 
-from pinads_rec import config
+from pinads_rec import arguments, config
 from pinads_rec.data import synth
 from pinads_rec.experiments.ablate_report import COST_NAMES, METRIC_NAMES, slug, write_report
 from pinads_rec.experiments.harness import launch
@@ -123,10 +122,7 @@ class Ablation:
 
 
 def load_ablation(path: str) -> Ablation:
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise config.ConfigError(f"ablation file {path} does not exist") from None
+    raw = config.read_yaml(path)  # a file not there, a directory, not YAML: a ConfigError naming it
     try:
         raw["variants"] = [Variant(**v) for v in raw.get("variants") or []]
         if raw.get("serving") is not None:
@@ -290,9 +286,8 @@ def request_tables(features: config.FeaturesConfig, data_dir: str, candidates: i
     ``candidates``), the user side as stored. Per-request files give per-request rows (one row each,
     the layout ``Predictor.score_request`` reads in one piece), per-row files per-row tables."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    from pinads_rec.data.reader import list_files
+    from pinads_rec.data.reader import list_files, open_parquet
     from pinads_rec.data.storage_layout import (
         is_per_request,
         request_starts,
@@ -307,7 +302,7 @@ def request_tables(features: config.FeaturesConfig, data_dir: str, candidates: i
 
     out = []
     for path in list_files(data_dir):
-        pf = pq.ParquetFile(path)
+        pf = open_parquet(path)
         for group in range(pf.num_row_groups):
             table = pf.read_row_group(group)
             if is_per_request(table.schema, features):
@@ -361,9 +356,8 @@ def mean_history_length(cfg: config.ExperimentConfig, group: str, data_dir: Opti
     history length, its ``max_length`` in ``cfg``): the events a request brings to the model. Read
     from the list lengths of the group's timestamp column, once per request in either layout."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
-    from pinads_rec.data.reader import list_files
+    from pinads_rec.data.reader import list_files, open_parquet
     from pinads_rec.data.storage_layout import is_per_request, request_starts
 
     features = cfg.features
@@ -373,7 +367,7 @@ def mean_history_length(cfg: config.ExperimentConfig, group: str, data_dir: Opti
         raise config.ConfigError(f"history_group: no sequence group {group!r} in this config (groups: {names})")
     lengths = []
     for path in list_files(data_dir or cfg.data.eval_dir):
-        pf = pq.ParquetFile(path)
+        pf = open_parquet(path)
         if is_per_request(pf.schema_arrow, features):
             column = pf.read(columns=[g.timestamp_column]).column(0)
         else:
@@ -388,9 +382,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="ablation YAML (configs/ablations/*.yaml)")
     p.add_argument("--quick", action="store_true", help="CI-sized data and steps (the file's `quick` overrides)")
-    p.add_argument("--ranks", type=int, default=2, help="gloo processes per training run (default 2)")
-    p.add_argument("--out", default=None, help="report path (default: the file's `out`; --quick: under runs/)")
-    p.add_argument("--runs", default="runs/ablations", help="where the variants' run directories go")
+    p.add_argument(
+        "--ranks", type=arguments.positive_int, default=2, help="gloo processes per training run (default 2)"
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        type=arguments.output_file,
+        help="report path (default: the file's `out`; --quick: under runs/)",
+    )
+    p.add_argument(
+        "--runs", default="runs/ablations", type=arguments.output_dir, help="where the variants' run directories go"
+    )
     p.add_argument(
         "--report-only",
         action="store_true",

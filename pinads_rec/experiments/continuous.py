@@ -44,7 +44,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from pinads_rec import config
+from pinads_rec import arguments, config
 from pinads_rec.data import synth
 from pinads_rec.data.build import build_days, day_dir
 from pinads_rec.experiments.harness import launch
@@ -207,12 +207,13 @@ def seen_items(days: Sequence[Path], item_column: str) -> np.ndarray:
     """Every item id of ``days`` (sorted, unique): the ads a model trained on them has seen."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+
+    from pinads_rec.data.reader import open_parquet
 
     ids = []
     for day in days:
         for f in sorted(day.rglob("*.parquet")):
-            column = pq.read_table(f, columns=[item_column]).column(item_column).combine_chunks()
+            column = open_parquet(str(f)).read(columns=[item_column]).column(item_column).combine_chunks()
             if pa.types.is_list(column.type):  # one row per request: the candidates' ids as a list
                 column = pc.list_flatten(column)
             ids.append(np.unique(column.to_numpy(zero_copy_only=False)))
@@ -273,11 +274,12 @@ def _rows(day: Path, item: str, request: str) -> List[np.ndarray]:
     """(item id, request id) of every candidate row of a day's contract files, files in name order."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+
+    from pinads_rec.data.reader import open_parquet
 
     items, requests = [], []
     for path in sorted(day.rglob("*.parquet")):
-        table = pq.read_table(path, columns=[item, request])
+        table = open_parquet(str(path)).read(columns=[item, request])
         ids = table.column(item).combine_chunks()
         if pa.types.is_list(ids.type):  # one row per request: the candidates' ids as a list
             counts = pc.list_value_length(ids).to_numpy(zero_copy_only=False)
@@ -368,14 +370,28 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/continuous.yaml")
     config.add_overrides_flag(p, "an override of every day's training (e.g. synth.drift.days=4)")
-    p.add_argument("--out", default="runs/continuous", help="data, runs and continuous.json (default: %(default)s)")
+    p.add_argument(
+        "--out",
+        default="runs/continuous",
+        type=arguments.output_dir,
+        help="data, runs and continuous.json (default: %(default)s)",
+    )
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated subset of %(default)s")
-    p.add_argument("--window", type=int, default=5, help="days the window strategy retrains on (default: 5)")
-    p.add_argument("--ranks", type=int, default=2, help="gloo ranks of each training launch (default: 2)")
+    p.add_argument(
+        "--window", type=arguments.positive_int, default=5, help="days the window strategy retrains on (default: 5)"
+    )
+    p.add_argument(
+        "--ranks", type=arguments.positive_int, default=2, help="gloo ranks of each training launch (default: 2)"
+    )
     p.add_argument(
         "--raw", action="store_true", help="build each day from the generated raw logs (data.build --day) as it comes"
     )
-    p.add_argument("--report", default=None, help="write the markdown report here (e.g. docs/continuous.md)")
+    p.add_argument(
+        "--report",
+        default=None,
+        type=arguments.output_file,
+        help="write the markdown report here (e.g. docs/continuous.md)",
+    )
     return p.parse_args(argv)
 
 
@@ -387,9 +403,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(
             f"--strategies: {', '.join(unknown) or 'none given'}; choose from {', '.join(STRATEGIES)}", file=sys.stderr
         )
-        return 2
-    if args.window < 1:
-        print("--window: at least 1 day", file=sys.stderr)
         return 2
     loop = Loop(args.config, args.overrides, Path(args.out))
     loop = dataclasses.replace(loop, strategies=strategies, window=args.window, ranks=args.ranks, raw=args.raw)

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from pinads_rec import config
+from pinads_rec import arguments, config
 from pinads_rec.experiments.continuous import Loop, cell, run_loop
 
 VARIANTS = {  # name -> (overrides of the config, built from the raw logs)
@@ -45,6 +45,11 @@ ID_START, ID_END = "<!-- id-mappings:start -->", "<!-- id-mappings:end -->"
 
 def run(config_path: str, overrides: List[str], out: Path, ranks: int, echo=print) -> Dict[str, List[dict]]:
     """Each variant's loop (``<out>/<variant>/``, the data in ``<out>/vocabulary/data``); its rows."""
+    for name, (extra, _) in VARIANTS.items():  # every variant's config loads before the first loop runs
+        try:
+            config.load(config_path, overrides + extra)
+        except config.ConfigError as e:
+            raise config.ConfigError(f"variant {name}: {e}") from None
     results = {}
     for name, (extra, raw) in VARIANTS.items():
         where = out / name
@@ -133,6 +138,7 @@ def write_report(text: str, out: Path) -> Path:
         page = page[: page.index(ID_START) + len(ID_START)] + "\n" + text + "\n" + page[page.index(ID_END) :]
     else:
         page += f"\n{ID_START}\n{text}\n{ID_END}\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page)
     return out
 
@@ -141,9 +147,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/continuous_managed.yaml")
     config.add_overrides_flag(p, "an override of every variant's training (e.g. synth.drift.days=4)")
-    p.add_argument("--out", default="runs/id_mappings")
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--report", default=None, help="write the comparison into this page (e.g. docs/continuous.md)")
+    p.add_argument("--out", default="runs/id_mappings", type=arguments.output_dir)
+    p.add_argument("--ranks", type=arguments.positive_int, default=2)
+    p.add_argument(
+        "--report",
+        default=None,
+        type=arguments.output_file,
+        help="write the comparison into this page (e.g. docs/continuous.md)",
+    )
     args = p.parse_args(argv)
     try:
         results = run(args.config, args.overrides, Path(args.out), args.ranks)

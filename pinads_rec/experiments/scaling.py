@@ -51,7 +51,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from pinads_rec import config
+from pinads_rec import arguments, config
 from pinads_rec.data import synth
 from pinads_rec.experiments import harness
 from pinads_rec.experiments.scaling_plot import plot
@@ -317,7 +317,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="steps after the timed ones run under torch.profiler for the collectives' times (default: "
         "as many as the timed steps; 0: none, the comms columns stay 0)",
     )
-    p.add_argument("--out", default="runs/scaling")
+    p.add_argument("--out", default="runs/scaling", type=arguments.output_dir)
     p.add_argument(
         "--gpus",
         type=lambda s: _parse_ints(s, "--gpus") if s else [],
@@ -332,7 +332,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--num-workers",
-        type=int,
+        type=arguments.non_negative_int,
         default=0,
         help="DataLoader workers per rank (default 0: the loader runs in the trainer process, "
         "so each rank is exactly one process on one thread)",

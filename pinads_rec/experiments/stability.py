@@ -41,12 +41,12 @@ from typing import Dict, List, Optional
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 import yaml
 
-from pinads_rec import config
+from pinads_rec import arguments, config
 from pinads_rec.data import synth
+from pinads_rec.data.reader import open_parquet
 from pinads_rec.experiments import stability_report as report
 from pinads_rec.experiments.harness import launch
 from pinads_rec.experiments.stability_report import LABEL, NORMS
@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parents[2]
 def ensure_data(cfg: config.ExperimentConfig) -> Path:
     root = Path(cfg.data.train_dir).parent
     if Path(cfg.data.train_dir) != root / "train" or Path(cfg.data.eval_dir) != root / "eval":
-        raise SystemExit(
+        raise config.ConfigError(
             f"data.train_dir / data.eval_dir must be <dir>/train and <dir>/eval (the generator's "
             f"layout), got {cfg.data.train_dir} and {cfg.data.eval_dir}"
         )
@@ -175,7 +175,7 @@ def held_out_values(cfg: config.ExperimentConfig, root: Path, feature: str) -> n
     """The feature's values in the eval split (one dense column)."""
     column = next(d.column for d in cfg.features.dense if d.name == feature)
     files = sorted((root / "eval").glob("*.parquet"))
-    values = [pq.read_table(f, columns=[column]).column(0).combine_chunks() for f in files]
+    values = [open_parquet(str(f)).read(columns=[column]).column(0).combine_chunks() for f in files]
     # Per-request files hold a list of the candidates' values per request.
     values = [v.flatten() if pa.types.is_list(v.type) else v for v in values]
     return np.concatenate([v.to_numpy(zero_copy_only=False) for v in values])
@@ -184,8 +184,10 @@ def held_out_values(cfg: config.ExperimentConfig, root: Path, feature: str) -> n
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/stability.yaml")
-    p.add_argument("--out", default="docs/stability.md")
-    p.add_argument("--nproc", type=int, default=1, help="trainer processes per run (torchrun when > 1)")
+    p.add_argument("--out", default="docs/stability.md", type=arguments.output_file)
+    p.add_argument(
+        "--nproc", type=arguments.positive_int, default=1, help="trainer processes per run (torchrun when > 1)"
+    )
     config.add_overrides_flag(p, help="config override for the generator and both runs (repeatable)")
     p.add_argument(
         "--reuse-runs",
@@ -196,9 +198,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--report-only", action="store_true", help="rewrite the report from the existing runs")
     args = p.parse_args(argv)
     started = time.perf_counter()
-    cfg = config.load(args.config, args.overrides)
+    try:
+        cfg = config.load(args.config, args.overrides)
+        root = ensure_data(cfg)
+    except config.ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
     faults = cfg.synth.faults
-    root = ensure_data(cfg)
     days = split_days(root)
 
     run_dirs = {}

@@ -75,10 +75,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 import sys
 from typing import List, Optional
 
+from pinads_rec import arguments
 from pinads_rec.config import SHARDING_TYPES, split_overrides
 from pinads_rec.plan.planner import PlanFailed, PlanSpec, plan
 from pinads_rec.plan.report import format_comparison, format_report
@@ -138,10 +140,18 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     config.add_overrides_flag(p, "config override, e.g. --set model.sequence.d_model=256 (repeatable)")
     g = p.add_argument_group("topology (GB = 2^30 bytes, GB/s = 2^30 bytes/s)")
     g.add_argument(
-        "--world-size", type=int, default=8, metavar="N", help="devices (ranks) in all (default %(default)s)"
+        "--world-size",
+        type=arguments.positive_int,
+        default=8,
+        metavar="N",
+        help="devices (ranks) in all (default %(default)s)",
     )
     g.add_argument(
-        "--local-world-size", type=int, default=None, metavar="N", help="devices per host (default: min(world size, 8))"
+        "--local-world-size",
+        type=arguments.positive_int,
+        default=None,
+        metavar="N",
+        help="devices per host (default: min(world size, 8))",
     )
     g.add_argument(
         "--compute-device",
@@ -177,7 +187,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     )
     g = p.add_argument_group("planning")
     g.add_argument(
-        "--batch-size", type=int, default=None, metavar="N", help="per-rank batch size (default: data.batch_size)"
+        "--batch-size",
+        type=arguments.positive_int,
+        default=None,
+        metavar="N",
+        help="per-rank batch size (default: data.batch_size)",
     )
     g.add_argument(
         "--reserve-pct",
@@ -209,7 +223,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     )
     g = p.add_argument_group("output")
     g.add_argument(
-        "--out", default=None, metavar="PLAN.json", help="write the (first) plan as JSON, for train.plan_file"
+        "--out",
+        default=None,
+        type=arguments.output_file,
+        metavar="PLAN.json",
+        help="write the (first) plan as JSON, for train.plan_file",
     )
     g.add_argument("--verbose", action="store_true", help="also print TorchRec's planner stats tables")
     g.add_argument(
@@ -259,6 +277,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             other.validate()
             jobs.append((args.compare_config or args.config, other))
         cfgs = [config.load(path, args.overrides) for path, _ in jobs]
+        for cfg in cfgs:  # read before planning, which builds the model first
+            if cfg.train.plan_file:
+                from pinads_rec.parallel import load_plan
+
+                load_plan(cfg.train.plan_file)
     except config.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -289,6 +312,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(format_report(report, title))
         print(flush=True)
         if i == 0 and args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
             print(f"plan written to {args.out} (train with --set train.plan_file={args.out})\n", flush=True)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from pinads_rec import config
+from pinads_rec import arguments, config
 from pinads_rec.data.contract import ContractError
 from pinads_rec.metrics import format_table
 from pinads_rec.reference.fit import describe, fit
@@ -28,6 +28,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         cfg = config.load(args.config, args.overrides)
         for key in ("data.train_dir", "data.eval_dir"):
             config.require(cfg, key)
+        arguments.config_paths(cfg, inputs=("data.train_dir", "data.eval_dir"))
     except config.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -23,7 +23,9 @@ import torch
 from torch import nn
 
 from pinads_rec.config import CANDIDATE_PREFIX
+from pinads_rec.data import page_checksums
 from pinads_rec.data.batch import Batch
+from pinads_rec.data.reader import open_parquet
 from pinads_rec.models.two_tower import TwoTowerRanker
 from pinads_rec.serve.batching import file_order_batches
 from pinads_rec.serve.loading import ServeError
@@ -113,7 +115,7 @@ def export_ad_embeddings(model: nn.Module, batches: Iterable[Batch], path: Union
     meta = {"tasks": [t.name for t in tt.features.tasks], "embedding_dim": E}
     table = pa.table(columns).replace_schema_metadata({"pinads_rec": json.dumps(meta)})
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, str(path))
+    pq.write_table(table, str(path), **page_checksums.WRITE)
     return len(all_ids)
 
 
@@ -139,7 +141,7 @@ class AdTable:
 
 def load_ad_table(source: Union[str, Path, pa.Table], tasks: Optional[List[str]] = None) -> AdTable:
     """Reads a table written by ``export_ad_embeddings`` (path or pyarrow Table); checks the tasks."""
-    table = source if isinstance(source, pa.Table) else pq.read_table(str(source))
+    table = source if isinstance(source, pa.Table) else open_parquet(str(source)).read()
     meta = json.loads((table.schema.metadata or {}).get(b"pinads_rec", b"{}"))
     names = meta.get("tasks") or [n for n in table.column_names if n != "item_id"]
     if tasks is not None and list(tasks) != list(names):

@@ -50,7 +50,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
     s = sub.add_parser("score", help="score a Parquet directory of requests, write predictions as Parquet")
     common(s)
-    s.add_argument("--data", default=None, help="Parquet file or directory (default: the run's data.eval_dir)")
+    s.add_argument(
+        "--data",
+        default=None,
+        type=arguments.existing_path,
+        help="Parquet file or directory (default: the run's data.eval_dir)",
+    )
     s.add_argument(
         "--out",
         default="predictions.parquet",
@@ -59,7 +64,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     s.add_argument(
         "--batch-size",
-        type=int,
+        type=arguments.positive_int,
         default=4096,
         help="rows per batch, which bound its memory whatever the candidates per request (default 4096: "
         "BF16 pays off on large batches, docs/serving.md)",
@@ -73,19 +78,34 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
     s = sub.add_parser("export", help="torch.export the model to a .pt2 archive")
     common(s)
-    s.add_argument("--out", default="model.pt2")
-    s.add_argument("--data", default=None, help="data for the example batch (default: the run's eval data)")
+    s.add_argument("--out", default="model.pt2", type=arguments.output_file)
+    s.add_argument(
+        "--data",
+        default=None,
+        type=arguments.existing_path,
+        help="data for the example batch (default: the run's eval data)",
+    )
 
     s = sub.add_parser("export-ads", help="two-tower: write every item's ad-tower vectors to Parquet")
     common(s)
-    s.add_argument("--data", default=None, help="Parquet file or directory of rows holding the items")
-    s.add_argument("--out", default="ads.parquet")
-    s.add_argument("--batch-size", type=int, default=None)
+    s.add_argument(
+        "--data", default=None, type=arguments.existing_path, help="Parquet file or directory of rows holding the items"
+    )
+    s.add_argument("--out", default="ads.parquet", type=arguments.output_file)
+    s.add_argument("--batch-size", type=arguments.positive_int, default=None)
 
     def live(s: argparse.ArgumentParser) -> None:
-        s.add_argument("--raw", required=True, help="the raw logs the run's data was built from (build.* paths)")
         s.add_argument(
-            "--vocabularies", default=None, help="the build that fitted build.vocabularies (when the config has any)"
+            "--raw",
+            required=True,
+            type=arguments.existing_dir,
+            help="the raw logs the run's data was built from (build.* paths)",
+        )
+        s.add_argument(
+            "--vocabularies",
+            default=None,
+            type=arguments.existing_dir,
+            help="the build that fitted build.vocabularies (when the config has any)",
         )
         s.add_argument(
             "--precision", choices=["auto", "fp32", "bf16"], default=None, help="default: the run's inference precision"
@@ -107,15 +127,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     common(s, precision=False)
     live(s)
     s.add_argument("--split", default=None, help="a build split's window (default: the whole log)")
-    s.add_argument("--limit", type=int, default=100)
-    s.add_argument("--out", default="-", help="a .jsonl file, or - for stdout")
+    s.add_argument("--limit", type=arguments.positive_int, default=100)
+    s.add_argument("--out", default="-", type=arguments.output_file, help="a .jsonl file, or - for stdout")
 
     s = sub.add_parser("kuberay", help="write the KubeRay RayService manifest serving the run on Kubernetes")
     common(s, precision=False)
     live(s)
     s.add_argument("--image", required=True, help="a container image with the project installed (Dockerfile)")
-    s.add_argument("--workers", type=int, default=1, help="Ray worker pods")
-    s.add_argument("--out", default="rayservice.yaml")
+    s.add_argument("--workers", type=arguments.positive_int, default=1, help="Ray worker pods")
+    s.add_argument("--out", default="rayservice.yaml", type=arguments.output_file)
     return p.parse_args(argv)
 
 

@@ -239,6 +239,7 @@ def write_requests(spec: "ServiceSpec", split: Optional[str], limit: int, out: s
     if out == "-":
         print(text, end="")
     else:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(text)
     return len(lines)
 

@@ -12,6 +12,7 @@ which appears complete or not at all (a temporary file renamed at the end).
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from pathlib import Path
@@ -24,7 +25,9 @@ import torch
 from torch import nn
 
 from pinads_rec import config
+from pinads_rec.data import page_checksums
 from pinads_rec.data.batch import Batch
+from pinads_rec.data.build_output import running
 from pinads_rec.data.contract import ContractError
 from pinads_rec.data.reader import AS_READ_PREFIX
 from pinads_rec.serve.batching import RequestBatcher, ScoringBatches
@@ -96,13 +99,15 @@ def score_directory(
     Atomic: the batches go to a temporary file beside ``out`` (``.<name>.<pid>-*.tmp``), renamed to ``out``
     once the last one is written and synced. A failure removes it (``out``, if there was one, is left
     as it was); a killed process leaves at most that hidden temporary file, never an ``out`` that
-    looks whole but holds part of the rows (a Parquet file cut between row groups reads fine)."""
+    looks whole but holds part of the rows (a Parquet file cut between row groups reads fine). The
+    next score to ``out`` removes it (``remove_stale_temporaries``)."""
     cfg = predictor.cfg
     names = cfg.features.columns
     batches = ScoringBatches(cfg, data_dir, batch_size)
     surfaces = np.array(cfg.features.surfaces, dtype=object)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out)
     # Not mkstemp: its file is private (0600); this one gets the permissions out would (umask).
     temporary = out.parent / f".{out.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -122,7 +127,7 @@ def score_directory(
                         columns[f"p_{task}"] = pa.array(probs[:, t].numpy()[valid], pa.float32())
                     chunk = pa.table(columns)
                     if writer is None:
-                        writer = pq.ParquetWriter(sink, chunk.schema)
+                        writer = pq.ParquetWriter(sink, chunk.schema, **page_checksums.WRITE)
                     writer.write_table(chunk)
                     rows += chunk.num_rows
                 if writer is None:
@@ -138,3 +143,17 @@ def score_directory(
         raise
     seconds = time.perf_counter() - started
     return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds if seconds else 0.0}
+
+
+def remove_stale_temporaries(out: Path) -> List[Path]:
+    """Removes the temporary files killed scores to ``out`` left beside it: names of
+    ``score_directory``'s pattern for ``out`` only, whose pid runs nothing on this machine (a score
+    still writing keeps its own; a pid since reused leaves its file for a later run). The paths removed."""
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.(\d+)-[0-9a-f]{{8}}\.tmp")
+    removed = []
+    for path in sorted(out.parent.iterdir()):
+        m = pattern.fullmatch(path.name)
+        if m and path.is_file() and not running(int(m.group(1))):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed

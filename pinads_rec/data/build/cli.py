@@ -47,7 +47,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     about = sys.modules[__package__].__doc__.split("\n")[0]
     ap = argparse.ArgumentParser(prog="python -m pinads_rec.data.build", description=about)
     ap.add_argument("--config", required=True, help="experiment YAML with a build: section")
-    ap.add_argument("--raw", required=True, help="directory the build's file paths are relative to")
+    ap.add_argument(
+        "--raw", required=True, type=arguments.existing_dir, help="directory the build's file paths are relative to"
+    )
     ap.add_argument(
         "--out",
         required=True,
@@ -66,6 +68,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument(
         "--vocabularies",
         default=None,
+        type=arguments.existing_dir,
         metavar="BUILD_DIR",
         help="with --day: the build (its --out) whose vocabularies map the ids, the same on every day; required "
         "when the config has build.vocabularies",

@@ -130,6 +130,8 @@ def vocabulary_source(build: BuildConfig, vocabularies: Optional[str]) -> Option
                 f"--vocabularies {vocabularies}: has no vocabularies/{table}.parquet, which "
                 f"build.vocabularies[{i}] (table {table!r}) needs; give the build that fitted it"
             )
+    # DuckDB reads them below, verifying nothing: their bytes against the manifest first.
+    build_output.require_unchanged(str(root / "vocabularies" / f"{t}.parquet") for t in tables)
     return root
 
 

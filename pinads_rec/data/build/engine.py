@@ -113,6 +113,8 @@ class DuckDBEngine(Engine):
         return source.scan()
 
     def copy_parquet(self, query: str, path: str) -> None:
+        # DuckDB writes no page checksums (and has no option to): the manifest's sha256 guards these
+        # files (the vocabularies), checked by their reader (Vocabularies.load).
         self.con.execute(f"COPY ({query}) TO {sql_string(path)} (FORMAT parquet)")
 
     def missing_column(self, error: Exception) -> Optional[str]:

@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pinads_rec.config import ConfigError
+from pinads_rec.data import page_checksums
 from pinads_rec.data.build import spark_sql
 from pinads_rec.data.build.engine import Engine
 from pinads_rec.data.contract import ContractError
@@ -189,7 +190,7 @@ class SparkEngine(Engine):
     def copy_parquet(self, query: str, path: str) -> None:
         with _refusals():
             table = self.spark.sql(spark_sql.to_spark(query)).toArrow()
-        pq.write_table(table, path)
+        pq.write_table(table, path, **page_checksums.WRITE)
 
     # --- raw files -------------------------------------------------------------------------------
 

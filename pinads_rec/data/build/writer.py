@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pinads_rec.config import to_dict
-from pinads_rec.data import storage_layout
+from pinads_rec.data import page_checksums, storage_layout
 from pinads_rec.data.build.queries import Queries
 from pinads_rec.data.raw_sources import RawSource, is_remote, sql_name, sql_string
 
@@ -147,7 +147,9 @@ class SplitWriter:
         if self.writer is None:
             path = self.out / f"part-{len(self.files):05d}.parquet"
             self.files.append(str(path))
-            self.writer = pq.ParquetWriter(path, self.schema, compression="lz4", use_dictionary=False)
+            self.writer = pq.ParquetWriter(
+                path, self.schema, compression="lz4", use_dictionary=False, **page_checksums.WRITE
+            )
         self.writer.write_table(table.combine_chunks(), row_group_size=table.num_rows)
         self.requests += table.num_rows
         self.rows += int(pc.sum(pc.list_value_length(table.column(self.label))).as_py() or 0)

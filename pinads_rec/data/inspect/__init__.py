@@ -5,6 +5,7 @@
   per-column statistics, on DuckDB over the Parquet files
 - ``report.py``: a ``Report`` as text tables (``format_report``) and as JSON (``report_json``)
 - ``draft.py``: a starting config guessed from the data alone (``draft_config``)
+- ``verify.py``: ``--verify``: a dataset's bytes against its manifest's sha256 and its page checksums
 - ``cli.py``: the command line (``main``): flags and exit codes
 
 The names callers use are re-exported here; everything else is imported from its module.

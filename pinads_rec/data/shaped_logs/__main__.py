@@ -9,17 +9,24 @@ import json
 import time
 from pathlib import Path
 
+from pinads_rec import arguments
+
 DATASETS = ("taobao", "kuairand", "movielens")
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m pinads_rec.data.shaped_logs", description=__doc__)
     parser.add_argument("dataset", choices=DATASETS)
-    parser.add_argument("--out", required=True, help="directory to write the raw files into")
-    parser.add_argument("--users", type=int, default=None, help="number of users (default: the generator's)")
+    parser.add_argument("--out", required=True, type=arguments.output_dir, help="directory to write the raw files into")
+    parser.add_argument(
+        "--users", type=arguments.positive_int, default=None, help="number of users (default: the generator's)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--avoided-genres", type=int, default=0, help="movielens: genres per user rated harshly (default 0: none)"
+        "--avoided-genres",
+        type=arguments.non_negative_int,
+        default=0,
+        help="movielens: genres per user rated harshly (default 0: none)",
     )
     args = parser.parse_args(argv)
     if args.avoided_genres and args.dataset != "movielens":

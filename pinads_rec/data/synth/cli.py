@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from pinads_rec import arguments
 from pinads_rec.config import ConfigError, load
 from pinads_rec.data.synth.truth import STALE_DAYS, TASKS
 from pinads_rec.data.synth.writing import generate
@@ -89,12 +90,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pinads_rec.data.synth", description=about)
     ap.add_argument("--config", required=True)
     ap.add_argument(
-        "--out", required=True, help="output directory (train/, eval/, summary.json; with synth.drift days/<date>/)"
+        "--out",
+        required=True,
+        type=arguments.output_dir,
+        help="output directory (train/, eval/, summary.json; with synth.drift days/<date>/)",
     )
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     ap.add_argument("--seed", type=int)
-    ap.add_argument("--train-requests", type=int)
-    ap.add_argument("--eval-requests", type=int)
+    ap.add_argument("--train-requests", type=arguments.positive_int)
+    ap.add_argument("--eval-requests", type=arguments.positive_int)
     ap.add_argument(
         "--raw", action="store_true", help="also write the raw logs under OUT/raw/ (docs/synthetic_data.md)"
     )

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pinads_rec.config import BuildConfig, ConfigError, ExperimentConfig, FeaturesConfig, SplitConfig, SynthConfig
+from pinads_rec.data import page_checksums
 from pinads_rec.data.synth.blocks import GROUP_COLUMNS, Block, faults_enabled, sample_block, sequence_caps, slice_block
 from pinads_rec.data.synth.checks import check_synth_config
 from pinads_rec.data.synth.drift import day_names
@@ -64,8 +65,9 @@ def split_files(plan: SplitPlan) -> List[List[Tuple[int, int]]]:
 
 
 # zstd finds the sequences repeated on the rows of a request (adjacent in a page); no dictionaries
-# or statistics: they cost write time and the loader does not use them.
-PARQUET_OPTIONS = dict(compression="lz4", use_dictionary=False, write_statistics=False)
+# or statistics: they cost write time and the loader does not use them. Page checksums: readers
+# verify them (data/page_checksums.py).
+PARQUET_OPTIONS = dict(compression="lz4", use_dictionary=False, write_statistics=False, **page_checksums.WRITE)
 
 
 def _write_file(world: World, tl: Timeline, plan: SplitPlan, groups, path: Path, raw_path: Optional[Path]) -> dict:
