@@ -2,6 +2,7 @@
 its row and line and the column and value where they exist, or is a repair counted in summary.json.
 The raw files are dataset_fixtures' Taobao files (30 users), broken one way per test."""
 
+import gzip
 import re
 import shutil
 from pathlib import Path
@@ -210,7 +211,8 @@ def unknown_surface(raw: Path) -> None:
 def test_unknown_surface_is_an_error(clean, tmp_path):
     assert re.fullmatch(
         r"build\.columns\.pid: 1 impression\(s\) on a surface not in features\.surfaces \['430548_1007', "
-        r"'430539_1007'\] \(e\.g\. '430539_2000'\), first at \S+/raw_sample\.csv, row 9 \(line 11\); add it to "
+        r"'430539_1007'\] \(e\.g\. '430539_2000'\), first at \S+/raw_sample\.csv, row 9 \(line 11\), column 'pid': "
+        r"value '430539_2000'; add it to "
         r"features\.surfaces, or set build\.impressions\.unknown_surface: drop",
         build_error(broken(clean, tmp_path, unknown_surface), tmp_path),
     )
@@ -249,3 +251,124 @@ def test_unmapped_behaviour_type_and_other_defaults_counted(clean, tmp_path):
         for ids in pq.read_table(out / split).column("adgroup_id").to_pylist()
     )
     assert zeros > 0 and repairs["vocabulary adgroup: ids out of vocabulary (mapped to 0)"] == zeros
+
+
+# --- bytes stored another way, and the value behind each error ----------------------------------
+
+
+def outputs(out: Path) -> dict:
+    return {str(p.relative_to(out)): pq.read_table(p) for p in sorted(out.rglob("*.parquet"))}
+
+
+def test_mixed_line_endings_and_gzip_under_csv_build_as_the_clean_files(clean, tmp_path):
+    """A chunk with CRLF line endings appended to an LF log, and gzip bytes under a .csv name: the build's
+    output is the clean files' (DuckDB alone refuses the first while sniffing, and reads the second as text)."""
+    build(config.load(TAOBAO), str(clean), str(tmp_path / "clean"), threads=1)
+    expected = outputs(tmp_path / "clean")
+
+    def stored_otherwise(r):
+        log = r / "raw_sample.csv"
+        *head, tail = log.read_bytes().split(b"\n", 60)
+        log.write_bytes(b"\n".join(head) + b"\n" + tail.replace(b"\n", b"\r\n"))
+        events = r / "behavior_log.csv"
+        events.write_bytes(gzip.compress(events.read_bytes()))
+
+    raw = broken(clean, tmp_path, stored_otherwise)
+    assert b"\r\n" in (raw / "raw_sample.csv").read_bytes()[:-2]
+    build(config.load(TAOBAO), str(raw), str(tmp_path / "out"), threads=1)
+    got = outputs(tmp_path / "out")
+    assert got.keys() == expected.keys() and all(got[k].equals(expected[k]) for k in got)
+
+
+def test_timestamp_out_of_range_names_its_value(clean, tmp_path):
+    raw = broken(
+        clean, tmp_path, lambda r: edit(r / "raw_sample.csv", 20, lambda f: f.__setitem__(1, b"1494000000000"))
+    )
+    assert re.fullmatch(
+        r"build\.impressions\.time: 1 timestamp\(s\) outside 1990\.\.2100, first at \S+/raw_sample\.csv, row 19 "
+        r"\(line 21\), column 'time_stamp': value 1494000000000 \(milliseconds\? divide by 1000 in the expression\)",
+        build_error(raw, tmp_path),
+    )
+
+
+def test_unparsable_timestamp_names_its_value(clean, tmp_path):
+    raw = broken(clean, tmp_path, lambda r: edit(r / "behavior_log.csv", 9, lambda f: f.__setitem__(1, b"soon")))
+    assert re.fullmatch(
+        r"build\.sequences\[0\]\.time: 1 timestamp\(s\) missing or unparsable, first at \S+/behavior_log\.csv, "
+        r"row 8 \(line 10\), column 'time_stamp': value 'soon'",
+        build_error(raw, tmp_path),
+    )
+
+
+def test_side_table_key_twice_names_both_lines(clean, tmp_path):
+    def breaks(r):
+        p = r / "ad_feature.csv"
+        p.write_bytes(p.read_bytes() + lines(p)[7] + b"\n")
+
+    key = lines(clean / "ad_feature.csv")[7].split(b",")[0].decode()
+    total = len([line for line in lines(clean / "ad_feature.csv") if line])
+    assert re.fullmatch(
+        rf"build\.side_tables\[0\]: key \{{'adgroup_id': {key}\}} has 2 rows, at \S+/ad_feature\.csv, row 6 \(line 8\) "
+        rf"and \S+/ad_feature\.csv, row {total - 1} \(line {total + 1}\); a side table needs one row per key",
+        build_error(broken(clean, tmp_path, breaks), tmp_path),
+    )
+
+
+def test_duplicated_impression_error_names_both_lines(clean, tmp_path):
+    def breaks(r):
+        p = r / "raw_sample.csv"
+        kept = [line for line in lines(p) if line]
+        seen, unique = set(), []
+        for line in kept[1:]:  # the fixture's own duplicate left out: one pair, the one added here
+            if line not in seen:
+                seen.add(line)
+                unique.append(line)
+        p.write_bytes(b"\n".join([kept[0]] + unique + [unique[4], b""]))
+
+    cfg = config.load(TAOBAO, ["build.impressions.duplicates=error"])
+    message = build_error(broken(clean, tmp_path, breaks), tmp_path, cfg)
+    assert re.fullmatch(
+        r"build\.impressions: 1 duplicated impression\(s\); request \d+ shows item \d+ 2 times \(column "
+        r"'adgroup_id'\), at \S+/raw_sample\.csv, row 4 \(line 6\) and \S+/raw_sample\.csv, row \d+ \(line \d+\); "
+        r"set build\.impressions\.duplicates: drop to keep the first",
+        message,
+    )
+
+
+def test_a_text_value_where_an_expression_needs_a_number(clean, tmp_path):
+    """coalesce(brand, 0) over a brand column one value made text: DuckDB says only "Cannot mix values of type VARCHAR
+    and INTEGER_LITERAL"; the message names that value."""
+    raw = broken(clean, tmp_path, lambda r: edit(r / "behavior_log.csv", 30, lambda f: f.__setitem__(4, b"12-7")))
+    assert re.fullmatch(
+        r"build\.sequences\[0\]\.columns\.behaviour_brand: \S+/behavior_log\.csv, row 29 \(line 31\), column 'brand': "
+        r"value '12-7' makes the column text, and 'coalesce\(brand, 0\)' reads it as a number; fix the value, or cast "
+        r"it in the expression \(Binder Error: .*\)",
+        build_error(raw, tmp_path),
+    )
+
+
+def test_a_dropped_user_column_is_missing_not_the_session_user(clean, tmp_path):
+    """Bare ``user`` over a log without that column is DuckDB's session user ('duckdb') on every row, not a binder
+    error: the build names it as the missing column it is."""
+
+    def breaks(r):
+        p = r / "raw_sample.csv"
+        p.write_bytes(b"\n".join(b",".join(line.split(b",")[1:]) for line in lines(p)))
+
+    assert re.fullmatch(
+        r"build\.columns\.user_id: 'user' reads column 'user', which \S+/raw_sample\.csv does not have \(its columns: "
+        r"time_stamp, adgroup_id, pid, nonclk, clk, ad\.<column>, profile\.<column>\)",
+        build_error(broken(clean, tmp_path, breaks), tmp_path),
+    )
+
+
+def test_a_request_of_two_users_names_a_line_of_each(clean, tmp_path):
+    """A request key that is too coarse (the surface alone): the request's first row and its first row of another
+    user, each with its value."""
+    cfg = config.load(TAOBAO, ["build.impressions.request_key=[pid]"])
+    assert re.fullmatch(
+        r"build\.impressions: request 1 has impressions of \d+ users \('user' is \d+ at \S+/raw_sample\.csv, row \d+ "
+        r"\(line \d+\) and \d+ at \S+/raw_sample\.csv, row \d+ \(line \d+\)\); a request is one user's \(check "
+        r"build\.impressions\.request / request_key\)",
+        build_error(clean, tmp_path, cfg),
+    )

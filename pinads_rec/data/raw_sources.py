@@ -8,7 +8,10 @@ memory limit. Header names are stripped of surrounding spaces. Every scan expose
 of that file with a single-threaded ordered scan (only on the error path).
 
 What DuckDB would misread is refused up front by name (``RawSource.of``): an empty file, a CSV with
-only its header, a header that is one column at the configured delimiter but holds another.
+only its header, a header that is one column at the configured delimiter but holds another, bytes
+compressed in a way DuckDB does not read. How a CSV file's bytes are stored -- compression, byte
+order mark, line endings -- is told from the bytes (raw_bytes.py): DuckDB is given each file's
+compression and encoding, and reads a file mixing line endings (or in UTF-16) through a copy.
 ``explain`` turns DuckDB's own errors about a raw file (a ragged or truncated line, bytes not in the
 encoding, a value that does not fit the type DuckDB guessed from its sample) into one line naming
 the file, row, line, column and value, re-reading the line where DuckDB does not say it.
@@ -18,18 +21,19 @@ from __future__ import annotations
 
 import csv
 import glob
-import gzip
+import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import duckdb
 
 from pinads_rec.config import RawSourceConfig
+from pinads_rec.data import raw_bytes
 from pinads_rec.data.contract import ContractError
 
-CSV_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".tsv.gz", ".txt")
+CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.zst", ".tsv", ".tsv.gz", ".tsv.zst", ".txt")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # A header that is one field at the configured delimiter but holds one of these: the wrong delimiter.
 OTHER_DELIMITERS = (";", "\t", "|", ",")
@@ -94,6 +98,7 @@ class RawSource:
                 raise ContractError(f"{self.where}.path: {path} is empty (0 bytes)")
             if self.format != "csv":
                 continue
+            self.form(path)  # bytes DuckDB cannot read are refused here, naming how they are stored
             head, whole = self._head(path)
             lines = [line for line in head.splitlines() if line.strip()]
             if not lines:
@@ -104,24 +109,68 @@ class RawSource:
                 if found:
                     d = max(found, key=first.count)
                     raise ContractError(
-                        f"{self.where}.delimiter: {path} looks {d!r}-delimited (its first line {first[:80]!r} is one "
-                        f"column at delimiter {self.delimiter!r}): set {self.where}.delimiter: {d!r}"
+                        f"{self.where}.delimiter: {path} looks {d!r}-delimited (its first line "
+                        f"'{printable(first[:80])}' is one column at delimiter {self.delimiter!r}): set "
+                        f"{self.where}.delimiter: {d!r}"
                     )
             if len(lines) == 1 and whole and not self.names:
                 raise ContractError(f"{self.where}.path: {path} has only its header line, no rows")
 
+    def form(self, path: str) -> raw_bytes.Form:
+        """How DuckDB reads CSV file ``path`` (raw_bytes.py); a remote one as DuckDB finds it."""
+        if is_remote(path):
+            return raw_bytes.Form(path, path, "auto", self.encoding, "")
+        try:
+            return raw_bytes.form(path, self.encoding)
+        except ContractError as e:
+            raise ContractError(f"{self.where}.path: {e}") from None
+
     def scan(self, files: Optional[Tuple[str, ...]] = None) -> str:
-        """The SQL table expression reading the files (all of them by default)."""
-        names = "[" + ", ".join(sql_string(f) for f in (files or self.files)) + "]"
+        """The SQL table expression reading the files (all of them by default), each row's
+        ``filename`` the file as configured."""
+        files = files or self.files
         if self.format == "parquet":
-            return f"read_parquet({names}, union_by_name = true)"
+            return f"read_parquet([{', '.join(sql_string(f) for f in files)}], union_by_name = true)"
+        groups, copied = self._groups(files)
+        reads = [self._read_csv(paths, compression, encoding) for (compression, encoding), paths in groups.items()]
+        if len(reads) == 1 and not copied:
+            return reads[0]
+        # Files read apart (another compression or encoding) or through a copy: one relation again,
+        # ``filename`` now a column of it, naming the configured file.
+        name = "filename"
+        if copied:
+            name = f"CASE filename {' '.join(f'WHEN {sql_string(f.read)} THEN {sql_string(f.path)}' for f in copied)}"
+            name += " ELSE filename END"
+        return "(" + " UNION ALL BY NAME ".join(f"SELECT *, {name} AS filename FROM {r}" for r in reads) + ")"
+
+    def read_apart(self) -> bool:
+        """Whether ``scan`` reads the files apart, ``filename`` then a column of the relation."""
+        if self.format != "csv":
+            return False
+        groups, copied = self._groups(self.files)
+        return len(groups) > 1 or bool(copied)
+
+    def _groups(self, files: Sequence[str]) -> Tuple[Dict[Tuple[str, str], List[str]], List[raw_bytes.Form]]:
+        """The files DuckDB reads, by (compression, encoding); the forms of those read through a copy."""
+        forms = [self.form(f) for f in files]
+        groups: Dict[Tuple[str, str], List[str]] = {}
+        for f in forms:
+            groups.setdefault((f.compression, f.encoding), []).append(f.read)
+        return groups, [f for f in forms if f.copied]
+
+    def _read_csv(self, paths: List[str], compression: str, encoding: str) -> str:
+        # skip = 0: the first line is the header (or, with names, a row). DuckDB's sniffer would
+        # otherwise skip lines it finds out of step with the rest: a header one field short, dropped,
+        # the first row taken for it. Quotes as RFC 4180 has them: sniffed, a file with no quoted
+        # field reads a stray '"' as part of a value ('"pv'), the line's end inside a quote unnoticed.
         nulls = "[" + ", ".join(sql_string(v) for v in self.null_values) + "]"
         header = "header = true"
         if self.names:
             header = "header = false, names = [" + ", ".join(sql_string(n) for n in self.names) + "]"
         return (
-            f"read_csv({names}, {header}, delim = {sql_string(self.delimiter)}, nullstr = {nulls}, "
-            f"encoding = {sql_string(self.encoding)}, union_by_name = true)"
+            f"read_csv([{', '.join(sql_string(p) for p in paths)}], {header}, delim = {sql_string(self.delimiter)}, "
+            f"nullstr = {nulls}, encoding = {sql_string(encoding)}, compression = {sql_string(compression)}, "
+            f"skip = 0, quote = '\"', escape = '\"', union_by_name = true)"
         )
 
     def find(self, path: str, condition: str, values: str = "", row_as: Optional[str] = None) -> Optional[tuple]:
@@ -129,6 +178,13 @@ class RawSource:
         scanning in file order on one thread; None if it never does. ``condition`` and ``values`` are
         SQL over the file's columns, or with ``row_as`` over a struct of that name holding them (a
         side table's ``name.column``)."""
+        found = self.find_all(path, condition, values, row_as, 1)
+        return found[0] if found else None
+
+    def find_all(
+        self, path: str, condition: str, values: str = "", row_as: Optional[str] = None, limit: int = 2
+    ) -> List[tuple]:
+        """``find``'s rows: the first ``limit`` of them, in file order (none if the SQL fails)."""
         con = duckdb.connect()
         con.execute("SET threads = 1")
         con.execute("SET preserve_insertion_order = true")
@@ -138,15 +194,25 @@ class RawSource:
             else f"* FROM {self.scan((path,))}"
         )
         try:
-            row = con.execute(
+            rows = con.execute(
                 f"SELECT __row{', ' + values if values else ''} FROM (SELECT row_number() OVER () - 1 AS __row, "
-                f"{columns}) WHERE {condition} ORDER BY __row LIMIT 1"
-            ).fetchone()
+                f"{columns}) WHERE {condition} ORDER BY __row LIMIT {int(limit)}"
+            ).fetchall()
         except duckdb.Error:
-            return None
+            return []
         finally:
             con.close()
-        return None if row is None else (int(row[0]), *row[1:])
+        return [(int(row[0]), *row[1:]) for row in rows]
+
+    def columns_of(self, path: str) -> List[str]:
+        """The columns DuckDB reads from ``path`` (none if it cannot)."""
+        con = duckdb.connect()
+        try:
+            return [r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {self.scan((path,))}").fetchall()]
+        except duckdb.Error:
+            return []
+        finally:
+            con.close()
 
     def locate(self, path: str, condition: str, row_as: Optional[str] = None) -> Optional[int]:
         """The 0-based data row (header excluded) of ``path`` where ``condition`` (SQL over the
@@ -154,13 +220,31 @@ class RawSource:
         found = self.find(path, condition, row_as=row_as)
         return None if found is None else found[0]
 
-    def place(self, path: str, condition: str, row_as: Optional[str] = None) -> str:
-        """``file, row N`` (CSV: also its line) of the first row where condition holds."""
-        row = self.locate(path, condition, row_as)
-        return path if row is None else self.at(path, row)
+    def place(self, path: str, condition: str, row_as: Optional[str] = None, reads: str = "") -> str:
+        """``file, row N`` (CSV: also its line) of the first row where condition holds; with
+        ``reads`` (SQL over the file's columns, e.g. the expression that failed), also the value
+        there of each column it reads (``, column 'time_stamp': value 1494000000000``)."""
+        have = {c.lower(): c for c in self.columns_of(path)} if reads and not row_as else {}
+        columns = [have[c.lower()] for c in columns_read(reads) if c.lower() in have] if have else []
+        found = self.find(path, condition, ", ".join(sql_name(c) for c in columns), row_as)
+        if found is None:
+            return path
+        return self.at(path, found[0]) + "".join(f", {column_value(c, v)}" for c, v in zip(columns, found[1:]))
+
+    def places(self, condition: str, limit: int = 2) -> List[str]:
+        """``file, row N (line M)`` of the first ``limit`` rows of the files, in order, where
+        ``condition`` (SQL over the file's columns) holds."""
+        found: List[str] = []
+        for path in self.files:
+            found += [self.at(path, row[0]) for row in self.find_all(path, condition, limit=limit - len(found))]
+            if len(found) >= limit:
+                break
+        return found
 
     def at(self, path: str, row: int) -> str:
-        """``file, row N`` of a 0-based data row (CSV: also its 1-based line)."""
+        """``file, row N`` of a 0-based data row (CSV: also its 1-based line; -1: the header)."""
+        if row < 0 and self.format == "csv" and not self.names:
+            return f"{path}, line 1 (the header)"
         line = f" (line {row + 1 + (not self.names)})" if self.format == "csv" else ""
         return f"{path}, row {row}{line}"
 
@@ -185,6 +269,14 @@ class RawSource:
         if found:
             return f"{self.where}: {self.at(path, found[0] - 1 - (not self.names))}: {found[1]}"
         return f"{self.where}: cannot read {path}: {first_line(text)}"
+
+    def original(self, path: str) -> Optional[str]:
+        """The configured file DuckDB read as ``path`` (itself, or the file it copies); None if none."""
+        if path in self.files:
+            return path
+        if self.format != "csv":
+            return None
+        return next((f for f in self.files if not is_remote(f) and self.form(f).read == path), None)
 
     def find_value(self, path: str, value: str) -> Optional[Tuple[int, str]]:
         """(0-based row, column) of the first text field of ``path`` equal to ``value``."""
@@ -214,73 +306,80 @@ class RawSource:
     def line_problem(self, path: str, number: int) -> Optional[str]:
         """What is wrong with 1-based line ``number`` of ``path`` as a row of this source (bytes not
         in its encoding, a field too many or too few), naming the column and value; None if nothing."""
-        header = self.header(path)
+        header, encoding = self.header(path), self.form(path).encoding
         for n, raw, last in self._lines(path):
             if n == number:
-                return self._problem(header, raw, last)
+                return self._problem(header, raw, last, encoding)
         return None
 
     def first_bad_line(self, path: str) -> Optional[Tuple[int, str]]:
         """(1-based line, what is wrong) of the first line of ``path`` that ``line_problem`` faults."""
-        header = self.header(path)
+        header, encoding = self.header(path), self.form(path).encoding
         for n, raw, last in self._lines(path):
             if n == 1 and not self.names:
                 continue
-            problem = self._problem(header, raw, last)
+            problem = self._problem(header, raw, last, encoding)
             if problem:
                 return n, problem
         return None
 
-    def _problem(self, header: List[str], raw: bytes, last: bool) -> Optional[str]:
+    def _problem(self, header: List[str], raw: bytes, last: bool, encoding: str) -> Optional[str]:
+        ended = raw.endswith((b"\n", b"\r"))
+        raw = raw.rstrip(b"\r\n")
         try:
-            text = raw.decode(self.encoding)
+            text = raw.decode(encoding)
         except UnicodeDecodeError as e:
-            column = raw[: e.start].decode(self.encoding, "replace").count(self.delimiter)
-            field = raw.split(self.delimiter.encode(self.encoding))[column]
+            column = raw[: e.start].decode(encoding, "replace").count(self.delimiter)
+            field = raw.split(self.delimiter.encode(encoding))[column]
             name = header[column] if column < len(header) else f"#{column + 1}"
-            hint = f"; set {self.where}.encoding: latin-1 if it is Latin-1" if self.encoding != "latin-1" else ""
+            hint = f"; set {self.where}.encoding: latin-1 if it is Latin-1" if encoding != "latin-1" else ""
             return (
-                f"column {name!r}: value '{field.decode(self.encoding, 'backslashreplace')}' is not valid "
-                f"{self.encoding}{hint}"
+                f"column {name!r}: value '{printable(field.decode(encoding, 'backslashreplace'))}' is not valid "
+                f"{encoding}{hint}"
             )
-        fields = self._fields(text.rstrip("\r\n"))
+        if not text:  # an empty line: DuckDB skips it
+            return None
+        fields = self._fields(text)
+        try:
+            next(csv.reader([text], delimiter=self.delimiter, strict=True), [])
+        except csv.Error:  # a quote opened and never closed on the line (or closed mid-field)
+            opened = next((i for i, f in enumerate(fields) if '"' in f or self.delimiter in f), len(fields) - 1)
+            name = header[opened] if opened < len(header) else f"#{opened + 1}"
+            return (
+                f"column {name!r}: a quote opens its value and does not close it as RFC 4180 has it (the line reads "
+                f"'{printable(text[:120])}')"
+            )
         if len(fields) == len(header):
             return None
         counted = f"{len(fields)} field(s) where the header has {len(header)}"
         if len(fields) > len(header):
             return f"{counted}: an extra value {fields[len(header)]!r} after column {header[-1]!r}"
-        cut = ", at the end of the file with no newline: truncated?" if last and not raw.endswith(b"\n") else ""
+        cut = ", at the end of the file with no newline: truncated?" if last and not ended else ""
         after = f" (the line ends after {header[len(fields) - 1]!r} = {fields[-1]!r})" if fields else ""
         return f"{counted}: no value for column {header[len(fields)]!r}{after}{cut}"
 
     def _fields(self, line: str) -> List[str]:
         return next(csv.reader([line], delimiter=self.delimiter), [])
 
-    def _open(self, path: str):
-        return gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
-
     def _head(self, path: str) -> Tuple[str, bool]:
-        """The first HEAD_BYTES of the file as text (decoded leniently: only to look at), and
-        whether that is the whole file."""
-        with self._open(path) as f:
+        """The first HEAD_BYTES of what DuckDB reads for the file as text (decoded leniently: only
+        to look at), and whether that is the whole file."""
+        form = self.form(path)
+        with raw_bytes.opened(form) as f:
             head = f.read(HEAD_BYTES + 1)
-        encoding = "utf-8-sig" if self.encoding == "utf-8" else self.encoding
+        encoding = "utf-8-sig" if form.encoding == "utf-8" else form.encoding
         return head[:HEAD_BYTES].decode(encoding, "replace"), len(head) <= HEAD_BYTES
 
     def _lines(self, path: str) -> Iterator[Tuple[int, bytes, bool]]:
-        """(1-based line, its bytes, whether it is the last) of each physical line (none for UTF-16,
-        whose lines are not split at the byte b"\\n")."""
-        if self.encoding.lower().replace("-", "") == "utf16":
-            return
-        with self._open(path) as f:
-            lines = iter(f)
-            previous = next(lines, None)
-            n = 1
-            for line in lines:
-                yield n, previous, False
-                previous, n = line, n + 1
-            if previous is not None:
-                yield n, previous, True
+        """(1-based line, its bytes, whether it is the last) of each line DuckDB reads for the file."""
+        lines = raw_bytes.lines(self.form(path))
+        previous = next(lines, None)
+        n = 1
+        for line in lines:
+            yield n, previous, False
+            previous, n = line, n + 1
+        if previous is not None:
+            yield n, previous, True
 
 
 def configured(build, raw_dir: str) -> List[RawSource]:
@@ -306,19 +405,35 @@ def explain(error: Exception, sources: Sequence[RawSource]) -> Optional[str]:
     named = re.search(r"^\s*file = (.+?)\s*$", text, re.M) or re.search(r'Error when sniffing file "(.+?)"', text)
     if named:
         path = named.group(1)
-        source = next((s for s in sources if path in s.files), None)
-        return (source or RawSource("build", (path,), "csv", ",", ("", "NULL"))).explain_csv(path, text)
+        for source in sources:
+            original = source.original(path)
+            if original:
+                return source.explain_csv(original, text)
+        return RawSource("build", (path,), "csv", ",", ("", "NULL")).explain_csv(path, text)
     cast = re.search(r"Could not convert string '(.*?)' to (\w+)", text)
     if cast:  # an expression's cast of a text value: the first raw field holding it
+        value, kind = cast.groups()
+        # DuckDB names the column cast, and writes some bytes escaped (NUL as \0): then the first value
+        # of that column that does not convert is the one.
+        named = re.search(r"when casting from source column (\S+)", text)
         for source in sources:
             for path in source.files:
-                found = source.find_value(path, cast.group(1))
+                found = source.find_value(path, value)
                 if found:
                     row, column = found
-                    return (
-                        f"{source.where}: {source.at(path, row)}, column {column!r}: value {cast.group(1)!r} does "
-                        f"not convert to {cast.group(2)} (an expression casts it)"
-                    )
+                elif named and kind.isalnum():
+                    column = named.group(1)
+                    c = sql_name(column)
+                    found = source.find(path, f"{c} IS NOT NULL AND TRY_CAST({c} AS {kind}) IS NULL", c)
+                    if not found:
+                        continue
+                    row, value = found
+                else:
+                    continue
+                return (
+                    f"{source.where}: {source.at(path, row)}, column {column!r}: value '{printable(value)}' does not "
+                    f"convert to {kind} (an expression casts it)"
+                )
     return None
 
 
@@ -340,6 +455,61 @@ def _kind(path: str) -> Optional[str]:
     return None
 
 
+_PARSER = duckdb.connect()  # DuckDB's parser, for the config's expressions
+
+
+def columns_read(expr: str) -> List[str]:
+    """The bare column names SQL ``expr`` reads, in order, once each (``profile.x``, a side
+    table's field, is not one); none if it does not parse."""
+    if not expr:
+        return []
+    tree = json.loads(_PARSER.execute(f"SELECT json_serialize_sql({sql_string('SELECT ' + expr)})").fetchone()[0])
+    names: List[str] = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            if node.get("class") == "COLUMN_REF" and len(node.get("column_names", [])) == 1:
+                name = node["column_names"][0]
+                if name not in names:
+                    names.append(name)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    if not tree.get("error"):
+        walk(tree.get("statements", []))
+    return names
+
+
+def column_value(column: str, value) -> str:
+    """``column 'c': value 'v'`` as an error names a raw value (``no value``: blank or a null marker)."""
+    return f"column {column!r}: " + ("no value" if value is None else f"value {printable(repr(value))}")
+
+
+# Values a query returns that SQL writes as a cast of their text.
+_CAST_AS = {"date": "DATE", "datetime": "TIMESTAMP", "time": "TIME", "Decimal": "DECIMAL(38, 10)", "float": "DOUBLE"}
+
+
+def sql_literal(value) -> str:
+    """A value a query returned, as SQL again (to find the rows holding it)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return str(value)
+    kind = _CAST_AS.get(type(value).__name__)
+    return f"CAST({sql_string(str(value))} AS {kind})" if kind else sql_string(str(value))
+
+
 def first_line(e) -> str:
-    """DuckDB's message (an error, or its text) without the hints and context below it."""
-    return str(e).strip().splitlines()[0]
+    """DuckDB's message (an error, or its text) without the hints and context below it, printable."""
+    return printable(str(e).strip().splitlines()[0])
+
+
+def printable(text: str) -> str:
+    """``text`` with each character a terminal would act on (control bytes, a stray escape) written
+    as its Python escape: a value quoted from a raw file in a message."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -15,12 +15,27 @@ import duckdb
 from pinads_rec.data import rules
 from pinads_rec.data.build.queries import INTEGERS, Queries
 from pinads_rec.data.contract import ID, ID_ROLES, ContractError
-from pinads_rec.data.raw_sources import RawSource, first_line, sql_name, sql_string
+from pinads_rec.data.raw_sources import RawSource, column_value, columns_read, first_line, sql_name, sql_string
 
 # DuckDB's parser, for the config's expressions (written in its dialect whatever the engine).
 _PARSER = duckdb.connect()
 # A column name SQL reads without double quotes.
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Bare names DuckDB reads as a value of the session where no column has them: ``user`` over a log
+# that lost its user column is 'duckdb' on every row, not a missing column.
+SESSION_NAMES = {
+    "user",
+    "current_user",
+    "session_user",
+    "current_role",
+    "current_schema",
+    "current_catalog",
+    "current_date",
+    "current_time",
+    "current_timestamp",
+    "localtime",
+    "localtimestamp",
+}
 
 
 class Checks(Queries):
@@ -29,12 +44,14 @@ class Checks(Queries):
     ``group_sources``), and adds to its ``counts`` (repairs and drops) and ``case_else``."""
 
     def check_times(self, table: str, column: str, source: RawSource, expr: str, where: str) -> None:
+        """Each time (``column`` of ``table``, SQL ``expr`` over the raw file) present and in 1990..2100;
+        an error names the first bad row's file, line, column and value."""
         bad = self.one(f"SELECT __file, count(*) FROM {table} WHERE {column} IS NULL GROUP BY __file LIMIT 1")
         if bad:
             total = self.scalar(f"SELECT count(*) FROM {table} WHERE {column} IS NULL")
             raise ContractError(
                 f"{where}: {total} timestamp(s) missing or unparsable, first at "
-                f"{source.place(bad[0], f'({expr}) IS NULL')}"
+                f"{source.place(bad[0], f'({expr}) IS NULL', reads=expr)}"
             )
         stamp = rules.TIMESTAMP
         bad = self.one(
@@ -42,18 +59,21 @@ class Checks(Queries):
             f"WHERE {stamp.where(column)} GROUP BY __file LIMIT 1"
         )
         if bad:
+            total = self.scalar(f"SELECT count(*) FROM {table} WHERE {stamp.where(column)}")
             hint = " (milliseconds? divide by 1000 in the expression)" if bad[3] >= rules.LATEST else ""
             raise ContractError(
-                f"{where}: {bad[1]} timestamp(s) outside 1990..2100 in {bad[0]}, first at "
-                f"{source.place(bad[0], stamp.where(f'({expr})'))}{hint}",
+                f"{where}: {total} timestamp(s) outside 1990..2100, first at "
+                f"{source.place(bad[0], stamp.where(f'({expr})'), reads=expr)}{hint}",
                 stamp,
             )
 
     def check_not_null(self, table: str, column: str, source: RawSource, expr: str, where: str, what: str) -> None:
         bad = self.one(f"SELECT __file, count(*) FROM {table} WHERE {column} IS NULL GROUP BY __file")
         if bad:
+            total = self.scalar(f"SELECT count(*) FROM {table} WHERE {column} IS NULL")
             raise ContractError(
-                f"{where}: {bad[1]} impression(s) with no {what}, first at {source.place(bad[0], f'({expr}) IS NULL')}"
+                f"{where}: {total} impression(s) with no {what}, first at "
+                f"{source.place(bad[0], f'({expr}) IS NULL', reads=expr)}"
             )
 
     def check_no_nulls(self, table: str, columns: List[str], where: str, source: RawSource, exprs: dict) -> None:
@@ -67,8 +87,9 @@ class Checks(Queries):
             if n:
                 path = self.scalar(f"SELECT any_value(__file) FROM {table} WHERE {sql_name(c)} IS NULL")
                 raise ContractError(
-                    f"{where}.{c}: {n} null value(s), first at {source.place(path, f'({exprs[c]}) IS NULL')}; "
-                    f"give a value with coalesce(...) in the expression (or a side table's defaults)"
+                    f"{where}.{c}: {n} null value(s), first at "
+                    f"{source.place(path, f'({exprs[c]}) IS NULL', reads=exprs[c])}; give a value with coalesce(...) "
+                    f"in the expression (or a side table's defaults)"
                 )
         self.count_else(table, columns, where, exprs)
 
@@ -83,7 +104,7 @@ class Checks(Queries):
             expr = f"({self.b.columns[column]})"
             raise ContractError(
                 f"build.columns.{column}: {bad[1]} label(s) not 0/1 (e.g. {bad[2]!r}), first at "
-                f"{self.imp_source.place(bad[0], f'{expr} IS NULL OR {label.where(expr)}')}",
+                f"{self.imp_source.place(bad[0], f'{expr} IS NULL OR {label.where(expr)}', reads=expr)}",
                 label if bad[2] is not None else None,
             )
 
@@ -123,7 +144,7 @@ class Checks(Queries):
                     if is_list
                     else (f"({expr}) < 0 OR ({expr}) >= {c.table_size}")
                 )
-                at = self.side_place(expr, test) or raw.place(bad[0], test)
+                at = self.side_place(expr, test) or raw.place(bad[0], test, reads=expr)
                 raise ContractError(
                     f"{where}.{name}: id {value} at {at} is outside [0, {c.table_size}), the "
                     f"table of {c.uses[0].what}; enlarge the table, set hash: true, or declare a vocabulary",
@@ -143,14 +164,54 @@ class Checks(Queries):
                 missing = self.engine.missing_column(e)
                 if not missing:
                     hint = self.bare_name_hint(expr, relation)
-                    raise ContractError(self.explain(e) or f"{key}: {expr!r}: {first_line(e)}{hint}") from None
-                described = self.engine.describe(f"SELECT * FROM {relation}")
-                have = [f"{name}.<column>" if kind.startswith("STRUCT") else name for name, kind in described]
-                files = source.files[0] + (" ..." if len(source.files) > 1 else "")
-                raise ContractError(
-                    f"{key}: {expr!r} reads column {missing!r}, which {files} does not have (its columns: "
-                    f"{', '.join(h for h in have if not h.startswith('__'))})"
-                ) from None
+                    text = self.text_value(key, expr, relation, source, e)
+                    raise ContractError(self.explain(e) or text or f"{key}: {expr!r}: {first_line(e)}{hint}") from None
+                raise self.missing(key, expr, missing, relation, source) from None
+
+    def text_value(self, key: str, expr: str, relation: str, source: RawSource, error: Exception) -> Optional[str]:
+        """For an expression refused over types (``coalesce(brand, 0)``: "Cannot mix values of type
+        VARCHAR and INTEGER_LITERAL"): the first raw value that made a column it reads text, as the
+        error's one line; None if there is none."""
+        if "VARCHAR" not in str(error):
+            return None
+        kinds = {name.lower(): kind for name, kind in self.engine.describe(f"SELECT * FROM {relation}")}
+        for column in columns_read(expr):
+            if kinds.get(column.lower()) != "VARCHAR":
+                continue
+            name = sql_name(column)
+            for path in source.files:
+                found = source.find(path, f"{name} IS NOT NULL AND TRY_CAST({name} AS DOUBLE) IS NULL", name)
+                if found:
+                    return (
+                        f"{key}: {source.at(path, found[0])}, {column_value(column, found[1])} makes the column text, "
+                        f"and {expr!r} reads it as a number; fix the value, or cast it in the expression "
+                        f"({first_line(error)})"
+                    )
+        return None
+
+    def check_session_names(self, relation: str, exprs: Dict[str, str], source: RawSource) -> None:
+        """An expression naming a column ``relation`` lacks but DuckDB reads as the session's value
+        (``user``: SESSION_NAMES) is refused as a missing column, before any row is built on it."""
+        have = None
+        for key, expr in exprs.items():
+            named = [c for c in columns_read(expr) if c.lower() in SESSION_NAMES] if expr else []
+            if not named:
+                continue
+            have = have or {name.lower() for name, _ in self.engine.describe(f"SELECT * FROM {relation}")}
+            for name in named:
+                if name.lower() not in have:
+                    raise self.missing(key, expr, name, relation, source)
+
+    def missing(self, key: str, expr: str, column: str, relation: str, source: RawSource) -> ContractError:
+        """The error for config key ``key``'s ``expr`` reading ``column``, which ``relation`` lacks."""
+        described = self.engine.describe(f"SELECT * FROM {relation}")
+        hidden = {"filename"} if source.read_apart() else set()  # the scan's own column: the file a row came from
+        have = [f"{n}.<column>" if kind.startswith("STRUCT") else n for n, kind in described if n not in hidden]
+        files = source.files[0] + (" ..." if len(source.files) > 1 else "")
+        return ContractError(
+            f"{key}: {expr!r} reads column {column!r}, which {files} does not have (its columns: "
+            f"{', '.join(h for h in have if not h.startswith('__'))})"
+        )
 
     def bare_name_hint(self, expr: str, relation: str) -> str:
         """How SQL names a column of ``relation`` (or a field of a side table's struct there) that
@@ -217,9 +278,10 @@ class Checks(Queries):
         n = self.scalar(f"SELECT count(*) FROM imp WHERE {bad}")
         if n and self.b.impressions.unknown_surface == "error":
             path, value = self.one(f"SELECT __file, {sql_name(name)} FROM imp WHERE {bad} LIMIT 1")
+            expr = self.b.columns[name]
             raise ContractError(
                 f"build.columns.{name}: {n} impression(s) on a surface not in features.surfaces {surfaces} (e.g. "
-                f"{value!r}), first at {self.imp_source.place(path, unknown(self.b.columns[name]))}; add it to "
+                f"{value!r}), first at {self.imp_source.place(path, unknown(expr), reads=expr)}; add it to "
                 f"features.surfaces, or set build.impressions.unknown_surface: drop"
             )
         self.counts["impressions on a surface not in features.surfaces (dropped)"] = n

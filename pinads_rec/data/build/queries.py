@@ -67,11 +67,14 @@ class Queries:
 
     def source_columns(self, source: RawSource) -> List[str]:
         try:
-            return self.columns_of(self.scan(source))
+            columns = self.columns_of(self.scan(source))
         except self.engine.errors as e:
             raise ContractError(
                 self.engine.explain(e, [source]) or f"{source.where}: cannot read {source.files[0]}: {first_line(e)}"
             ) from None
+        if self.engine.name == "duckdb" and source.read_apart():  # the file a row came from, not the file's own
+            columns.remove("filename")
+        return columns
 
     def sql(self, what: str, statement: str) -> None:
         """Runs one step, naming it in the error when the engine refuses (an unknown column in an

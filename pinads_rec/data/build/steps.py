@@ -23,7 +23,7 @@ from pinads_rec.data.build.engine import Engine, open_engine
 from pinads_rec.data.build.queries import INTEGERS
 from pinads_rec.data.build.writer import Reports, SplitWriter
 from pinads_rec.data.contract import ContractError, contract_columns
-from pinads_rec.data.raw_sources import RawSource, first_line, sql_name, sql_string
+from pinads_rec.data.raw_sources import RawSource, columns_read, first_line, sql_literal, sql_name, sql_string
 
 
 def build(
@@ -147,7 +147,7 @@ class Build(Checks, Reports):
                 self.imp_source,
             )
             raise
-        self.imp_time = self.seconds(imp.time, "impressions", "build.impressions.time")
+        self.imp_time = self.seconds(imp.time, "impressions", "build.impressions.time", self.imp_source)
         joins, structs = [], []
         self.side_sources = {}  # side table name -> what its joins need (side_table)
         for i, side in enumerate(self.b.side_tables):
@@ -161,6 +161,12 @@ class Build(Checks, Reports):
         try:
             self.engine.execute(f"CREATE TEMP VIEW impressions_joined AS {joined}")
         except self.engine.errors as e:
+            keys = {
+                f"build.side_tables[{i}].key.{k}": expr
+                for i, s in enumerate(self.b.side_tables)
+                for k, expr in s.key.items()
+            }
+            self.check_binds("impressions", keys, self.imp_source)
             raise ContractError(self.explain(e) or f"build: joining the side tables: {first_line(e)}") from None
         split, n_splits = self.split_columns()
         keys = self.request_keys()
@@ -168,6 +174,18 @@ class Build(Checks, Reports):
         order = imp.order or imp.item
         outputs = ", ".join(f"({self.b.columns[c]}) AS {sql_name(c)}" for c in self.computed)
         hits = "".join(f", {sql_name(s.name)}.__hit AS {sql_name('__hit_' + s.name)}" for s in self.b.side_tables)
+        exprs = {f"build.columns.{c}": self.b.columns[c] for c in self.computed}
+        exprs.update({"build.impressions.user": imp.user, "build.impressions.item": imp.item})
+        exprs.update({"build.impressions.order": order})
+        key_names = (
+            ["build.impressions.request"]
+            if imp.request
+            else [f"build.impressions.request_key[{i}]" for i in range(len(keys))]
+        )
+        exprs.update(zip(key_names, keys))
+        exprs.update(self.split_filters())
+        read = {"build.impressions.filter": imp.filter, "build.impressions.time": imp.time, **exprs}
+        self.check_session_names("impressions_joined", read, self.imp_source)
         try:
             self.sql(
                 "building the impressions",
@@ -178,16 +196,6 @@ class Build(Checks, Reports):
                 FROM ({joined})""",
             )
         except ContractError:
-            exprs = {f"build.columns.{c}": self.b.columns[c] for c in self.computed}
-            exprs.update({"build.impressions.user": imp.user, "build.impressions.item": imp.item})
-            exprs.update({"build.impressions.order": order})
-            key_names = (
-                ["build.impressions.request"]
-                if imp.request
-                else [f"build.impressions.request_key[{i}]" for i in range(len(keys))]
-            )
-            exprs.update(zip(key_names, keys))
-            exprs.update(self.split_filters())
             self.check_binds("impressions_joined", exprs, self.imp_source)
             raise
         self.check_times("imp", "__t", self.imp_source, self.imp_time, "build.impressions.time")
@@ -282,11 +290,13 @@ class Build(Checks, Reports):
         alias = f"__side{i}"
         keys = list(side.key)
         key_select = ", ".join(f"{sql_name(k)} AS __k{j}" for j, k in enumerate(keys))
-        dated = ""
+        dated = date = ""
         if side.as_of:
-            key_select += f", {self.date_sql(sql_name(side.as_of), source, where + '.as_of')} AS __date"
+            date = self.date_sql(sql_name(side.as_of), source, where + ".as_of")
+            key_select += f", {date} AS __date"
             keys.append(side.as_of)
             dated = ", __date"
+        self.check_session_names(f"(SELECT * FROM {self.scan(source)})", {f"{where}.filter": side.filter}, source)
         filtered = f"(SELECT * FROM {self.scan(source)}{_where(side.filter)})"
         fields = [c for c in columns if c not in side.key]
         # The side columns travel in one struct, so no name of theirs can clash with the impressions'.
@@ -299,8 +309,11 @@ class Build(Checks, Reports):
             f"GROUP BY ALL HAVING count(*) > 1 LIMIT 1"
         )
         if dup:
+            raw_keys = [sql_name(k) for k in side.key] + ([date] if side.as_of else [])
+            same = " AND ".join(f"({k}) IS NOT DISTINCT FROM {sql_literal(v)}" for k, v in zip(raw_keys, dup[:-1]))
+            rows = source.places(f"({side.filter or 'true'}) AND {same}")
             raise ContractError(
-                f"{where}: key {dict(zip(keys, dup[:-1]))} has {dup[-1]} rows in {', '.join(source.files)}; "
+                f"{where}: key {dict(zip(keys, dup[:-1]))} has {dup[-1]} rows, at {' and '.join(rows)}; "
                 f"a side table needs one row per key{' and date' if side.as_of else ''}"
             )
         for col in side.defaults:
@@ -362,8 +375,9 @@ class Build(Checks, Reports):
         bad = self.one("SELECT __req, __users FROM req WHERE __users > 1 LIMIT 1")
         if bad:
             raise ContractError(
-                f"build.impressions: request {bad[0]} has impressions of {bad[1]} users; a request is one user's "
-                f"(check build.impressions.request / request_key)"
+                f"build.impressions: request {bad[0]} has impressions of {bad[1]} users"
+                f"{self.differing(bad[0], self.b.impressions.user)}; a request is one user's (check "
+                f"build.impressions.request / request_key)"
             )
         self.counts["requests with impressions at several times (request time = the earliest)"] = self.scalar(
             "SELECT count(*) FROM req WHERE __times > 1"
@@ -385,7 +399,7 @@ class Build(Checks, Reports):
             if bad:
                 raise ContractError(
                     f"build.columns.{col}: a user-side feature, but request {bad[0]} has {bad[1]} different values "
-                    f"among its impressions (it must be one per request)"
+                    f"among its impressions{self.differing(bad[0], self.b.columns[col])} (it must be one per request)"
                 )
 
     def events(self, source: SequenceSourceConfig) -> None:
@@ -400,7 +414,7 @@ class Build(Checks, Reports):
             if source.side_tables:  # the events' own keys into the side tables (as of their own date)
                 plain = f"__events_raw_{name}"
                 self.engine.execute(f"CREATE TEMP VIEW {plain} AS SELECT * FROM {scan}")
-                t = self.seconds(source.time, plain, f"{where}.time")
+                t = self.seconds(source.time, plain, f"{where}.time", raw)
                 joins, structs = [], []
                 for side, key in source.side_tables.items():
                     join, struct = self.side_join(side, key, t)
@@ -415,7 +429,10 @@ class Build(Checks, Reports):
         except self.engine.errors:
             self.check_binds(scan, {f"{where}.filter": source.filter}, raw)
             raise
-        t = self.seconds(source.time, view, f"{where}.time")
+        read = {f"{where}.filter": source.filter, f"{where}.user": source.user, f"{where}.time": source.time}
+        read.update({f"{where}.columns.{c}": e for c, e in source.columns.items()})
+        self.check_session_names(scan, read, raw)
+        t = self.seconds(source.time, view, f"{where}.time", raw)
         ids = [f.column for f in group.features]
         cols = ids + embedding_columns(group)
         exprs = []
@@ -441,7 +458,7 @@ class Build(Checks, Reports):
         no_user = self.scalar(f"SELECT count(*) FROM {events} WHERE __no_user")
         if no_user and source.missing_user == "error":
             path = self.scalar(f"SELECT any_value(__file) FROM {events} WHERE __no_user")
-            first = raw.place(path, f"({source.user}) IS NULL")
+            first = raw.place(path, f"({source.user}) IS NULL", reads=source.user)
             raise ContractError(
                 f"{where}.user: {no_user} event(s) without a user, first at {first}; "
                 "fix the log or set missing_user: drop"
@@ -755,9 +772,14 @@ class Build(Checks, Reports):
             "SELECT sum(n - 1) FROM (SELECT count(*) AS n FROM imp GROUP BY __req, __item HAVING count(*) > 1)"
         )
         if self.b.impressions.duplicates == "error":
+            item = self.b.impressions.item
+            rows = self.imp_source.places(f"{self.request_rows(dup[0])} AND ({item}) = {sql_literal(dup[1])}")
+            named = columns_read(item)
+            column = f" (column {named[0]!r})" if named == [item] else ""
             raise ContractError(
-                f"build.impressions: {total} duplicated impression(s); request {dup[0]} shows item {dup[1]} "
-                f"{dup[2]} times (in {', '.join(dup[3])}); set build.impressions.duplicates: drop to keep the first"
+                f"build.impressions: {total} duplicated impression(s); request {dup[0]} shows item {dup[1]!r} {dup[2]} "
+                f"times{column}, at {' and '.join(rows) or ', '.join(dup[3])}; set build.impressions.duplicates: "
+                f"drop to keep the first"
             )
         # The first by order, then the highest labels (those built: a live request has none).
         order = ", ".join(
@@ -770,6 +792,37 @@ class Build(Checks, Reports):
             WHERE __dup = 1"""
         )
         self.counts["duplicated impressions (dropped)"] = int(total)
+
+    def request_rows(self, req) -> str:
+        """SQL over the impression log's columns: its rows of request ``req`` (``__req``), as the
+        filter kept them."""
+        keys = self.request_keys()
+        if len(keys) == 1 and self.is_integer(keys[0]):
+            values = [req]
+        else:
+            listed = ", ".join(f"__key{i}" for i in range(len(keys)))
+            found = self.one(f"SELECT {listed} FROM __request_ids WHERE __req = {sql_literal(req)}")
+            if found is None:  # not numbered here: no raw row to name
+                return "(false)"
+            values = list(found)
+        same = [f"({k}) IS NOT DISTINCT FROM {sql_literal(v)}" for k, v in zip(keys, values)]
+        return "(" + " AND ".join([f"({self.b.impressions.filter or 'true'})"] + same) + ")"
+
+    def differing(self, req, expr: str) -> str:
+        """Where request ``req``'s impressions differ in SQL ``expr``: its first row and the first
+        with another value, each with its value, as an error names them (empty if not found)."""
+        rows, source = self.request_rows(req), self.imp_source
+
+        def first(condition: str) -> Optional[tuple]:
+            for path in source.files:
+                found = source.find(path, condition, f"({expr})")
+                if found:
+                    return source.at(path, found[0]), found[1]
+            return None
+
+        one = first(rows)
+        other = one and first(f"{rows} AND ({expr}) IS DISTINCT FROM {sql_literal(one[1])}")
+        return f" ({expr!r} is {one[1]!r} at {one[0]} and {other[1]!r} at {other[0]})" if other else ""
 
     def downsample(self) -> None:
         d = self.b.negative_downsampling
@@ -803,12 +856,16 @@ class Build(Checks, Reports):
 
     # --- times and dates as SQL --------------------------------------------------------------
 
-    def seconds(self, expr: str, relation: str, where: str) -> str:
+    def seconds(self, expr: str, relation: str, where: str, source: Optional[RawSource] = None) -> str:
         """SQL giving ``expr`` as epoch seconds (DOUBLE): numbers as they are; timestamps without a
-        zone and dates in build.timezone; text as a number, else as a timestamp."""
+        zone and dates in build.timezone; text as a number, else as a timestamp. ``source``: the raw
+        file ``relation`` reads, named when ``expr`` reads a column it lacks."""
         try:
             kind = self.one(f"SELECT typeof({expr}) FROM {relation} LIMIT 1")
         except self.engine.errors as e:
+            missing = self.engine.missing_column(e)
+            if missing and source is not None:
+                raise self.missing(where, expr, missing, relation, source) from None
             hint = self.bare_name_hint(expr, relation)
             raise ContractError(f"{where}: {expr!r}: {str(e).strip().splitlines()[0]}{hint}") from None
         kind = kind[0] if kind else "DOUBLE"
