@@ -9,6 +9,12 @@ import pytest
 # cluster network), so the tests' Ray traffic stays on this machine's loopback. Read when Ray is
 # imported, hence here, before any test imports it.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# OpenMP threads that wait for work sleep instead of spinning. make test runs two workers on two
+# cores, and each one's torch (and every process it starts: CLIs, ranks, replicas) runs its
+# intra-op pool on every core: on a busy machine spinning threads take the core a working one needs
+# (test_continuous's rerun, in-process scoring: 104 s, 17 s passive, side by side). Threads and
+# results are unchanged; read when torch loads, hence before any import of it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from pinads_rec import config
 from pinads_rec.data.synth import generate

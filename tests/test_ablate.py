@@ -12,6 +12,9 @@ from pinads_rec.experiments.harness import meters
 
 pytestmark = pytest.mark.slow
 
+# The LightGBM reference train.py fits after each run: the report reads none of it.
+NO_REFERENCE = ["reference.enabled=false"]
+
 
 def test_ablation_trains_variants_and_writes_the_report(tiny_data, tmp_path, capsys):
     _, data = tiny_data
@@ -19,7 +22,7 @@ def test_ablation_trains_variants_and_writes_the_report(tiny_data, tmp_path, cap
         "title": "Tiny calibration",
         "description": "Two variants and an evaluation of the first on one ad type.",
         "base": DEMO,
-        "overrides": tiny_overrides(data) + ["train.max_steps=3", "train.log_every=1"],
+        "overrides": tiny_overrides(data) + ["train.max_steps=3", "train.log_every=1"] + NO_REFERENCE,
         "metrics": ["auc", "calibration_vs_truth", "ece"],
         "chart": {"metric": "calibration_vs_truth", "task": "click"},
         "out": str(tmp_path / "report.md"),
@@ -83,7 +86,7 @@ def test_ablation_costs_serving_history_cost_only_and_the_cost_chart(tiny_data, 
     spec = {
         "title": "Tiny costs",
         "base": DEMO,
-        "overrides": tiny_overrides(data) + ["train.max_steps=2", "train.log_every=1"],
+        "overrides": tiny_overrides(data) + ["train.max_steps=2", "train.log_every=1"] + NO_REFERENCE,
         "metrics": ["auc"],
         "serving": {"candidates": 20, "requests": 3, "warmup": 1},
         "history_group": "pins",

@@ -65,7 +65,9 @@ def test_an_idle_batcher_waits_at_most_wait_s_for_company():
         return result, time.perf_counter() - started
 
     result, waited = run(main())
-    assert result == 6 and 0.04 <= waited < 1.0
+    # At least wait_s; the upper bound only tells "flushed by the wait" from "waited for a full batch
+    # that never comes" (a busy machine may wake the loop late: no tighter bound holds there).
+    assert result == 6 and 0.04 <= waited < 10.0
     assert scorer.batches == [[3]]
 
 

@@ -399,6 +399,7 @@ def two_nodes(tmp_path_factory):
         "data.batch_size=128",
         "train.max_steps=4",
         "train.log_every=2",
+        "reference.enabled=false",  # the LightGBM reference after the run: nothing here reads it
     ]
     generate(config.load(REPO / "configs" / "demo.yaml", overrides), data)
 

@@ -69,6 +69,12 @@ def _one_rank_cases(rank, world, result_dir, data_dir, source, run_dir):
     Path(result_dir, "cases.json").write_text(json.dumps(out))
 
 
+def _one_rank(rank, world, result_dir, data_dir, source, run_dir):
+    """The 1-rank warm start into ``<run_dir>-all``, then the 1-rank cases, in one process (one start-up)."""
+    _warm_start(rank, world, result_dir, data_dir, source, f"{run_dir}-all")
+    _one_rank_cases(rank, world, result_dir, data_dir, source, run_dir)
+
+
 @pytest.fixture(scope="module")
 def runs(tiny_data, tmp_path_factory):
     """A 2-rank source run, warm-started on 1 rank (and the 1-rank cases) and on 2 ranks."""
@@ -76,9 +82,8 @@ def runs(tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("warm_start")
     source = root / "source"
     run_ranks(_source, 2, str(root / "w-source"), data_dir, str(source))
-    run_ranks(_warm_start, 1, str(root / "w-1"), data_dir, str(source), str(root / "warm1-all"))
+    cases = run_ranks(_one_rank, 1, str(root / "w-1"), data_dir, str(source), str(root / "warm1"))
     run_ranks(_warm_start, 2, str(root / "w-2"), data_dir, str(source), str(root / "warm2-all"))
-    cases = run_ranks(_one_rank_cases, 1, str(root / "w-cases"), data_dir, str(source), str(root / "warm1"))
     return {"root": root, "source": source, "cases": json.loads((cases / "cases.json").read_text())}
 
 
