@@ -3,8 +3,9 @@ in one line naming the file and line -- never a traceback, never other rows.
 
     python benchmarks/raw_log_fuzz.py [--cases 1000] [--seed 0] [--users 12] [--case N] [--verbose]
 
-Each case takes the four raw files of the Taobao layout (tests/dataset_fixtures.write_taobao:
-raw_sample.csv, ad_feature.csv, user_profile.csv, behavior_log.csv; configs/datasets/taobao_ad.yaml),
+Each case takes the four raw files of the Taobao layout (``pinads_rec.data.shaped_logs.taobao.write``
+at a few users: raw_sample.csv, ad_feature.csv, user_profile.csv, behavior_log.csv, with the real
+files' quirks; configs/datasets/taobao_ad.yaml),
 mutates one of them one way (case ``i`` of seed ``s`` draws file, mutation and place from its own
 generator: ``--case i`` replays it alone) and builds through the build's command line in-process
 (``main([...])``, one thread): exit 0 and the output, or exit 2 and the one line on stderr, as a
@@ -84,13 +85,11 @@ from typing import Callable, Dict, List, Optional, Tuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pinads_rec.data.build import main as build_main
+from pinads_rec.data.shaped_logs import taobao
+
 REPO = Path(__file__).resolve().parents[1]
 TAOBAO = REPO / "configs" / "datasets" / "taobao_ad.yaml"
-# The raw files' writer is the tests' (their fixture of the Taobao layout), not a second copy of it.
-sys.path.insert(0, str(REPO / "tests"))
-from dataset_fixtures import write_taobao  # noqa: E402
-
-from pinads_rec.data.build import main as build_main  # noqa: E402
 
 # Which file a case mutates, by weight: the impression log most, the side tables and the behaviour log too.
 FILES = {"raw_sample.csv": 4, "behavior_log.csv": 2, "ad_feature.csv": 2, "user_profile.csv": 2}
@@ -452,7 +451,7 @@ class Fuzzer:
     def __init__(self, work: Path, users: int):
         self.work = work
         self.clean_dir = work / "clean"
-        write_taobao(self.clean_dir, users=users, requests_per_user=3)
+        taobao.write(self.clean_dir, users=users, seed=0)
         self.clean = {name: (self.clean_dir / name).read_bytes() for name in FILES}
         self.clean_rows = {name: logical_rows(data) for name, data in self.clean.items()}
         self.oracles: Dict[Tuple[str, str], Outcome] = {}
@@ -578,7 +577,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--users", type=int, default=12, help="users of the Taobao fixture (its size)")
+    ap.add_argument("--users", type=int, default=12, help="users of the Taobao-shaped logs (their size)")
     ap.add_argument("--case", type=int, default=None, help="replay this case of --seed alone")
     ap.add_argument("--verbose", action="store_true", help="one line per case")
     args = ap.parse_args(argv)

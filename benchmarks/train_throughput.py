@@ -599,7 +599,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     for name in cfgs:
         runs = [r for r in rows if (r["model"], r["mode"], r["ranks"]) == (name, "pipeline", ranks)]
-        for r in (runs[0], max(runs, key=lambda r: r["examples_per_s"])):
+        fastest = max(runs, key=lambda r: r["examples_per_s"])
+        for r in [runs[0]] + ([fastest] if fastest is not runs[0] else []):  # the reference may be the fastest
             cfg = configs[(name, r["switch"])]
             flops, lookups = dense_flops_per_example(cfg), lookups_per_example(cfg)
             achieved, per_rank = flops * r["examples_per_s"], r["examples_per_s"] / ranks

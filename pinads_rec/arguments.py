@@ -33,6 +33,17 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    """A duration in seconds, more than 0 (timeouts, deadlines)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text} is not a duration: give seconds above 0")
+    return value
+
+
 def _check_parent(path: str) -> None:
     """The nearest existing ancestor of ``path`` must be a directory (the rest is created)."""
     parent = os.path.dirname(os.path.abspath(path))

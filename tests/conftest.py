@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -206,9 +207,23 @@ def train_tiny(tmp, config_path, overrides) -> str:
 
 
 @pytest.fixture(scope="session")
-def served_run(tmp_path_factory):
+def served_run(tmp_path_factory, worker_id):
     """(run dir, raw logs, build dir) of what the serving tests serve: a tiny demo run trained on the
-    demo_raw world (checkpoints at steps 4 and 8), its raw logs, and their build."""
-    tmp = tmp_path_factory.mktemp("served_run")
-    _, raw, built = demo_raw(tmp)
-    return train_tiny(tmp, DEMO, tiny_overrides(tmp / "synth") + DEMO_RAW), raw, built
+    demo_raw world (checkpoints at steps 4 and 8), its raw logs, and their build. Made once per test
+    session, not once per pytest-xdist worker: the first worker to need it makes it under a file
+    lock in the directory the workers' temporary roots share; the others wait, then read it (no test
+    writes into it)."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        root = root.parent
+    tmp = root / "served_run"
+    with FileLock(str(tmp) + ".lock"):
+        if not (tmp / "complete").exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            demo_raw(tmp)
+            train_tiny(tmp, DEMO, tiny_overrides(tmp / "synth") + DEMO_RAW)
+            (tmp / "complete").touch()
+    return tmp / "run", tmp / "synth" / "raw", tmp / "built"

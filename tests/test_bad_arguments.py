@@ -97,6 +97,7 @@ CASES = [
     ("serve", ["kuberay", *RUN, "--raw", "{dir}", "--image", "i", "--workers", "0"], "argument --workers: 0"),
     ("experiments.scaling", ["--sweep", "ranks=1", "--steps", "0"], "--steps"),
     ("experiments.scaling", ["--sweep", "ranks=1", "--num-workers", "-1"], "argument --num-workers: -1 is not a count"),
+    ("experiments.scaling", ["--sweep", "ranks=1", "--timeout", "-5"], "argument --timeout: -5 is not a duration"),
     ("experiments.ablate", ["--config", ABLATION, "--ranks", "0"], "argument --ranks: 0 is not a count"),
     ("experiments.stability", ["--nproc", "0"], "argument --nproc: 0 is not a count"),
     ("experiments.continuous", ["--ranks", "-1"], "argument --ranks: -1 is not a count"),

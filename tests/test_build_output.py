@@ -284,7 +284,7 @@ def test_readers_read_a_complete_build_and_hand_made_data(built, tmp_path):
     assert loader(hand).num_rows == loader(built / "train").num_rows
 
 
-def test_verify_checks_the_bytes_the_readers_only_size(previous):
+def test_verify_finds_same_size_changes_by_sha256(previous):
     vocab = previous / "vocabularies" / "user.parquet"
     data = bytearray(vocab.read_bytes())
     data[10] ^= 0xFF  # same size, other bytes

@@ -11,7 +11,6 @@ import pytest
 from conftest import rows_of
 from test_continuous import TINY_DRIFT
 
-from pinads_rec.experiments import continuous
 from pinads_rec.experiments.continuous import VOCABULARY_FIT, cell
 from pinads_rec.experiments.id_mappings import ID_END, ID_START, VARIANTS, report, run, summary, write_report
 
@@ -29,12 +28,7 @@ SMALL = TINY_DRIFT + [
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     out = tmp_path_factory.mktemp("id_mappings")
-    # The comparison reads each day's run, never its serving artifact: the loop's export of every
-    # published model (6 here, ~10 s each, most of the fixture beside the launches) is left out.
-    # test_continuous checks that the loop exports, test_managed_collision a managed table's export.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(continuous, "export_model", lambda run_dir, day: None)
-        return out, run(CONFIG, SMALL, out, ranks=1)
+    return out, run(CONFIG, SMALL, out, ranks=1)
 
 
 def test_every_variant_trains_and_scores_each_day_on_the_same_days(compared):

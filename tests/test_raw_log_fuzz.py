@@ -23,9 +23,9 @@ def test_lossless_mutations_keep_the_logical_rows(fuzzer_module, tmp_path):
     against it would blame the build for the fuzzer's own misreading)."""
     import random
 
-    from dataset_fixtures import write_taobao
+    from pinads_rec.data.shaped_logs import taobao
 
-    write_taobao(tmp_path, users=12, requests_per_user=3)
+    taobao.write(tmp_path, users=12, seed=0)
     for name in fuzzer_module.FILES:
         data = (tmp_path / name).read_bytes()
         clean = fuzzer_module.logical_rows(data)

@@ -68,6 +68,7 @@ class Loop:
     ranks: int = 2
     timeout_s: float = 3600.0
     raw: bool = False  # build each day from the raw logs (``build_day``) instead of the generator's files
+    publish: bool = True  # export the first strategy's new models for serving (a comparison alone needs none)
 
     @property
     def cfg(self) -> config.ExperimentConfig:
@@ -314,6 +315,7 @@ def run_loop(loop: Loop, echo=print) -> List[dict]:
         item = cfg.features.columns.item_id
         before, today = seen_items(generated[:d], item), seen_items(generated[d : d + 1], item)
         trained: Dict[str, Dict[str, object]] = {}
+        scored: Dict[Path, Dict[str, List[dict]]] = {}  # by run: day 0's one model is scored once for every strategy
         for strategy in loop.strategies:
             # Day 0: every strategy's model is the same (day 0 from scratch): trained once.
             source = TRAINED_BY[strategy] if d > 0 else "incremental"
@@ -324,9 +326,11 @@ def run_loop(loop: Loop, echo=print) -> List[dict]:
                 run = trained.get(source) or train_day(loop, source, d, days)
                 trained[source] = run
             run_dir = Path(run["run_dir"])
-            if strategy == loop.strategies[0] and (strategy != "frozen" or d == 0):
+            if loop.publish and strategy == loop.strategies[0] and (strategy != "frozen" or d == 0):
                 export_model(run_dir, days[d + 1])  # what the loop publishes; the others are references
-            rows = evaluate_day(run_dir, days[d + 1], generated[d + 1], before, today)
+            if run_dir not in scored:
+                scored[run_dir] = evaluate_day(run_dir, days[d + 1], generated[d + 1], before, today)
+            rows = scored[run_dir]
             result = {
                 "day": d,
                 "date": days[d].name,

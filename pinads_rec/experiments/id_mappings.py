@@ -62,7 +62,10 @@ def run(config_path: str, overrides: List[str], out: Path, ranks: int, echo=prin
             extra = extra + [
                 f"build.requests_per_row_group={int(cfg.synth.row_group_size // cfg.synth.candidates_per_request)}"
             ]
-        loop = Loop(config_path, overrides + extra, where, strategies=("incremental",), ranks=ranks, raw=raw)
+        # The comparison reads each day's run, never a serving artifact: nothing is published.
+        loop = Loop(
+            config_path, overrides + extra, where, strategies=("incremental",), ranks=ranks, raw=raw, publish=False
+        )
         echo(f"--- {name}")
         results[name] = run_loop(loop, echo=echo)
     return results

@@ -337,7 +337,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="DataLoader workers per rank (default 0: the loader runs in the trainer process, "
         "so each rank is exactly one process on one thread)",
     )
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per run before its ranks are killed")
+    p.add_argument(
+        "--timeout", type=arguments.positive_seconds, default=900.0, help="seconds per run before its ranks are killed"
+    )
     p.add_argument(
         "--replot",
         action="store_true",

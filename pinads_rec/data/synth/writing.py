@@ -64,7 +64,7 @@ def split_files(plan: SplitPlan) -> List[List[Tuple[int, int]]]:
     return files
 
 
-# zstd finds the sequences repeated on the rows of a request (adjacent in a page); no dictionaries
+# lz4: the loader decompresses every page each epoch, and lz4 decodes fastest; no dictionaries
 # or statistics: they cost write time and the loader does not use them. Page checksums: readers
 # verify them (data/page_checksums.py).
 PARQUET_OPTIONS = dict(compression="lz4", use_dictionary=False, write_statistics=False, **page_checksums.WRITE)

@@ -1,12 +1,18 @@
 """The one way this project runs code on several gloo ranks from Python (tests, experiments,
 benchmarks).
 
-``run_ranks(fn, world_size, work_dir, *args)`` starts ``world_size`` fresh processes (spawn), each
+``run_ranks(fn, world_size, work_dir, *args)`` starts ``world_size`` fresh processes, each
 joining a gloo process group through a FILE rendezvous in a private temporary directory (no TCP port
 to collide), and calls ``fn(rank, world_size, work_dir, *args)`` in each. A deadline bounds the whole
 run; a failed rank's traceback (``work_dir/error-<rank>.txt``) is re-raised in the caller, every
 failed rank's, named by rank; the ranks die with the caller. ``rank_results(fn, ...)`` is the same
 for a ``fn(*args) -> dict`` whose per-rank results come back (kept as ``work_dir/rank-<rank>.json``).
+
+The processes are forked from a forkserver that has imported torch, TorchRec and the project once
+(started on the first launch, with ``PYTHONHASHSEED=0``): a rank starts in milliseconds instead of
+the seconds a fresh interpreter takes to import them, and each rank is still a clean fork of a
+process that never ran a collective or a thread pool. The caller's environment at launch time is the
+rank's, as under spawn.
 
 ``train_py`` and ``torchx_train`` launch ``pinads_rec/train.py`` itself, under torchrun or TorchX: the
 one launcher of each kind the experiments, benchmarks and tests share.
@@ -29,6 +35,11 @@ from typing import Callable, Dict, List, Optional
 
 # Seconds the other ranks get to finish (and write their own traceback) once one rank has failed.
 FAILURE_GRACE_S = 3.0
+
+# What the forkserver imports once, so that no rank pays for it: torch, the sharding stack and the
+# project's training path. (An import error here only costs the rank its own import later.)
+PRELOADED_MODULES = ["torch", "torch.distributed", "torchrec", "fbgemm_gpu", "pinads_rec.train"]
+_forkserver_is_ours = False
 
 
 class RanksFailed(RuntimeError):
@@ -59,8 +70,43 @@ def quiet_library_logs() -> None:
     logging.getLogger().setLevel(logging.ERROR)  # fbgemm's "Successfully loaded" INFO lines
 
 
+def _rank_context():
+    """The multiprocessing context the ranks start from: this process's forkserver, preloaded and
+    started with ``PYTHONHASHSEED=0`` (so that the planner's ties break alike from run to run), or
+    spawn where a forkserver was already started by someone else (its hash seed unknown)."""
+    import multiprocessing.forkserver as forkserver
+
+    import torch.multiprocessing as mp
+
+    global _forkserver_is_ours
+    if not _forkserver_is_ours:
+        if forkserver._forkserver._forkserver_pid is not None:
+            return mp.get_context("spawn")
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOADED_MODULES)
+        saved = os.environ.get("PYTHONHASHSEED")
+        os.environ["PYTHONHASHSEED"] = "0"  # read by the server's interpreter as it starts
+        try:
+            forkserver.ensure_running()
+        finally:
+            if saved is None:
+                del os.environ["PYTHONHASHSEED"]
+            else:
+                os.environ["PYTHONHASHSEED"] = saved
+        _forkserver_is_ours = True
+    return mp.get_context("forkserver")
+
+
 def _rank_main(
-    rank: int, world: int, rdzv_file: str, work_dir: str, pg_timeout_s: float, quiet: bool, fn, args
+    rank: int,
+    world: int,
+    rdzv_file: str,
+    work_dir: str,
+    pg_timeout_s: float,
+    quiet: bool,
+    environ: Dict[str, str],
+    fn,
+    args,
 ) -> None:
     import multiprocessing
 
@@ -68,9 +114,12 @@ def _rank_main(
     import torch.distributed as dist
 
     _die_with_parent()
+    # A forkserver's child inherits the server's environment, not the caller's: take the caller's.
+    os.environ.clear()
+    os.environ.update(environ)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
-    # A spawned child inherits "spawn" as its start method; torchrun's ranks fork their DataLoader
-    # workers, so these do too.
+    # A child inherits its parent's start method; torchrun's ranks fork their DataLoader workers,
+    # so these do too.
     multiprocessing.set_start_method("fork", force=True)
     torch.set_num_threads(1)  # one thread per rank: 1 and N ranks get the same compute per process
     if quiet:
@@ -115,25 +164,26 @@ def run_ranks(
     module-level function). ``quiet``: the ranks log library messages at ERROR only.
     ``collective_timeout_s``: the default process group's timeout (as train.py sets it from
     train.collective_timeout_s); None: the deadline."""
-    import torch.multiprocessing as mp
-
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     for old in list(work.glob("error-*.txt")) + list(work.glob("rank-*.json")):
         old.unlink()
     rdzv_dir = tempfile.mkdtemp(prefix="pinads_rdzv_")  # a fresh rendezvous file per launch
     pg_timeout_s = timeout_s if collective_timeout_s is None else collective_timeout_s
-    ctx = mp.get_context("spawn")
+    ctx = _rank_context()
+    environ = dict(os.environ)
+    environ.setdefault("PYTHONHASHSEED", "0")  # read by a spawned child's interpreter as it starts
+    rdzv_file = os.path.join(rdzv_dir, "rdzv")
     procs = [
         ctx.Process(
             target=_rank_main,
-            args=(rank, world_size, os.path.join(rdzv_dir, "rdzv"), str(work), pg_timeout_s, quiet, fn, args),
+            args=(rank, world_size, rdzv_file, str(work), pg_timeout_s, quiet, environ, fn, args),
             name=f"rank-{rank}",
         )
         for rank in range(world_size)
     ]
     saved = os.environ.get("PYTHONHASHSEED")
-    os.environ["PYTHONHASHSEED"] = saved or "0"  # read by the child interpreters as they start
+    os.environ["PYTHONHASHSEED"] = environ["PYTHONHASHSEED"]
     deadline = time.monotonic() + timeout_s
     timed_out, killed = False, set()
     try:
