@@ -339,6 +339,38 @@ def build_app(args: Dict[str, Any]):
     return application(spec, spec.serve_config(config.from_dict(_run_config(run_dir))))
 
 
+# Fresh connections that must each find the route before the service counts as started: the proxies
+# of nodes on one machine share the port (SO_REUSEPORT), the kernel spreading connections over them.
+ROUTE_CONFIRMATIONS = 16
+ROUTE_TIMEOUT_S = 60.0
+
+
+def wait_until_routed(host: str, port: int, timeout_s: float = ROUTE_TIMEOUT_S) -> None:
+    """Returns once the HTTP proxy on ``host:port`` routes ``/`` to the application. ``serve.run``
+    returns when the replicas are up, but a proxy learns the route a moment later (the controller
+    pushes route tables asynchronously) and answers 404 meanwhile: a request sent right after
+    start would fail. Polls the proxy's route table (``/-/routes``) until ROUTE_CONFIRMATIONS
+    connections in a row list the route."""
+    import urllib.error
+    import urllib.request
+
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/-/routes"
+    deadline, confirmed = time.monotonic() + timeout_s, 0
+    while confirmed < ROUTE_CONFIRMATIONS:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                routed = json.loads(response.read()).get("/") == APP_NAME
+        except (OSError, ValueError, AttributeError):  # refused, 503 (not ready), not JSON yet
+            routed = False
+        confirmed = confirmed + 1 if routed else 0
+        if not routed:
+            if time.monotonic() > deadline:
+                raise ServeError(
+                    f"the HTTP proxy on {host}:{port} did not route '/' to {APP_NAME} within {timeout_s:g} s"
+                )
+            time.sleep(0.1)
+
+
 def start(spec: ServiceSpec, address: Optional[str] = None, blocking: bool = True, ray_tmp: Optional[str] = None):
     """Starts Ray (or joins the cluster at ``address``), the HTTP proxy on ``serve.host:port``, and
     the application; with ``blocking``, serves until interrupted, then shuts Ray down."""
@@ -357,6 +389,7 @@ def start(spec: ServiceSpec, address: Optional[str] = None, blocking: bool = Tru
         )
     serve.start(http_options={"host": settings.host, "port": settings.port})
     serve.run(application(spec, settings), name=APP_NAME, route_prefix="/")
+    wait_until_routed(settings.host, settings.port)
     log.info("serving %s on http://%s:%d/", spec.model, settings.host, settings.port)
     if not blocking:
         return settings
