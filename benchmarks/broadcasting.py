@@ -37,8 +37,8 @@ import pyarrow as pa
 import torch
 
 from pinads_rec import config
-from pinads_rec.data.batch import Batch, BatchBuilder
-from pinads_rec.data.reader import RowGroupReader, list_files, list_row_groups
+from pinads_rec.data.loader.batch import Batch, BatchBuilder
+from pinads_rec.data.loader.reader import RowGroupReader, list_files, list_row_groups
 from pinads_rec.experiments.harness import CpuMeter, wait_quiet
 from pinads_rec.features import FeatureLayout
 
@@ -121,7 +121,7 @@ def training_task(cfg):
     """A 1-rank train step on given batches: the trainer's sharded TrainTask (``shard_train_task``)
     and optimizers (``parallel.make_optimizer``: fused embedding optimizer + AdamW); no loader."""
     from pinads_rec import parallel
-    from pinads_rec.training.trainer import shard_train_task
+    from pinads_rec.training.task import shard_train_task
 
     env = parallel.init_distributed()
     dmp = shard_train_task(cfg, env)

@@ -46,8 +46,8 @@ from typing import Callable, Dict, List, Sequence
 import torch
 from torch import nn
 
-from pinads_rec.data.batch import Batch
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+from pinads_rec.data.loader.batch import Batch
+from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
 from pinads_rec.experiments.harness import CpuMeter, wait_quiet
 from pinads_rec.metrics import MetricAccumulator
 from pinads_rec.modules.transformer import ALL_BACKENDS, set_attention_backends
@@ -267,7 +267,7 @@ def training_steps(cfg, train_dir: str, rows: int, batches: int, repeats: int) -
     import dataclasses
 
     from pinads_rec import parallel
-    from pinads_rec.training.trainer import shard_train_task
+    from pinads_rec.training.task import shard_train_task
 
     env = parallel.init_distributed()
     sample = []

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pinads_rec import config
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader
+from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches, make_loader
 from pinads_rec.experiments.harness import meters, peak_rss_mib, rss_mib
 
 REPO = Path(__file__).resolve().parents[1]

@@ -26,8 +26,8 @@ from pinads_rec import config
 from pinads_rec.arguments import existing_path, positive_int
 from pinads_rec.data import page_checksums
 from pinads_rec.data.build_output import sha256
-from pinads_rec.data.contract import ContractError
-from pinads_rec.data.reader import RowGroup, RowGroupReader, list_files, list_row_groups
+from pinads_rec.data.loader.contract import ContractError
+from pinads_rec.data.loader.reader import RowGroup, RowGroupReader, list_files, list_row_groups
 
 GB = 1e9
 MODES = ("unverified", "verified", "RowGroupReader", "sha256")

@@ -36,9 +36,9 @@ import torch
 
 from pinads_rec import config
 from pinads_rec.data import synth
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
-from pinads_rec.data.reader import list_files
-from pinads_rec.data.storage_layout import rewrite_per_request, rewrite_per_row
+from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
+from pinads_rec.data.loader.layout_rewrite import rewrite_per_request, rewrite_per_row
+from pinads_rec.data.loader.reader import list_files
 
 REPO = Path(__file__).resolve().parents[1]
 LAYOUTS = ("per_row", "per_request")

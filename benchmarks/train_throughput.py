@@ -215,11 +215,11 @@ def measure_plain(
     from torch.nn.parallel import DistributedDataParallel
 
     from pinads_rec import parallel
-    from pinads_rec.data.dataset import LoaderSettings, make_loader
+    from pinads_rec.data.loader.dataset import LoaderSettings, make_loader
     from pinads_rec.models import build_model
     from pinads_rec.models.train_task import TrainTask
+    from pinads_rec.training.epochs import EndTogether
     from pinads_rec.training.evaluation import evaluation_rows
-    from pinads_rec.training.trainer import EndTogether
 
     env = parallel.init_distributed()
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, broadcast=False))
@@ -304,7 +304,7 @@ def dense_flops_per_example(cfg: config.ExperimentConfig, batches: int = 3) -> f
     ``torch.utils.flop_counter``), request-level broadcasting on, as trained."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+    from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
     from pinads_rec.models import build_model
     from pinads_rec.models.train_task import TrainTask
 
@@ -351,7 +351,7 @@ def loader_rate(cfg: config.ExperimentConfig, world: int, batches: int = 40, zer
     """Examples/s of one rank's batch building alone (rank 0 of ``world``, in this process, one
     thread): what a loader worker supplies. ``zero_fill``: the batch builder allocates its tensors
     with ``torch.zeros`` (``BatchBuilder.zero_fill``) -- the zero-filled allocations it avoids."""
-    from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+    from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -374,7 +374,7 @@ def loader_rate(cfg: config.ExperimentConfig, world: int, batches: int = 40, zer
 def lookups_per_example(cfg: config.ExperimentConfig, batches: int = 5) -> float:
     """Embedding rows read per valid row as trained (pooled ids per row, plus each request's
     sequence and user-side ids once: request-level broadcasting)."""
-    from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+    from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
 
     ids = rows = 0
     for i, b in enumerate(ParquetBatches(cfg.data.train_dir, LoaderSettings.of(cfg), shuffle=False)):
@@ -396,7 +396,7 @@ def fbgemm_lookup_rate(cfg: config.ExperimentConfig, batches: int = 5, repeats: 
         SplitTableBatchedEmbeddingBagsCodegen,
     )
 
-    from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+    from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
     from pinads_rec.features import FeatureLayout
 
     tables = {t.name: t for t in cfg.features.tables}

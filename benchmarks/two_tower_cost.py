@@ -45,8 +45,8 @@ import pyarrow as pa
 import torch
 
 from pinads_rec import config
-from pinads_rec.data.batch import Batch
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+from pinads_rec.data.loader.batch import Batch
+from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
 from pinads_rec.experiments import markdown
 from pinads_rec.models import build_model
 from pinads_rec.modules.precision import set_precision

@@ -1,9 +1,11 @@
-"""The config reference, ``docs/config.md``, generated from the dataclasses of ``config/schema.py``.
+"""The config reference, ``docs/config.md``, generated from the dataclasses ``config/schema.py``
+composes (``ExperimentConfig``), wherever each is declared.
 
 Keys, types and defaults come from the dataclasses (a nested section's defaults from the default
 instance, so ``model.two_tower.dcn`` shows its own, not ``model.dcn``'s); each key's meaning from
-the ``#`` comment lines right above its field in ``schema.py`` (else the comment ending its line),
-each section's from its class docstring. ``python -m pinads_rec.config_reference`` writes the file;
+the ``#`` comment lines right above its field in the source of the class that declares it
+(``schema.py``, ``modules/encoders.py``, ``data/synth_settings.py``...; else the comment ending its
+line), each section's from its class docstring. ``python -m pinads_rec.config_reference`` writes the file;
 ``--check`` exits 1 and says what differs when the file is out of date (as
 ``tests/test_config_reference.py`` does).
 """
@@ -26,11 +28,10 @@ from typing import Any, Dict, List, Literal, NamedTuple, Optional, Tuple
 import yaml
 
 from pinads_rec import config
-from pinads_rec.config import schema
 
 OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 COMMAND = "python -m pinads_rec.config_reference"
-MAX_MEANING = 200  # characters: one line of a table, the rest is in config/schema.py
+MAX_MEANING = 200  # characters: one line of a table, the rest is in the declaring source
 
 # Unit and scope where a number means little without them. Per rank: in each training process (the
 # global value is that x the world size; docs/performance.md quotes batches as "rows per rank per
@@ -78,9 +79,9 @@ class Section(NamedTuple):
 
 HEADER = f"""# Config reference
 
-Every key of the experiment config (`pinads_rec/config/schema.py`): its type, default, unit or
-scope and meaning. Generated from the dataclasses and their comments by
-`{COMMAND}`: do not edit by hand (edit the comments in `schema.py` and
+Every key of the experiment config (composed by `pinads_rec/config/schema.py`): its type, default,
+unit or scope and meaning. Generated from the dataclasses and their comments by
+`{COMMAND}`: do not edit by hand (edit the comments where the key is declared and
 rerun it; `tests/test_config_reference.py` fails when this file is out of date, and `--check` says
 what differs).
 
@@ -106,7 +107,7 @@ as YAML (`--set model.sequence.encoders=[transformer,din]`, `--set data.row_filt
 
 
 def _parse(source: str) -> Tuple[Dict[str, Dict[str, str]], Dict[str, str]]:
-    """({class: {field: comment}}, {class: docstring}) from schema.py's source. A field's comment is
+    """({class: {field: comment}}, {class: docstring}) from a module's source. A field's comment is
     the ``#`` lines right above it, joined, else the comment ending its line (found by tokenize, so a
     ``#`` inside a string is not one)."""
     lines = source.splitlines()
@@ -203,17 +204,27 @@ def _scope(key: str) -> str:
 
 def sections() -> List[Section]:
     """Every section of ExperimentConfig, each followed by the sections nested in it."""
-    comments, docs = _parse(Path(schema.__file__).read_text())
+    parsed: Dict[str, Tuple[Dict[str, Dict[str, str]], Dict[str, str]]] = {}  # module -> _parse of its source
     first_path: Dict[type, str] = {}  # where a class's keys are listed: a map's values link there
     out: List[Section] = []
 
+    def source_of(cls: type) -> Tuple[Dict[str, Dict[str, str]], Dict[str, str]]:
+        if cls.__module__ not in parsed:
+            parsed[cls.__module__] = _parse(Path(sys.modules[cls.__module__].__file__).read_text())
+        return parsed[cls.__module__]
+
+    def doc(cls: type) -> str:
+        return source_of(cls)[1].get(cls.__name__, "")
+
     def comment(cls: type, name: str) -> str:
-        # An inherited field's comment is in the class that declares it.
-        return next(comments[c.__name__][name] for c in cls.__mro__ if name in comments.get(c.__name__, {}))
+        # An inherited field's comment is in the class that declares it, maybe in another module.
+        return next(
+            source_of(c)[0][c.__name__][name] for c in cls.__mro__ if name in source_of(c)[0].get(c.__name__, {})
+        )
 
     def walk(cls: type, path: str, obj: Any) -> None:
         first_path.setdefault(cls, path)
-        section = Section(path, docs.get(cls.__name__, ""), [])
+        section = Section(path, doc(cls), [])
         out.append(section)  # before the nested sections walk() adds below
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
@@ -224,7 +235,7 @@ def sections() -> List[Section]:
                 link = key + "[]" if is_list else key
                 child = getattr(obj, f.name) if obj is not None and not is_list else None
                 walk(sub, link, child)
-                meaning = meaning or docs.get(sub.__name__, "")
+                meaning = meaning or doc(sub)
             else:
                 values = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
                 link = first_path[values[0]] if values else None  # model.sequence_groups -> model.sequence
@@ -288,9 +299,7 @@ def difference(path: Path, text: str) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog=COMMAND, description=f"Write {OUTPUT.name} from config/schema.py's dataclasses."
-    )
+    parser = argparse.ArgumentParser(prog=COMMAND, description=f"Write {OUTPUT.name} from the config's dataclasses.")
     parser.add_argument("--check", action="store_true", help=f"exit 1 if {OUTPUT} is not what would be written")
     args = parser.parse_args(argv)
     text = render()

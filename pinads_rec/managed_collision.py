@@ -55,7 +55,7 @@ from pinads_rec.config import AdmissionConfig, ManagedCollisionConfig, TableConf
 INPUT_RANGE = 2**63 - 1
 # TorchRec's planner requires a managed table's bucket count to divide evenly over the ranks; any
 # count it divides gives the plain row-wise shards. This one divides over 1-10, 12, 14-16, 18, 20,
-# 21, 24, 28, 30, 32 ... 1024 ranks (a world size it does not divide is refused by parallel.py).
+# 21, 24, 28, 30, 32 ... 1024 ranks (a world size it does not divide is refused by parallel.check_managed_world_size).
 PLANNING_BUCKETS = 2**10 * 3**2 * 5 * 7
 
 _MASK = np.uint64(2**63 - 1)

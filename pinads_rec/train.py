@@ -25,17 +25,19 @@ import torch
 import torch.distributed as dist
 
 from pinads_rec import arguments, config, parallel
-from pinads_rec.data.contract import ContractError
+from pinads_rec.data.loader.contract import ContractError
 from pinads_rec.models.train_task import NonFiniteError
 from pinads_rec.modules.precision import PrecisionOverflow
 from pinads_rec.reference.hook import ReferenceBaseline
 from pinads_rec.training import checkpoint
-from pinads_rec.training.board import TensorBoardWriter
 from pinads_rec.training.checkpoint import IncompatibleCheckpoint, NoCheckpoint, RunDirConflict
+from pinads_rec.training.collectives import CollectiveError
 from pinads_rec.training.console import ConsoleReport
+from pinads_rec.training.hooks import Hook
 from pinads_rec.training.profiler import StepProfiler
 from pinads_rec.training.run_log import RunLog
-from pinads_rec.training.trainer import CollectiveError, Hook, Trainer
+from pinads_rec.training.tensorboard_writer import TensorBoardWriter
+from pinads_rec.training.trainer import Trainer
 
 DEFAULT_CONFIG = "configs/demo.yaml"
 

@@ -68,8 +68,8 @@ def tiny_data(tmp_path_factory):
 
 def rows_of(table, features=None):
     """A contract table as one row per candidate, whatever its layout (the generator and the
-    builder write per request: data/storage_layout.py)."""
-    from pinads_rec.data.storage_layout import is_per_request, to_per_row
+    builder write per request: data/loader/storage_layout.py)."""
+    from pinads_rec.data.loader.storage_layout import is_per_request, to_per_row
 
     features = features or config.load(DEMO).features
     return to_per_row(table, features) if is_per_request(table.schema, features) else table

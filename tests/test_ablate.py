@@ -140,7 +140,7 @@ def test_history_length_and_serving_requests_read_the_eval_split(tiny_data):
     import numpy as np
     import pyarrow.parquet as pq
 
-    from pinads_rec.data.reader import list_files
+    from pinads_rec.data.loader.reader import list_files
 
     cfg, data = tiny_data
     stored = [

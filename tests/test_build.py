@@ -11,7 +11,7 @@ import pytest
 
 from pinads_rec import config
 from pinads_rec.data.build import build, main
-from pinads_rec.data.contract import ContractError
+from pinads_rec.data.loader.contract import ContractError
 from pinads_rec.data.vocabulary import Vocabularies
 
 T0 = 1_500_000_000  # 2017-07-14 02:40:00 UTC

@@ -32,9 +32,9 @@ from pinads_rec.config import ConfigError, SplitConfig
 from pinads_rec.data import build as B
 from pinads_rec.data import build_output
 from pinads_rec.data import synth as S
-from pinads_rec.data.contract import ContractError, contract_columns
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
-from pinads_rec.data.storage_layout import to_per_row
+from pinads_rec.data.loader.contract import ContractError, contract_columns
+from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
+from pinads_rec.data.loader.storage_layout import to_per_row
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -14,8 +14,8 @@ from conftest import DEMO, load_tiny
 from pinads_rec.config import ConfigError, SplitConfig, load
 from pinads_rec.data import build as B
 from pinads_rec.data import synth as S
-from pinads_rec.data.contract import contract_columns
-from pinads_rec.data.storage_layout import to_per_row
+from pinads_rec.data.loader.contract import contract_columns
+from pinads_rec.data.loader.storage_layout import to_per_row
 
 # Tiny sizes, but users with several requests (timelines) and the demo's sequence caps.
 OVERRIDES = ["synth.num_users=150", "synth.sequence_length=100"]

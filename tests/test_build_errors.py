@@ -14,7 +14,7 @@ from dataset_fixtures import write_taobao
 
 from pinads_rec import config
 from pinads_rec.data.build import build, main
-from pinads_rec.data.contract import ContractError
+from pinads_rec.data.loader.contract import ContractError
 
 TAOBAO = Path(__file__).resolve().parent.parent / "configs" / "datasets" / "taobao_ad.yaml"
 PAST_SAMPLE = 21000  # data rows before the bad one: past DuckDB's 20480-row type-sniffing sample
@@ -371,4 +371,21 @@ def test_a_request_of_two_users_names_a_line_of_each(clean, tmp_path):
         r"\(line \d+\) and \d+ at \S+/raw_sample\.csv, row \d+ \(line \d+\)\); a request is one user's \(check "
         r"build\.impressions\.request / request_key\)",
         build_error(clean, tmp_path, cfg),
+    )
+
+
+def test_a_nul_byte_in_a_gzipped_side_table_key_names_its_line(clean, tmp_path):
+    """A NUL byte inside an ad id of gzip bytes under ad_feature.csv (the fuzzer's case 973 of seed 0): DuckDB
+    says only "Could not convert string '66\\01' ... from source column __k0" (NUL written escaped, the column its
+    own alias); the message names the file, line, column and value."""
+
+    def breaks(r):
+        path = r / "ad_feature.csv"
+        edit(path, 7, lambda f: f.__setitem__(0, f[0][:1] + b"\x00" + f[0][1:]))
+        path.write_bytes(gzip.compress(path.read_bytes()))
+
+    assert re.fullmatch(
+        r"build\.side_tables\[0\]: \S+/ad_feature\.csv, row 6 \(line 8\), column 'adgroup_id': value '\d\\x00\d*' "
+        r"does not convert to INT64 \(an expression casts it\)",
+        build_error(broken(clean, tmp_path, breaks), tmp_path),
     )

@@ -24,8 +24,8 @@ from pinads_rec.config import ConfigError
 from pinads_rec.data import build_output
 from pinads_rec.data import inspect as insp
 from pinads_rec.data.build import build
-from pinads_rec.data.contract import ContractError
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+from pinads_rec.data.loader.contract import ContractError
+from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
 from pinads_rec.data.vocabulary import Vocabularies
 from pinads_rec.serve.batching import ScoringBatches
 

@@ -13,7 +13,7 @@ from conftest import checkpoint_tensors, train_tiny
 
 from pinads_rec import config
 from pinads_rec.data.build import build
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
 from pinads_rec.data.shaped_logs import DATASETS, movielens
 from pinads_rec.features import FeatureLayout
 from pinads_rec.training.evaluation import format_slices, unknown_id_features

@@ -465,6 +465,33 @@ def test_config_round_trips_through_to_dict():
     assert config.from_dict(copy.deepcopy(config.to_dict(cfg))) == cfg
 
 
+def test_sections_declared_beside_their_owners_keep_their_keys():
+    """synth:, build: and the encoders' keys are declared beside the generator, the build and the
+    encoder registry; the config composes them, so a YAML file and --set name them as before."""
+    cfg = config.load(
+        DEMO,
+        [
+            "synth.num_users=7",
+            "synth.drift.days=3",
+            "build.timezone=Europe/Paris",
+            "build.impressions.duplicates=error",
+            "model.sequence.num_layers=2",
+            "model.sequence.projection.dim=8",
+            "model.sequence.din_hidden=[8]",
+            "model.sequence.short_length=4",
+            "model.sequence.period_boundaries_s=[60.0]",
+            "model.sequence.hstu.num_heads=4",
+            "model.sequence.retrieval.max_events=5",
+        ],
+    )
+    assert (cfg.synth.num_users, cfg.synth.drift.days) == (7, 3)
+    assert (cfg.build.timezone, cfg.build.impressions.duplicates) == ("Europe/Paris", "error")
+    s = cfg.model.sequence
+    assert (s.num_layers, s.projection.dim, s.din_hidden, s.short_length) == (2, 8, [8], 4)
+    assert (s.period_boundaries_s, s.hstu.num_heads, s.retrieval.max_events) == ([60.0], 4, 5)
+    assert_config_error(r"model\.sequence\.hstu\.num_heads: must be > 0", overrides=["model.sequence.hstu.num_heads=0"])
+
+
 @pytest.mark.parametrize("path", ALL_CONFIGS, ids=[p.name for p in ALL_CONFIGS])
 def test_every_shipped_config_loads(path):
     cfg = config.load(path)

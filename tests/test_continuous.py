@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import rows_of
 
-from pinads_rec.data.contract import contract_columns
-from pinads_rec.experiments.continuous import Loop, cell, run_loop, seen_items
-from pinads_rec.experiments.continuous_report import END, START, findings, write_report
+from pinads_rec.data.loader.contract import contract_columns
+from pinads_rec.experiments.continuous import Loop, run_loop, seen_items
+from pinads_rec.experiments.continuous_report import END, START, findings, metric_value, write_report
 
 pytestmark = pytest.mark.slow
 
@@ -54,8 +54,8 @@ def test_every_day_but_the_last_has_a_row_per_strategy(loop_run):
         (d, s) for d in (0, 1) for s in ("frozen", "incremental", "window")
     ]
     for r in results:
-        assert 0.5 < cell(r["eval"]["all"], "auc") < 1.0, r["strategy"]
-        assert cell(r["eval"]["all"], "gauc") is not None
+        assert 0.5 < metric_value(r["eval"]["all"], "auc") < 1.0, r["strategy"]
+        assert metric_value(r["eval"]["all"], "gauc") is not None
 
 
 def test_each_day_is_built_from_the_raw_logs_equal_to_the_generators_day(loop_run):
@@ -101,11 +101,15 @@ def test_the_new_ads_slice_holds_the_ads_no_earlier_day_showed(loop_run):
     launched = set(seen_items(days[2:3], "item_id").tolist()) - set(seen.tolist())
     assert launched, "the drifting world launches ads on day 2"
     ev = _row(results, 1, "incremental")["eval"]
-    assert cell(ev["new"], "examples") > 0
-    assert cell(ev["new"], "examples") + cell(ev["old"], "examples") == cell(ev["all"], "examples")
+    assert metric_value(ev["new"], "examples") > 0
+    assert metric_value(ev["new"], "examples") + metric_value(ev["old"], "examples") == metric_value(
+        ev["all"], "examples"
+    )
     # Of the others: the ads first shown on the last training day, and the ones shown before it.
-    assert cell(ev["recent"], "examples") > 0 and cell(ev["older"], "examples") > 0
-    assert cell(ev["recent"], "examples") + cell(ev["older"], "examples") == cell(ev["old"], "examples")
+    assert metric_value(ev["recent"], "examples") > 0 and metric_value(ev["older"], "examples") > 0
+    assert metric_value(ev["recent"], "examples") + metric_value(ev["older"], "examples") == metric_value(
+        ev["old"], "examples"
+    )
 
 
 def test_every_model_the_loop_publishes_is_exported_for_serving(loop_run):

@@ -23,8 +23,8 @@ import yaml
 from conftest import DEMO, load_tiny, rows_of, tiny_overrides
 
 from pinads_rec import config
-from pinads_rec.data.contract import ContractError
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader
+from pinads_rec.data.loader.contract import ContractError
+from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches, make_loader
 from pinads_rec.features import FeatureLayout
 
 RG = 500  # rows per row group of the rewritten files
@@ -686,7 +686,7 @@ def shared_cfg(data_dir, pooled_table="query_token"):
 
 
 def test_a_column_feeds_a_pooled_feature_and_two_sequence_groups(base, tmp_path):
-    from pinads_rec.data.contract import contract_columns
+    from pinads_rec.data.loader.contract import contract_columns
 
     _, data_dir, table = base
     cfg = shared_cfg(data_dir)
@@ -740,7 +740,7 @@ def test_a_shared_column_is_checked_against_the_smallest_table_that_does_not_has
 def test_a_list_column_as_pooled_ids_and_a_sequence_is_accepted(base):
     """The case from the field: query_tokens both a pooled user-side feature and a sequence group's
     id list (its own timestamps)."""
-    from pinads_rec.data.contract import SEQ_ID, contract_columns
+    from pinads_rec.data.loader.contract import SEQ_ID, contract_columns
 
     _, data_dir, _ = base
     cfg = demo_cfg(data_dir)
@@ -775,7 +775,7 @@ def test_a_list_column_as_pooled_ids_and_a_sequence_is_accepted(base):
     ids=["label-as-dense", "id-list-as-bags", "embedding-as-dense"],
 )
 def test_incompatible_uses_of_a_column_are_refused_naming_both(base, edit, pattern):
-    from pinads_rec.data.contract import contract_columns
+    from pinads_rec.data.loader.contract import contract_columns
 
     _, data_dir, _ = base
     raw = yaml.safe_load(Path(DEMO).read_text())

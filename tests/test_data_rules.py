@@ -1,4 +1,4 @@
-"""One set of data rules (pinads_rec/data/rules.py): each bad value through the build (raw logs),
+"""One set of data rules (pinads_rec/data/loader/rules.py): each bad value through the build (raw logs),
 the loader and inspect (the built files) gets the same verdict -- the same rule named."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from test_build import IMPRESSIONS, T0, write_raw
 
 from pinads_rec import config
 from pinads_rec.data import inspect as insp
-from pinads_rec.data import rules
 from pinads_rec.data.build import build
-from pinads_rec.data.contract import ContractError, RowGroupChecker
-from pinads_rec.data.reader import list_files
+from pinads_rec.data.loader import rules
+from pinads_rec.data.loader.contract import ContractError
+from pinads_rec.data.loader.reader import list_files
+from pinads_rec.data.loader.row_group_checker import RowGroupChecker
 
 # rule -> (the raw impression row changed: user, ts, pid, ad, clk; the built train column changed,
 # and its new first value)

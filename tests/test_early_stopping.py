@@ -18,9 +18,9 @@ from conftest import load_tiny
 
 from pinads_rec import config
 from pinads_rec.experiments.harness import run_ranks
-from pinads_rec.training.evaluation import improves, selection_name, selection_value
+from pinads_rec.training.hooks import Hook
 from pinads_rec.training.run_log import read_run_log
-from pinads_rec.training.trainer import Hook
+from pinads_rec.training.validator import improves, selection_name, selection_value
 
 pytestmark = pytest.mark.slow
 
@@ -69,8 +69,8 @@ def _runs(rank, world, result_dir, data_dir, run_root):
 
     from pinads_rec import parallel
     from pinads_rec.serve.loading import load_model
-    from pinads_rec.training.board import TensorBoardWriter
     from pinads_rec.training.run_log import RunLog
+    from pinads_rec.training.tensorboard_writer import TensorBoardWriter
     from pinads_rec.training.trainer import Trainer
 
     env = parallel.init_distributed()

@@ -1,10 +1,13 @@
 """The sequence-encoder registry (modules/encoders.py): an encoder registered from outside (here a
 toy masked max pooling) is built, sized and run by ``GroupEncoder`` and accepted by config
-validation; every built-in combination the configs use gives ``output_dim`` columns."""
+validation; one registered with settings of its own (the mean of the newest ``k`` events) is
+configured by its keys (``model.sequence.settings.newest.k``) and checked by its entry, with no
+change to the config; every built-in combination the configs use gives ``output_dim`` columns."""
 
 import glob
 import os
 import re
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ from conftest import REPO
 from pinads_rec import config
 from pinads_rec.config import SequenceEncoderConfig, SequenceFeatureConfig, SequenceGroupConfig
 from pinads_rec.modules import encoders
+from pinads_rec.modules.encoder_io import EncoderInputs, Parts
 from pinads_rec.modules.sequence import GroupEncoder
 
 L, D, DQ, B = 6, 8, 5, 5
@@ -47,10 +51,10 @@ def _inputs(query_dim: int = DQ, seed: int = 0):
     return attributes, offsets, deltas, pretrained, REQUEST_INDEX, query, None, search
 
 
-def _masked_max(m, i: encoders.EncoderInputs) -> encoders.Parts:
+def _masked_max(m, i: EncoderInputs) -> Parts:
     # An empty history gives zeros, not -inf.
     x = i.content.masked_fill(~i.mask.unsqueeze(-1), float("-inf")).amax(dim=1)
-    return encoders.Parts([torch.where(i.mask.any(1, keepdim=True), x, torch.zeros_like(x))])
+    return Parts([torch.where(i.mask.any(1, keepdim=True), x, torch.zeros_like(x))])
 
 
 @pytest.fixture
@@ -60,7 +64,7 @@ def max_pooling():
             "max",
             build=lambda c: {"max_norm": torch.nn.LayerNorm(c.width, bias=False)},
             widths=lambda m, c: (c.width, 0),
-            run=lambda m, i: encoders.Parts([m["max_norm"](t) for t in _masked_max(m, i).unit]),
+            run=lambda m, i: Parts([m["max_norm"](t) for t in _masked_max(m, i).unit]),
         )
     )
     yield
@@ -78,9 +82,7 @@ def test_an_encoder_registered_outside_is_built_sized_and_run(max_pooling):
     assert out.shape == (B, 2 * D)
     # Registry order: "sum" (built in) comes first, the registered "max" after it.
     content, mask, _ = enc.events(args[0], args[1], args[2], args[3])
-    expected = enc.max_norm(
-        _masked_max(None, encoders.EncoderInputs(content, content, mask, None, None, None, None)).unit[0]
-    )
+    expected = enc.max_norm(_masked_max(None, EncoderInputs(content, content, mask, None, None, None, None)).unit[0])
     torch.testing.assert_close(out[:, D:], expected.index_select(0, REQUEST_INDEX))
     assert (out[2, D:] == 0).all()  # row 2's request has no event
 
@@ -93,6 +95,67 @@ def test_config_validation_goes_through_the_registry(max_pooling):
         config.ConfigError, match=r"model\.sequence\.encoders\[1\]: must be one of \[.*'max'\], got 'mx'"
     ):
         config.load(demo, ["model.sequence.encoders=[transformer, mx]"])
+
+
+@dataclass
+class NewestSettings:
+    # Events averaged, the newest.
+    k: int = 2
+
+
+class NewestMean(torch.nn.Module):
+    """The mean of the newest k events (events come newest first): [U, L, W] -> [U, W]."""
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.k = k
+
+    def forward(self, content: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        keep = mask[:, : self.k].unsqueeze(-1).to(content.dtype)
+        return (content[:, : self.k] * keep).sum(1) / keep.sum(1).clamp(min=1)
+
+
+def _check_newest(c: encoders.CheckContext) -> None:
+    config.positive(f"{c.path}.settings.newest.k", c.enc.settings_for("newest").k)
+
+
+@pytest.fixture
+def newest_mean():
+    encoders.register(
+        encoders.Encoder(
+            "newest",
+            build=lambda c: {"newest": NewestMean(c.cfg.settings_for("newest").k)},
+            widths=lambda m, c: (c.width, 0),
+            run=lambda m, i: Parts([m["newest"](i.content, i.mask)]),
+            check=_check_newest,
+            settings=NewestSettings,
+        )
+    )
+    yield
+    encoders.unregister("newest")
+
+
+def test_an_encoder_registered_outside_with_settings_is_configured_by_its_keys(newest_mean):
+    demo = os.path.join(REPO, "configs", "demo.yaml")
+    listed = "model.sequence.encoders=[transformer, newest]"
+    cfg = config.load(demo, [listed, "model.sequence.settings.newest.k=3"])
+    assert cfg.model.sequence.settings_for("newest") == NewestSettings(k=3)
+    assert config.from_dict(config.to_dict(cfg)).model.sequence.settings_for("newest").k == 3  # a checkpoint's
+    assert config.load(demo, [listed]).model.sequence.settings_for("newest").k == 2  # the defaults
+    with pytest.raises(config.ConfigError, match=r"model\.sequence\.settings\.newest\.k: must be > 0, got 0"):
+        config.load(demo, [listed, "model.sequence.settings.newest.k=0"])
+    with pytest.raises(config.ConfigError, match=r"model\.sequence\.settings\.newest\.j: unknown key"):
+        config.load(demo, [listed, "model.sequence.settings.newest.j=1"])
+    with pytest.raises(config.ConfigError, match=r"model\.sequence\.settings\.max: no registered encoder 'max'"):
+        config.load(demo, [listed, "model.sequence.settings.max.k=1"])
+
+    seq = SequenceEncoderConfig(d_model=D, encoders=["newest"], settings={"newest": NewestSettings(k=3)})
+    enc = GroupEncoder(_group(), seq, attr_dim=D, query_dim=DQ, user_dim=0).eval()
+    assert enc.output_dim == D and enc.newest.k == 3
+    args = _inputs()
+    content, mask, _ = enc.events(args[0], args[1], args[2], args[3])
+    expected = NewestMean(3)(content, mask).index_select(0, REQUEST_INDEX)
+    torch.testing.assert_close(enc.encode(*args), expected)
 
 
 def _config_combinations():

@@ -1,6 +1,6 @@
 """The rows an epoch trains, on 2 gloo ranks: metrics.jsonl's epoch record counts exactly the valid
 rows of the batches the ranks trained (a worker's last partial batch dropped; the ranks ending
-together at the shortest rank's last batch), within data/dataset.py's bound of the training
+together at the shortest rank's last batch), within data/loader/dataset.py's bound of the training
 split's rows; an epoch cut short by train.max_steps counts only its trained steps, and resumed from
 its checkpoint counts the whole epoch. Plus, without a launch: the bound with 2 loader workers a
 rank, and the console's epoch line.
@@ -25,7 +25,7 @@ RESUMED = ["train.max_steps=0", "train.epochs=1", "model.calibration=none"]
 
 def batches_of(data_dir, rank, world_size, workers, epoch):
     """The valid rows of each batch of the rank's training loader in ``epoch``, and its rows dealt."""
-    from pinads_rec.data.dataset import LoaderSettings, make_loader
+    from pinads_rec.data.loader.dataset import LoaderSettings, make_loader
 
     settings = LoaderSettings.of(load_tiny(data_dir, [f"data.num_workers={workers}"]))
     loader = make_loader(settings.data.train_dir, settings, rank, world_size, part="train", epoch=epoch)
@@ -65,7 +65,7 @@ def expected(ranks, key, steps=None):
 
 def assert_within_bound(ranks, key, batch_size, workers):
     """Each worker drops less than a batch, and the rows the ranks leave past the shortest rank's
-    last batch are within data/dataset.py's bound."""
+    last batch are within data/loader/dataset.py's bound."""
     dealt = [r[key]["dealt"] for r in ranks]
     for r, d in zip(ranks, dealt):
         assert 0 <= d - sum(r[key]["valid"]) < max(workers, 1) * batch_size, "a worker drops less than a batch"

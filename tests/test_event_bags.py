@@ -1,6 +1,7 @@
 """Bags of ids: a multi-valued event attribute (an event's several genres) and a multi-hot candidate
-feature on a sequence table -- their checks (data/contract.py), their tensors (data/batch.py), their
-pooling (modules/jagged.py) and the retrieval's matching on them (modules/retrieval.py)."""
+feature on a sequence table -- their checks (data/loader/row_group_checker.py), their tensors
+(data/loader/batch.py), their pooling (modules/jagged.py) and the retrieval's matching on them
+(modules/retrieval.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import torch
 from conftest import REPO
 
 from pinads_rec.config import DataConfig, load
-from pinads_rec.data.batch import BatchBuilder
-from pinads_rec.data.contract import ContractError, RowGroupChecker
+from pinads_rec.data.loader.batch import BatchBuilder
+from pinads_rec.data.loader.contract import ContractError
+from pinads_rec.data.loader.row_group_checker import RowGroupChecker
 from pinads_rec.features import FeatureLayout
 from pinads_rec.modules.jagged import pad_bags, pool_bags
 from pinads_rec.modules.retrieval import hard_search

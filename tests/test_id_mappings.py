@@ -11,7 +11,8 @@ import pytest
 from conftest import rows_of
 from test_continuous import TINY_DRIFT
 
-from pinads_rec.experiments.continuous import VOCABULARY_FIT, cell
+from pinads_rec.experiments.continuous import VOCABULARY_FIT
+from pinads_rec.experiments.continuous_report import metric_value
 from pinads_rec.experiments.id_mappings import ID_END, ID_START, VARIANTS, report, run, summary, write_report
 
 pytestmark = pytest.mark.slow
@@ -37,10 +38,12 @@ def test_every_variant_trains_and_scores_each_day_on_the_same_days(compared):
     for name, rows in results.items():
         assert [r["day"] for r in rows] == [0, 1], name
         ev = rows[1]["eval"]
-        assert cell(ev["new"], "examples") > 0 and cell(ev["recent"], "examples") > 0, name
-        assert cell(ev["recent"], "examples") + cell(ev["older"], "examples") == cell(ev["old"], "examples")
+        assert metric_value(ev["new"], "examples") > 0 and metric_value(ev["recent"], "examples") > 0, name
+        assert metric_value(ev["recent"], "examples") + metric_value(ev["older"], "examples") == metric_value(
+            ev["old"], "examples"
+        )
     # The same rows everywhere: the hashed and managed loops read the vocabulary loop's generated days.
-    examples = {name: cell(rows[1]["eval"]["all"], "examples") for name, rows in results.items()}
+    examples = {name: metric_value(rows[1]["eval"]["all"], "examples") for name, rows in results.items()}
     assert len(set(examples.values())) == 1
     # ... and each trains on about as many: the built days' row groups are the generator's size, so
     # the calibration holdout (the latest row groups) takes about the same share (not the same rows:

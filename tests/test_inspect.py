@@ -15,7 +15,7 @@ from conftest import read_rows
 
 from pinads_rec import config
 from pinads_rec.data import inspect as insp
-from pinads_rec.data.reader import list_files
+from pinads_rec.data.loader.reader import list_files
 
 R, C, RG = 40, 4, 16  # requests, candidates each, rows per row group (4 whole requests)
 T0 = 1_700_000_000  # the first request's time (epoch seconds)

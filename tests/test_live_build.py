@@ -17,8 +17,8 @@ from dataset_fixtures import write_taobao
 from pinads_rec import config
 from pinads_rec.data import build as B
 from pinads_rec.data.build.live import LiveFeatures, RequestError
-from pinads_rec.data.contract import ContractError
-from pinads_rec.data.storage_layout import stored_request_level, to_per_row
+from pinads_rec.data.loader.contract import ContractError
+from pinads_rec.data.loader.storage_layout import stored_request_level, to_per_row
 from pinads_rec.serve.batching import _with_label_columns
 
 pytestmark = pytest.mark.slow  # raw logs generated and built (seconds each)

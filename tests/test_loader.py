@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import load_tiny, read_rows, rows_of
 
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader
+from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches, make_loader
 from pinads_rec.features import FeatureLayout
 
 
@@ -278,7 +278,7 @@ def test_calibration_split_is_unseen_and_from_the_end_of_training(tiny_data):
 
 
 def test_reader_keeps_columns_as_read_beside_the_checked_ones(tiny_data):
-    from pinads_rec.data.reader import AS_READ_PREFIX, RowGroupReader, list_files, list_row_groups
+    from pinads_rec.data.loader.reader import AS_READ_PREFIX, RowGroupReader, list_files, list_row_groups
 
     cfg, data = tiny_data
     group = list_row_groups(list_files(f"{data}/train"), cfg.features)[0]
@@ -294,8 +294,8 @@ def test_reader_keeps_columns_as_read_beside_the_checked_ones(tiny_data):
 
 
 def test_batch_builder_pads_with_the_last_row_marked_invalid(tiny_data):
-    from pinads_rec.data.batch import BatchBuilder
-    from pinads_rec.data.reader import RowGroupReader, list_files, list_row_groups
+    from pinads_rec.data.loader.batch import BatchBuilder
+    from pinads_rec.data.loader.reader import RowGroupReader, list_files, list_row_groups
 
     cfg, data = tiny_data
     group = list_row_groups(list_files(f"{data}/train"), cfg.features)[0]
@@ -315,8 +315,8 @@ def test_batch_builder_pads_with_the_last_row_marked_invalid(tiny_data):
 def test_batch_builder_zero_filled_allocations_build_the_same_batch(tiny_data):
     """BatchBuilder.zero_fill (a benchmark's comparison) changes how tensors are allocated, not what
     the batch holds: every allocated tensor is written whole."""
-    from pinads_rec.data.batch import BatchBuilder
-    from pinads_rec.data.reader import RowGroupReader, list_files, list_row_groups
+    from pinads_rec.data.loader.batch import BatchBuilder
+    from pinads_rec.data.loader.reader import RowGroupReader, list_files, list_row_groups
 
     cfg, data = tiny_data
     group = list_row_groups(list_files(f"{data}/train"), cfg.features)[0]
@@ -354,7 +354,7 @@ def _settings(cfg, **data):
 
 
 def test_a_split_without_rows_is_refused_naming_it(tiny_data, tmp_path):
-    from pinads_rec.data.contract import ContractError
+    from pinads_rec.data.loader.contract import ContractError
 
     cfg, data = tiny_data
     empty = _write_split(tmp_path / "empty", _all_rows(f"{data}/train"), [0, 0])
@@ -377,7 +377,7 @@ def test_an_empty_file_beside_others_is_listed_not_fatal(tiny_data, tmp_path):
 
 
 def test_fewer_rows_than_a_batch_per_rank_is_refused(tiny_data, tmp_path):
-    from pinads_rec.data.contract import ContractError
+    from pinads_rec.data.loader.contract import ContractError
 
     cfg, data = tiny_data
     split = _write_split(tmp_path / "split", _all_rows(f"{data}/train"), [200], row_group_size=50)
@@ -398,7 +398,7 @@ def test_fewer_rows_than_a_batch_per_rank_is_refused(tiny_data, tmp_path):
 
 def test_a_rank_dealt_no_full_batch_is_refused(tiny_data, tmp_path):
     """Enough rows in all, but in one row group: the other rank (or worker) gets nothing."""
-    from pinads_rec.data.contract import ContractError
+    from pinads_rec.data.loader.contract import ContractError
 
     cfg, data = tiny_data
     split = _write_split(tmp_path / "split", _all_rows(f"{data}/train"), [1000], row_group_size=1000)

@@ -282,7 +282,7 @@ def test_a_plan_files_kernel_is_kept_or_replaced_with_one_warning_naming_the_tab
     """train.plan_file is an explicit request: a managed table keeps its planned kernel; a GPU plan on
     CPU runs fused, and rank 0 says so once (table, kernel planned, kernel run, why); a kernel a
     managed table cannot run is refused, naming it."""
-    from pinads_rec.training.trainer import meta_train_task
+    from pinads_rec.training.task import meta_train_task
 
     cfg = load_tiny(tmp_path, MANAGED)
     row_wise = {"sharding_type": "row_wise", "ranks": [0]}

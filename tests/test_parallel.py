@@ -1,4 +1,4 @@
-"""pinads_rec/parallel.py: the planner's search space in a fixed order whatever the string-hash seed,
+"""pinads_rec/parallel/: the planner's search space in a fixed order whatever the string-hash seed,
 the fused embedding optimizer attached to every embedding collection, a planner set-up that warns of
 nothing, and plan parity -- the same seed and data give the same losses whichever way the tables are
 sharded.
@@ -154,7 +154,8 @@ PLANS = {
 def _train_each_plan(rank, world, result_dir, data_dir, run_root):
     from pinads_rec import parallel
     from pinads_rec.training.run_log import RunLog
-    from pinads_rec.training.trainer import Trainer, shard_train_task
+    from pinads_rec.training.task import shard_train_task
+    from pinads_rec.training.trainer import Trainer
 
     env = parallel.init_distributed()
     losses, types = {}, {}

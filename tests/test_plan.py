@@ -335,7 +335,7 @@ def test_candidates_per_request_in_compare_and_its_checks(tmp_path):
 
 
 def test_the_planner_plans_the_task_the_trainer_shards():
-    """planned_task is training.trainer.meta_train_task (model, training precision, non-finite guard)
+    """planned_task is training.task.meta_train_task (model, training precision, non-finite guard)
     with the fused embedding optimizer attached, as parallel.shard does before sharding."""
     import torch
 
@@ -344,7 +344,7 @@ def test_the_planner_plans_the_task_the_trainer_shards():
     from pinads_rec.modules.precision import LargeLayer
     from pinads_rec.parallel import EMBEDDING_PARAM
     from pinads_rec.plan import planned_task
-    from pinads_rec.training.trainer import meta_train_task
+    from pinads_rec.training.task import meta_train_task
 
     cfg = config.load(DEMO, ["model.precision.train=bf16"])
     task = planned_task(cfg, "cpu")
@@ -415,8 +415,8 @@ def _build_with_plan_file(rank, world, result_dir, data_dir, plan_file):
     import torch
 
     from pinads_rec import parallel
-    from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
-    from pinads_rec.training.trainer import shard_train_task
+    from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
+    from pinads_rec.training.task import shard_train_task
 
     env = parallel.init_distributed()
     cfg = load_tiny(data_dir, [f"train.plan_file={plan_file}"])

@@ -7,7 +7,7 @@ from conftest import load_tiny
 from torch import nn
 from torchrec.modules.crossnet import LowRankCrossNet
 
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
 from pinads_rec.models import build_model
 from pinads_rec.modules.precision import LargeLayer, PrecisionOverflow, fallback_count, set_precision
 

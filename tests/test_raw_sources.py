@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from pinads_rec.config import RawSourceConfig
-from pinads_rec.data.contract import ContractError
+from pinads_rec.data.loader.contract import ContractError
 from pinads_rec.data.raw_sources import RawSource, explain, is_remote
 
 

@@ -17,8 +17,8 @@ import torch
 from conftest import REPO, checkpoint_tensors, load_tiny, rows_of, tiny_overrides
 
 from pinads_rec.experiments.harness import RanksFailed, run_ranks
+from pinads_rec.training.hooks import Hook
 from pinads_rec.training.run_log import read_run_log
-from pinads_rec.training.trainer import Hook
 
 pytestmark = pytest.mark.slow
 
@@ -129,7 +129,8 @@ def _crash_while_saving(rank, world, result_dir, data_dir, run_dir):
     from pinads_rec import parallel
     from pinads_rec.training import checkpoint
     from pinads_rec.training.run_log import RunLog
-    from pinads_rec.training.trainer import Trainer, shard_train_task
+    from pinads_rec.training.task import shard_train_task
+    from pinads_rec.training.trainer import Trainer
 
     env = parallel.init_distributed()
     cfg = load_tiny(data_dir, ["train.max_steps=4", "train.checkpoint_every=2", f"train.run_dir={run_dir}"])

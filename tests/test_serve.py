@@ -92,7 +92,7 @@ def _metrics(cfg, probs, labels, surface):
 
 
 def _batches(cfg, directory, broadcast=True, batch_size=None):
-    from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+    from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
 
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, broadcast=broadcast))
     return ParquetBatches(directory, LoaderSettings.of(cfg), shuffle=False, batch_size=batch_size, drop_last=False)

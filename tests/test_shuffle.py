@@ -1,4 +1,4 @@
-"""The request shuffle pool (data/shuffle.py) on small in-memory requests: whole requests, every row
+"""The request shuffle pool (data/loader/shuffle.py) on small in-memory requests: whole requests, every row
 once, batch sizes and the request bound, the buffer bound, file order without a generator, each
 request's request-level values carried once with it."""
 
@@ -7,9 +7,9 @@ import collections
 import numpy as np
 import pyarrow as pa
 
-from pinads_rec.data.reader import RowGroup
-from pinads_rec.data.shuffle import BatchRows, RequestSpan, ShufflePool, compact, request_spans
-from pinads_rec.data.storage_layout import Requests
+from pinads_rec.data.loader.reader import RowGroup
+from pinads_rec.data.loader.shuffle import BatchRows, RequestSpan, ShufflePool, compact, request_spans
+from pinads_rec.data.loader.storage_layout import Requests
 
 
 def group_table(first_request: int, sizes):

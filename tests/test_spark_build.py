@@ -25,8 +25,8 @@ from pinads_rec.config import ConfigError, load
 from pinads_rec.data import synth as S
 from pinads_rec.data.build import build, build_days
 from pinads_rec.data.build.spark_engine import check_java
-from pinads_rec.data.contract import ContractError
-from pinads_rec.data.reader import RowGroupReader, list_files, list_row_groups
+from pinads_rec.data.loader.contract import ContractError
+from pinads_rec.data.loader.reader import RowGroupReader, list_files, list_row_groups
 
 pytestmark = pytest.mark.slow
 

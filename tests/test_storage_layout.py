@@ -1,4 +1,4 @@
-"""Storage layouts (data/storage_layout.py): per row and per request hold the same data, and the loader gives
+"""Storage layouts (data/loader/storage_layout.py): per row and per request hold the same data, and the loader gives
 the same batches from either -- shuffled or in file order, with the request bound, the row filter,
 the calibration holdout, padding, loader workers, two ranks and serving -- while holding a request's
 sequences once; per-request files get the contract's checks, errors naming file, row group, column,
@@ -19,17 +19,16 @@ import pytest
 from conftest import load_tiny
 from test_loader import _assert_same_batch, _fingerprints
 
-from pinads_rec.data.contract import ContractError
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader
-from pinads_rec.data.reader import list_files, list_row_groups
-from pinads_rec.data.shuffle import ShufflePool, read_requests
-from pinads_rec.data.storage_layout import (
+from pinads_rec.data.loader.contract import ContractError
+from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches, make_loader
+from pinads_rec.data.loader.layout_rewrite import rewrite_per_request, rewrite_per_row
+from pinads_rec.data.loader.reader import list_files, list_row_groups
+from pinads_rec.data.loader.shuffle import ShufflePool, read_requests
+from pinads_rec.data.loader.storage_layout import (
     LAYOUT_KEY,
     PER_REQUEST,
     is_per_request,
     request_level_columns,
-    rewrite_per_request,
-    rewrite_per_row,
     to_per_request,
     to_per_row,
 )

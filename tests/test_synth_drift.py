@@ -19,9 +19,9 @@ from conftest import read_rows
 from pinads_rec.config import ConfigError, load
 from pinads_rec.data import build as B
 from pinads_rec.data import synth as S
-from pinads_rec.data.contract import contract_columns
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
-from pinads_rec.data.storage_layout import to_per_row
+from pinads_rec.data.loader.contract import contract_columns
+from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
+from pinads_rec.data.loader.storage_layout import to_per_row
 from pinads_rec.data.synth.truth import sigmoid
 from pinads_rec.data.synth.world import dense_mixtures
 

@@ -360,7 +360,7 @@ def test_dockerignore_keeps_the_project_and_drops_the_host_environment():
     shipped = set()
     for folder, _, files in walk_workspace(fsspec.filesystem("file"), str(REPO), ".dockerignore"):
         shipped |= {os.path.relpath(os.path.join(folder, name.rsplit("/", 1)[-1]), REPO) for name in files}
-    for needed in ("pyproject.toml", "pinads_rec/train.py", "pinads_rec/data/reader.py", "configs/demo.yaml"):
+    for needed in ("pyproject.toml", "pinads_rec/train.py", "pinads_rec/data/loader/reader.py", "configs/demo.yaml"):
         assert needed in shipped, needed
     for dropped in (".venv", ".git", "data", "runs"):
         assert not any(f == dropped or f.startswith(dropped + "/") for f in shipped), dropped

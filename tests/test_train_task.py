@@ -6,7 +6,7 @@ import torch
 from conftest import load_tiny
 from torch import nn
 
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
 from pinads_rec.models import build_model
 from pinads_rec.models.train_task import NonFiniteError, NonFiniteGuard, TrainTask, guard_gradients
 

@@ -19,10 +19,10 @@ from tensorboard.backend.event_processing.event_accumulator import SCALARS, Even
 
 from pinads_rec.experiments.harness import run_ranks
 from pinads_rec.metrics import oracle_lift
-from pinads_rec.training.board import METADATA_TAG
+from pinads_rec.training.hooks import Hook
 from pinads_rec.training.profiler import trace_path
 from pinads_rec.training.run_log import METADATA_FILE, read_run_log
-from pinads_rec.training.trainer import Hook
+from pinads_rec.training.tensorboard_writer import METADATA_TAG
 
 pytestmark = pytest.mark.slow
 
@@ -95,14 +95,15 @@ def _checks(rank, world, result_dir, data_dir, run_root):
     import torch.distributed as dist
 
     from pinads_rec import parallel
-    from pinads_rec.data.contract import ContractError
-    from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+    from pinads_rec.data.loader.contract import ContractError
+    from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
     from pinads_rec.models.ranker import UnifiedRanker
     from pinads_rec.models.train_task import TrainTask
-    from pinads_rec.training.board import TensorBoardWriter
     from pinads_rec.training.profiler import StepProfiler
     from pinads_rec.training.run_log import RunLog
-    from pinads_rec.training.trainer import Trainer, shard_train_task
+    from pinads_rec.training.task import shard_train_task
+    from pinads_rec.training.tensorboard_writer import TensorBoardWriter
+    from pinads_rec.training.trainer import Trainer
 
     env = parallel.init_distributed()
     out = {}
@@ -389,7 +390,7 @@ def test_rows_filtered_away_stop_the_run_before_its_first_step(two_rank_run):
 
 def _setup_error(cfg):
     from pinads_rec import parallel
-    from pinads_rec.data.contract import ContractError
+    from pinads_rec.data.loader.contract import ContractError
     from pinads_rec.training.trainer import Trainer
 
     env = parallel.Distributed(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")

@@ -10,7 +10,7 @@ import torch
 from conftest import REPO, tiny_overrides
 
 from pinads_rec import config
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
 from pinads_rec.experiments.harness import run_ranks
 from pinads_rec.models import build_model
 from pinads_rec.models.two_tower import TwoTowerRanker

@@ -24,8 +24,8 @@ from test_golden import CONFIG, RESUME_STEP, SAVED_RUN, data_overrides, make_dat
 from pinads_rec import config, serve
 from pinads_rec.data import inspect as insp
 from pinads_rec.data.build import build
-from pinads_rec.data.contract import ContractError
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+from pinads_rec.data.loader.contract import ContractError
+from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
 from pinads_rec.data.page_checksums import CheckedParquetFile
 from pinads_rec.data.vocabulary import Vocabularies
 from pinads_rec.serve.scoring import remove_stale_temporaries

@@ -5,67 +5,71 @@ a negative size or a reference to an undeclared table/column fails at load with 
 (``features.tables[2].num_embeddings: must be > 0, got -5``). Command-line overrides use the same
 paths: ``--set model.dcn.num_layers=3 --set train.lr=0.01``.
 
-- ``schema.py``: the sections as dataclasses, each key's default and (in its comment) meaning, the
-  constants (``SHARDING_TYPES``, ``SELECTION_METRICS``, ``REQUIRED``...) and ``ConfigError``
+- ``schema.py``: the sections every tool shares as dataclasses, each key's default and (in its
+  comment) meaning, the constants (``SHARDING_TYPES``, ``SELECTION_METRICS``, ``REQUIRED``...), and
+  ``ExperimentConfig``, which composes them with the sections declared beside their owners:
+  ``synth:`` (``data/synth_settings.py``), ``build:`` (``data/build_settings.py``) and each sequence
+  encoder's keys (beside its entry in ``modules/encoders.py``)
+- ``feature_declarations.py``: the ``features:`` section
 - ``loading.py``: YAML -> dataclasses (``load``, ``from_dict``, ``read_yaml`` with ``extends:``),
   ``to_dict``, the ``--set`` overrides (``split_overrides``, ``add_overrides_flag``)
 - ``checks.py``: the semantic checks, one function per section (``validate``), ``validate_layout``
   (where a model is built), ``require`` (a key only some tools need, asked for by the tool)
 
-Everything is re-exported here: ``from pinads_rec import config; config.load(...)``. A section's
-checks that only one tool reads live with that tool (``data.build.check_build``).
+Everything is re-exported here, the sections declared elsewhere and ``config_base``'s
+``ConfigError``, ``positive``, ``unique`` and ``CANDIDATE_PREFIX`` included: ``from pinads_rec import
+config; config.load(...)``. A section's checks that only one tool reads live with that tool
+(``data.build.check_build``).
 """
 
-from pinads_rec.config.checks import positive, require, unique, validate, validate_layout
+from pinads_rec.config.checks import require, validate, validate_layout
+from pinads_rec.config.feature_declarations import (
+    AdmissionConfig,
+    ColumnsConfig,
+    DenseFeatureConfig,
+    FeaturesConfig,
+    ManagedCollisionConfig,
+    SequenceFeatureConfig,
+    SequenceGroupConfig,
+    SparseFeatureConfig,
+    TableConfig,
+    TaskConfig,
+)
 from pinads_rec.config.loading import add_overrides_flag, from_dict, load, read_yaml, split_overrides, to_dict
 from pinads_rec.config.schema import (
-    CANDIDATE_PREFIX,
     REQUIRED,
     SELECTION_METRICS,
     SHARDING_TYPES,
-    AdmissionConfig,
-    BuildConfig,
-    ColumnsConfig,
-    ConfigError,
     DataConfig,
     DCNConfig,
-    DenseFeatureConfig,
-    DriftConfig,
     EarlyInteractionConfig,
     EarlyStopConfig,
     EvalEveryConfig,
     ExperimentConfig,
-    FaultsConfig,
-    FeaturesConfig,
-    HSTUConfig,
-    ImpressionsConfig,
-    LongHistoryConfig,
-    ManagedCollisionConfig,
     MMoEConfig,
     ModelConfig,
-    NegativeDownsamplingConfig,
     PrecisionConfig,
-    RawSourceConfig,
     ReferenceConfig,
     ResilientBNConfig,
-    RetrievalConfig,
     RowFilterConfig,
     SequenceEncoderConfig,
-    SequenceFeatureConfig,
-    SequenceGroupConfig,
-    SequenceProjectionConfig,
-    SequenceSourceConfig,
     ServeConfig,
-    SideTableConfig,
-    SparseFeatureConfig,
-    SplitConfig,
-    SynthConfig,
-    TableConfig,
-    TaskConfig,
     TrainConfig,
     TwoTowerConfig,
+)
+from pinads_rec.config_base import CANDIDATE_PREFIX, ConfigError, positive, unique
+from pinads_rec.data.build_settings import (
+    BuildConfig,
+    ImpressionsConfig,
+    NegativeDownsamplingConfig,
+    RawSourceConfig,
+    SequenceSourceConfig,
+    SideTableConfig,
+    SplitConfig,
     VocabularyConfig,
 )
+from pinads_rec.data.synth_settings import DriftConfig, FaultsConfig, LongHistoryConfig, SynthConfig
+from pinads_rec.modules.encoders import HSTUConfig, RetrievalConfig, SequenceProjectionConfig
 
 __all__ = [
     "AdmissionConfig",

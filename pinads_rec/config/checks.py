@@ -1,43 +1,28 @@
 """The config's semantic checks, one function per section; each error names the key it is about.
 
-``validate`` runs them all on a freshly built config (``loading.from_dict``). ``require`` is for the
-keys without a default that only some tools read: the tool asks for them where it reads them.
+``validate`` runs them all on a freshly built config (``loading.from_dict``); each encoder's checks
+come from its registry entry (modules/encoders.py). ``require`` is for the keys without a default
+that only some tools read: the tool asks for them where it reads them. ``positive`` and ``unique``
+(one value's checks) live in ``config_base``, which the settings declared beside their owners share.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, List, Optional
+from typing import Any, Optional
 
+from pinads_rec.config.feature_declarations import FeaturesConfig, SequenceGroupConfig
 from pinads_rec.config.schema import (
-    CANDIDATE_PREFIX,
     REQUIRED,
     SELECTION_METRICS,
     SHARDING_TYPES,
-    ConfigError,
     DataConfig,
     ExperimentConfig,
-    FeaturesConfig,
     ModelConfig,
     SequenceEncoderConfig,
-    SequenceGroupConfig,
     TrainConfig,
 )
-
-
-def positive(path: str, value: float, allow_zero: bool = False) -> None:
-    if not math.isfinite(value):
-        raise ConfigError(f"{path}: must be a finite number, got {value}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value}")
-
-
-def unique(path: str, names: List[str]) -> None:
-    seen = set()
-    for i, n in enumerate(names):
-        if n in seen:
-            raise ConfigError(f"{path}[{i}].name: duplicate name {n!r}")
-        seen.add(n)
+from pinads_rec.config_base import CANDIDATE_PREFIX, ConfigError, positive, unique
+from pinads_rec.modules import encoders as registry
 
 
 def require(cfg: ExperimentConfig, key: str) -> Any:
@@ -293,9 +278,6 @@ def _validate_evaluations(t: TrainConfig, cfg: ExperimentConfig) -> None:
 def _validate_encoder(
     path: str, enc: SequenceEncoderConfig, features: FeaturesConfig, group: Optional[SequenceGroupConfig]
 ) -> None:
-    # The registry holds each encoder's checks (it imports no torch: the data tools load configs too).
-    from pinads_rec.modules import encoders as registry
-
     positive(f"{path}.d_model", enc.d_model)
     positive(f"{path}.time_buckets", enc.time_buckets)
     if len(set(enc.encoders)) != len(enc.encoders):
@@ -315,6 +297,19 @@ def _validate_encoder(
             f"{path}.window: {enc.window} is more than the max_length {group.max_length} of "
             f"sequence group {group.name!r}"
         )
-    width = registry.event_width(features, group, enc)
+    width = _event_width(features, group, enc)
     for entry in registry.REGISTRY.values():
         entry.check(registry.CheckContext(path, enc, features, group, width, entry.name in enc.encoders))
+
+
+def _event_width(
+    features: FeaturesConfig, group: Optional[SequenceGroupConfig], enc: SequenceEncoderConfig
+) -> Optional[int]:
+    """The group's event width as ``EventRepresentation`` makes it (None: concat without a group)."""
+    if enc.combine == "sum":
+        return registry.width_of_events([], 0, "sum", enc.d_model)
+    if group is None:
+        return None
+    attr_dims = [features.table(f.table).embedding_dim for f in group.features]
+    pretrained = group.embedding_dim if group.embedding_column else 0
+    return registry.width_of_events(attr_dims, pretrained, "concat", enc.d_model)

@@ -16,7 +16,8 @@ from typing import Any, Dict, List, Literal, Optional, Sequence
 import yaml
 
 from pinads_rec.config.checks import validate
-from pinads_rec.config.schema import ConfigError, ExperimentConfig
+from pinads_rec.config.schema import ExperimentConfig
+from pinads_rec.config_base import ConfigError
 
 
 def _convert(value: Any, tp: Any, path: str) -> Any:
@@ -79,11 +80,30 @@ def _build(cls: type, raw: Any, path: str) -> Any:
     kwargs = {}
     for f in dataclasses.fields(cls):
         sub = f"{path}.{f.name}" if path else f.name
-        if f.name in raw:
+        if f.name in raw and "value_class" in f.metadata:
+            kwargs[f.name] = _settings_map(raw[f.name], f.metadata["value_class"], sub)
+        elif f.name in raw:
             kwargs[f.name] = _convert(raw[f.name], hints[f.name], sub)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{sub}: required key is missing")
     return cls(**kwargs)
+
+
+def _settings_map(raw: Any, value_class: Any, path: str) -> Dict[str, Any]:
+    """A map whose keys pick their values' classes (``value_class(key)``: a registered encoder's
+    settings, ``SequenceEncoderConfig.settings``): each value built as that class."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping, got {type(raw).__name__}")
+    out = {}
+    for key, value in raw.items():
+        try:
+            cls = value_class(str(key))
+        except ConfigError as e:
+            raise ConfigError(f"{path}.{key}: {e}") from None
+        out[str(key)] = _build(cls, value, f"{path}.{key}")
+    return out
 
 
 def _yaml_problem(error: yaml.YAMLError) -> str:

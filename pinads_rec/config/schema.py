@@ -1,24 +1,34 @@
-"""The experiment config's schema: every section a dataclass, every default in one place.
+"""The experiment config's schema: what every tool shares, and the sections composed from the
+settings their owners declare.
 
 Each field's meaning is the ``#`` comment above it (``config_reference`` renders them as
 docs/config.md). A config file only states what differs from these defaults; ``loading.py`` turns a
-YAML mapping into these classes, ``checks.py`` checks their values.
+YAML mapping into these classes, ``checks.py`` checks their values. The ``features:`` section is
+in ``feature_declarations.py``. Sections one tool owns are declared beside it and composed here:
+``synth:`` in ``data/synth_settings.py``, ``build:`` in ``data/build_settings.py``, each sequence
+encoder's keys beside its registry entry (``modules/encoders.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Literal, Optional
+from typing import Any, Dict, List, Literal, Optional
+
+from pinads_rec.config.feature_declarations import FeaturesConfig
+from pinads_rec.data.build_settings import BuildConfig
+from pinads_rec.data.synth_settings import SynthConfig
+from pinads_rec.modules import encoders as registry
+from pinads_rec.modules.encoders import (
+    DINSettings,
+    HSTUConfig,
+    LongShortSettings,
+    PeriodSumSettings,
+    RetrievalConfig,
+    TransformerSettings,
+)
 
 # TorchRec's sharding types by name (train.sharding_types; the planner's --sharding-types).
 SHARDING_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise", "data_parallel")
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the offending key."""
-
-
-CANDIDATE_PREFIX = "candidate."
 
 # The keys a config must state although the schema gives them a placeholder (None, an empty list) so
 # that the sections build without them: key -> what it is, for the error that names it
@@ -36,192 +46,7 @@ REQUIRED = {
 
 
 # --------------------------------------------------------------------------------------------
-# Feature declarations: which Parquet column is what. Nothing about columns is hard-coded.
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class AdmissionConfig:
-    """Which new ids a managed-collision table gives a slot at an eviction round (TorchRec's
-    threshold filters over the ids' counts in the round)."""
-
-    # all: every id seen in the round; min_count: ids seen at least min_count times in it; average:
-    # more often than the round's mean count; dynamic: more than skew x the mean; probabilistic:
-    # each occurrence admits with probability (an id seen n times: 1 - (1 - p)^n).
-    kind: Literal["all", "min_count", "average", "dynamic", "probabilistic"] = "all"
-    # kind min_count: occurrences in one round an id needs.
-    min_count: int = 2
-    # kind dynamic: the multiple of the mean count an id must exceed.
-    skew: float = 10.0
-    # kind probabilistic: the chance one occurrence admits its id.
-    probability: float = 0.01
-
-
-@dataclass
-class ManagedCollisionConfig:
-    """A table whose raw ids TorchRec's managed collision maps to its num_embeddings slots
-    (MCHManagedCollisionModule): an id keeps its own row until evicted; ids go in unchanged, any
-    int64 >= 0 (no hashing, no vocabulary). The last slot of each shard is the row every id without
-    a slot shares. docs/continuous.md."""
-
-    # Which slot an id without one takes at an eviction round: the least recently seen id's (lru),
-    # the least often seen's (lfu), or by frequency discounted by age (distance_lfu).
-    eviction: Literal["lru", "lfu", "distance_lfu"] = "lru"
-    # Training steps between eviction rounds: new ids get slots (and evicted ones lose theirs, their
-    # rows starting fresh) only at a round; until then they share the unknown row.
-    eviction_interval: int = 10
-    # distance_lfu: how fast age discounts frequency (TorchRec's decay_exponent).
-    decay_exponent: float = 1.0
-    # Which new ids are admitted at a round.
-    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
-
-
-@dataclass
-class TableConfig:
-    """One embedding table; several features may share it."""
-
-    # The table's name, as the features using it give it in their table key.
-    name: str
-    # Rows of the table: ids 0..num_embeddings - 1 (hash says what happens to larger ones).
-    num_embeddings: int
-    # Width of each row (the embedding of one id).
-    embedding_dim: int
-    # Ids >= num_embeddings are hashed into range (id mod size); without it they are an error.
-    hash: bool = False
-    # Raw ids mapped to slots by TorchRec's managed collision (admission, eviction) instead of used
-    # as rows: num_embeddings is then the slot count. None: the ids are rows.
-    managed_collision: Optional[ManagedCollisionConfig] = None
-
-
-@dataclass
-class SparseFeatureConfig:
-    """A categorical feature of the candidate row: an int64 column (one id) or list<int64> column
-    (multi-hot), pooled by an EmbeddingBagCollection. A candidate-side feature whose table is also
-    used by sequence features is looked up by the EmbeddingCollection instead (and pooled the same
-    way), so the candidate and the user's events share one embedding space (e.g. the candidate's
-    topic and the events' topics, a video's tags and the clicked videos' tags)."""
-
-    # The feature's name (unique among features.sparse).
-    name: str
-    # The Parquet column: int64 (one id) or list<int64> (several ids).
-    column: str
-    # The features.tables entry its ids are looked up in.
-    table: str
-    # How several ids become one embedding: their sum or mean.
-    pooling: Literal["sum", "mean"] = "sum"
-    # True for the user-side features (same for every candidate of a request): these may be
-    # computed once per request and broadcast.
-    user_side: bool = False
-
-
-@dataclass
-class DenseFeatureConfig:
-    """A float column (dim 1) or a fixed-size list<float> column (dim > 1)."""
-
-    # The feature's name (unique among features.dense).
-    name: str
-    # The Parquet column: float (dim 1) or fixed_size_list<float, dim>.
-    column: str
-    # Values per row: 1, a float column; more, a fixed-size list of that many.
-    dim: int = 1
-    # Per-feature normalization before the dense arch: signed log, min-max clip, layer norm, plain
-    # BatchNorm1d, or Resilient Batch Norm (hyper-parameters in model.resilient_bn).
-    norm: Literal["none", "log", "minmax", "layer_norm", "batch_norm", "resilient_bn"] = "none"
-    # norm minmax: [clip_min, clip_max] maps to [0, 1], values outside it are clipped.
-    clip_min: float = 0.0
-    # The top of the minmax range (must exceed clip_min).
-    clip_max: float = 1.0
-    # Same value for every candidate of a request (e.g. the user's activity): the two-tower model
-    # puts it in the user tower.
-    user_side: bool = False
-
-
-@dataclass
-class SequenceFeatureConfig:
-    """One id attribute of a sequence event (item id, action type, taxonomy id...), or a bag of ids
-    per event (a movie's genres, a video's tags, a query's tokens): ``max_values`` > 1, the column a
-    list<list<int64>> (a list of ids per event), each event's bag pooled to one embedding."""
-
-    # The attribute's name (unique in its group; model.sequence.retrieval.attribute names one).
-    name: str
-    # The Parquet column: list<int64>, one id per event (list<list<int64>> for a bag).
-    column: str
-    # The features.tables entry its ids are looked up in.
-    table: str
-    # Ids per event: 1, one id (the column a list<int64>); more, a bag of at most this many (longer
-    # bags are an error, or keep their first max_values under data.overlong_sequence: truncate).
-    max_values: int = 1
-    # How a bag becomes the event's attribute embedding (an empty bag is zeros).
-    pooling: Literal["sum", "mean"] = "mean"
-
-    @property
-    def multi_valued(self) -> bool:
-        return self.max_values > 1
-
-
-@dataclass
-class SequenceGroupConfig:
-    """Aligned list columns describing the user's recent engagement events, newest first."""
-
-    # The group's name (model.sequence_groups and build.sequences name groups by it).
-    name: str
-    # List column: each event's time in seconds, aligned with the attributes' lists.
-    timestamp_column: str
-    # The events' id attributes (at least one of them a single id per event).
-    features: List[SequenceFeatureConfig]
-    # Events kept per request, the newest (data.overlong_sequence: what happens to more).
-    max_length: int = 100
-    # Optional list<fixed_size_list<float, dim>> column: a pretrained embedding per event.
-    embedding_column: Optional[str] = None
-    # Width of embedding_column's vectors (used only with it).
-    embedding_dim: int = 0
-
-
-@dataclass
-class TaskConfig:
-    # The task's name (metrics, logs and train.early_stop.task use it).
-    name: str
-    # The task's label column (1 positive, 0 negative).
-    label_column: str
-    # The task's weight in the training loss (a weighted sum over tasks).
-    weight: float = 1.0
-    # Column holding the probability the label was drawn from (synthetic data): enables oracle metrics.
-    true_probability_column: Optional[str] = None
-
-
-@dataclass
-class ColumnsConfig:
-    # The request id column: a request's candidate rows share it.
-    request_id: str = "request_id"
-    # The user id column.
-    user_id: str = "user_id"
-    # The candidate (ad) id column.
-    item_id: str = "item_id"
-    # The surface column: a name in features.surfaces, or its index.
-    surface: str = "surface"
-    # The request time column, in seconds (events' time deltas are taken from it).
-    timestamp: str = "timestamp"
-
-
-@dataclass
-class FeaturesConfig:
-    # Names of the identity columns every row has.
-    columns: ColumnsConfig = field(default_factory=ColumnsConfig)
-    # Surface names, at least one: the heads' logits, calibration and metrics are per surface.
-    surfaces: List[str] = field(default_factory=list)
-    # The prediction tasks, at least one, each a label column.
-    tasks: List[TaskConfig] = field(default_factory=list)
-    tables: List[TableConfig] = field(default_factory=list)
-    sparse: List[SparseFeatureConfig] = field(default_factory=list)
-    dense: List[DenseFeatureConfig] = field(default_factory=list)
-    sequence_groups: List[SequenceGroupConfig] = field(default_factory=list)
-
-    def table(self, name: str) -> TableConfig:
-        return next(t for t in self.tables if t.name == name)
-
-
-# --------------------------------------------------------------------------------------------
-# Data loading, synthetic data, model and training.
+# Data loading, model, training, serving and the reference; the whole config.
 # --------------------------------------------------------------------------------------------
 
 
@@ -272,284 +97,6 @@ class DataConfig:
 
 
 @dataclass
-class FaultsConfig:
-    """Feature faults the generator can plant (to exercise Resilient Batch Norm)."""
-
-    # Dense column zero-filled for requests whose time falls in [start, end) (fractions of the span).
-    zero_fill_column: Optional[str] = None
-    # [start, end) of the zero-fill, as fractions of the data's time span.
-    zero_fill_window: List[float] = field(default_factory=lambda: [0.4, 0.5])
-    # Dense column whose distribution shifts (scale x shift_scale + shift_offset) after a time point.
-    shift_column: Optional[str] = None
-    # The time point (a fraction of the span) from which shift_column is shifted.
-    shift_after: float = 0.7
-    # The shift's factor.
-    shift_scale: float = 5.0
-    # The shift's offset (added after the scaling).
-    shift_offset: float = 3.0
-    # Fraction of rows whose dense values are stale (copied from an earlier row of the user).
-    stale_fraction: float = 0.0
-
-
-@dataclass
-class LongHistoryConfig:
-    """Long pins histories and a planted dormant interest (docs/synthetic_data.md, "Long histories
-    and a dormant interest"). Off: the data are exactly those of the generator without it."""
-
-    # Plant long histories and the dormant interest (false: the plain generator's data).
-    enabled: bool = False
-    # Each user's total pins events over the 90-day log: LogNormal with this median and 90th
-    # percentile, rounded and clipped to [1, max_length]; max_length is also the pins cap a request
-    # carries (sequence_caps()["pins"]).
-    median: float = 200.0
-    # The 90th percentile of that LogNormal.
-    p90: float = 1500.0
-    # The clip of a user's event count, and the pins cap a request carries.
-    max_length: int = 4000
-    # Users with at least min_history pins events have a dormant topic outside their mixture: a burst
-    # of burst_share of their events on it in the log's first burst_days days, candidates of it with
-    # probability candidate_share and dormant_coef on the click logit, on the surfaces listed.
-    min_history: int = 300
-    # Fraction of a dormant user's events in the burst on the dormant topic.
-    burst_share: float = 0.1
-    # The burst falls in the log's first burst_days days.
-    burst_days: float = 15.0
-    # Probability that a candidate of such a user is of the dormant topic.
-    candidate_share: float = 0.1
-    # Added to the click logit of a candidate of the user's dormant topic.
-    dormant_coef: float = 3.0
-    # The surfaces where the dormant topic's candidates appear.
-    surfaces: List[str] = field(default_factory=lambda: ["home_feed", "related_pins"])
-
-
-@dataclass
-class DriftConfig:
-    """A world that drifts day by day, written one directory a day (docs/synthetic_data.md, "A
-    drifting world"): ads launch and retire, users' interests rotate, a topic trends for a few days.
-    Set (e.g. ``--set synth.drift.days=14``) it replaces the train / calibration / eval splits."""
-
-    # Consecutive calendar days from 2023-11-15 (UTC): <out>/days/<YYYY-MM-DD>/ each.
-    days: int = 14
-    # Requests per day (synth.train_requests, eval_requests and calibration_requests are not read).
-    requests_per_day: int = 20000
-    # From the second day: share of a day's candidate draws that go to the ads launched that day.
-    new_ads_share: float = 0.2
-    # Days an ad is shown: round(num_items / ad_lifetime_days) ads launch a day (new ids, above all
-    # earlier ones) and about as many retire (no impressions after); the first day's over its first days.
-    ad_lifetime_days: int = 10
-    # Users' interests rotate: each day this fraction of every topic's weight in a user's mixtures
-    # (long-term and shopping) moves on to the next topic (k -> k + 1, the last to the first).
-    interest_shift_per_day: float = 0.1
-    # A trending topic lasts this many days, then another one trends.
-    trend_days: int = 3
-    # Added to the click logit of a candidate of the day's trending topic.
-    trend_boost: float = 1.5
-
-
-@dataclass
-class SynthConfig:
-    """Sizes and seed of the planted-truth synthetic data (see docs/synthetic_data.md)."""
-
-    # Seeds every random draw of the generator: same seed and sizes, same data.
-    seed: int = 0
-    # Requests in the train split.
-    train_requests: int = 20000
-    # Requests in the eval split (after every training one in time).
-    eval_requests: int = 4000
-    # Requests of the training period's latest part (after every train request, before every eval
-    # one), written to calibration/ (fit the calibration layers on them with data.calibration_dir).
-    # 0: no calibration split.
-    calibration_requests: int = 0
-    # Mean candidate rows per request: 1 + Poisson(candidates_per_request - 1).
-    candidates_per_request: float = 12.0
-    # Users the requests are drawn from (a user makes several).
-    num_users: int = 200000
-    # Candidate items (ads): item_id in [0, num_items).
-    num_items: int = 50000
-    # Advertisers; each item belongs to one.
-    num_advertisers: int = 2000
-    # Topics of the planted world (items, interests, queries).
-    num_topics: int = 32
-    # L: the pins group's cap (L / 2 for ads and queries), also the background events' scale.
-    sequence_length: int = 100
-    # Width of the pretrained per-event embedding of the pins group (a noisy topic vector). It is
-    # repeated on every candidate row of a request, so it dominates the file size.
-    event_embedding_dim: int = 32
-    # Train files (eval and calibration get proportionally fewer, at least 2).
-    num_files: int = 4
-    # Rows per Parquet row group, at most (row groups hold whole requests).
-    row_group_size: int = 8192
-    faults: FaultsConfig = field(default_factory=FaultsConfig)
-    long_history: LongHistoryConfig = field(default_factory=LongHistoryConfig)
-    # A world that drifts day by day (DriftConfig); null: the fixed world and its splits.
-    drift: Optional[DriftConfig] = None
-
-
-# --------------------------------------------------------------------------------------------
-# Building the contract from raw logs (pinads_rec/data/build/; docs/data_build.md).
-# Expressions are SQL (DuckDB's dialect, which Spark SQL also reads for everything used here).
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class RawSourceConfig:
-    """One raw table: files and how to read them."""
-
-    # Files or globs, relative to the build's --raw directory (or absolute). CSV or Parquet.
-    path: List[str] = field(default_factory=list)
-    # auto: told from the file names' extensions.
-    format: Literal["auto", "csv", "parquet"] = "auto"
-    # CSV: the delimiter and the strings read as null (blank fields always are). Header names are
-    # stripped of surrounding spaces (Taobao's user_profile.csv ends its header with one).
-    delimiter: str = ","
-    # CSV: the strings read as null (besides blank fields).
-    null_values: List[str] = field(default_factory=lambda: ["", "NULL"])
-    # CSV without a header line (MovieLens' u.data, u.item): its column names, in file order.
-    names: List[str] = field(default_factory=list)
-    # CSV text encoding: utf-8, utf-16 or latin-1 (MovieLens-100K's u.item).
-    encoding: str = "utf-8"
-    # SQL predicate over the file's columns: only matching rows are used.
-    filter: Optional[str] = None
-
-
-@dataclass
-class ImpressionsConfig(RawSourceConfig):
-    """The impression log: one row per ad shown (who, which ad, where, when, what they did)."""
-
-    # SQL predicate over the log's columns: the impressions built, and the rows a history read from
-    # this log has (a sequence source without a path). Behaviour logs keep every user's events
-    # (event_users). Requests, labels and the vocabularies' impression counts see matching rows only.
-    filter: Optional[str] = None
-    user: str = "user_id"  # SQL expression: the user key (joins the behaviour logs)
-    # SQL expression: the impression time, epoch seconds (a number, fractions allowed) or a TIMESTAMP.
-    time: str = "timestamp"
-    # SQL expression of the request id; empty: derived from request_key (a request = one value of
-    # those expressions, numbered in time order).
-    request: Optional[str] = None
-    # SQL expressions whose values together make a request (used when request is empty).
-    request_key: List[str] = field(default_factory=list)
-    # SQL expression ordering a request's candidates (its slot or position); default: the item.
-    order: Optional[str] = None
-    item: str = "item_id"  # SQL expression: the candidate (duplicates are judged on request + item)
-    # The same (request, item) twice: stop with an error naming both rows, or keep the first (by
-    # order, then highest labels) and count the others.
-    duplicates: Literal["error", "drop"] = "drop"
-    # An impression whose surface is not one of features.surfaces: stop with an error naming its
-    # file and row, or drop it (counted in the summary).
-    unknown_surface: Literal["error", "drop"] = "error"
-    # Whose events the sequence sources keep: all users' (all count in the vocabularies), or built:
-    # the users with a request built, after filter, splits and drops (the rest dropped, counted). A
-    # filter that samples users then samples the event logs and the vocabularies with it; the
-    # sequences hold the same events either way (only users with a request built get sequences).
-    event_users: Literal["all", "built"] = "all"
-
-
-@dataclass
-class SideTableConfig(RawSourceConfig):
-    """A table joined to impressions by key: item attributes, user profile, daily item statistics.
-    Its columns are named ``<name>.<column>`` in build.columns."""
-
-    # Its name: build.columns and the sequence sources read its columns as <name>.<column>.
-    name: str = ""
-    # side table column -> SQL expression over the impression row it must equal.
-    key: Dict[str, str] = field(default_factory=dict)
-    # A side table that changes over time: its date column (a DATE, or text/integer such as
-    # 20220408 or 2022-04-08); an impression joins the row of its own date (build.timezone).
-    as_of: Optional[str] = None
-    # column -> SQL literal used when the impression's key has no row (counted) or the value is null.
-    defaults: Dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class SequenceSourceConfig(RawSourceConfig):
-    """Where one sequence group's events come from. ``path`` empty: the impression log itself
-    (its rows, filtered, are the events: a user's earlier clicks are their history)."""
-
-    group: str = ""  # a features.sequence_groups name
-    user: str = "user_id"  # SQL expression: the user key
-    time: str = "timestamp"  # SQL expression: event time, as ImpressionsConfig.time
-    # The group's contract columns (its id features' and embedding columns) -> SQL expression over
-    # the event row. The group's timestamp column is the event time (whole seconds).
-    columns: Dict[str, str] = field(default_factory=dict)
-    # Only events at least this long before the impression (e.g. the logging delay of the real
-    # feature pipeline); 0: every event strictly before it.
-    min_gap_s: float = 0.0
-    # Events whose user expression is null: stop with an error naming file and row, or drop and count.
-    missing_user: Literal["error", "drop"] = "error"
-    # Side tables (build.side_tables, by name) joined to the events of a source with a path, so
-    # ``columns`` can read them as ``<name>.<column>``: side table name -> {side table column: SQL
-    # expression over the event row}; a dated side table joins the row of the event's own date. A
-    # source without a path (the impression log) sees every side table, joined as the impressions are.
-    side_tables: Dict[str, Dict[str, str]] = field(default_factory=dict)
-
-
-@dataclass
-class SplitConfig:
-    """One output split: impressions with start <= time < end (dates or datetimes in
-    build.timezone; either side open when empty) that match ``filter``."""
-
-    # The split's name: its output directory (<out>/<name>/), and what fit_split and splits name.
-    name: str
-    # Impressions at or after this date or datetime; empty: from the first.
-    start: Optional[str] = None
-    # Impressions before this date or datetime; empty: to the last.
-    end: Optional[str] = None
-    filter: Optional[str] = None  # SQL predicate over the impression row (KuaiRand: is_rand = 1)
-
-
-@dataclass
-class NegativeDownsamplingConfig:
-    """Keep each negative of ``task`` (label 0) of a training split with probability rates[surface]
-    (1.0 for surfaces not listed); the rates go to the manifest. Only ``splits`` are sampled: fit the
-    calibration layers on an unsampled split and they correct the sampled model's bias."""
-
-    # The task whose negatives (label 0) are sampled.
-    task: str = ""
-    # surface -> the probability that a negative of it is kept (1.0 for surfaces not listed).
-    rates: Dict[str, float] = field(default_factory=dict)
-    # The splits sampled (the others are written whole).
-    splits: List[str] = field(default_factory=lambda: ["train"])
-    # Seeds the keep/drop draw (a hash of request and item: reproducible).
-    seed: int = 0
-
-
-@dataclass
-class VocabularyConfig:
-    """Raw ids of ``table`` mapped to 1..V by frequency on the fitting split (every column feeding
-    the table: candidate and sequence ones); 0 is the out-of-vocabulary bucket, trained by the id
-    dropout (docs/data_build.md, "Cold start"). V is at most num_embeddings - 1; ids seen fewer than
-    min_count times are out of vocabulary. Saved as <out>/vocabularies/<table>.parquet for serving."""
-
-    # The features.tables entry whose raw ids are mapped.
-    table: str
-    # Ids seen fewer times than this on fit_split are out of vocabulary (0).
-    min_count: int = 1
-    # The build.splits entry the frequencies are counted on.
-    fit_split: str = "train"
-    # Training only: each id of the table in a training batch becomes 0 at this rate, so the
-    # out-of-vocabulary row (ids new since fit_split) is trained. 0: only ids below min_count train it.
-    dropout: float = 0.02
-
-
-@dataclass
-class BuildConfig:
-    impressions: ImpressionsConfig = field(default_factory=ImpressionsConfig)
-    side_tables: List[SideTableConfig] = field(default_factory=list)
-    sequences: List[SequenceSourceConfig] = field(default_factory=list)
-    # Every contract column not made by a sequence source (and not the request id or timestamp) ->
-    # SQL expression over the impression row and the side tables' <name>.<column>.
-    columns: Dict[str, str] = field(default_factory=dict)
-    splits: List[SplitConfig] = field(default_factory=list)
-    timezone: str = "UTC"  # where days matter: split boundaries, as-of dates
-    negative_downsampling: Optional[NegativeDownsamplingConfig] = None
-    vocabularies: List[VocabularyConfig] = field(default_factory=list)
-    # Output: requests per Parquet row group, and per file (files are in time order).
-    requests_per_row_group: int = 2048
-    # Requests per output Parquet file.
-    requests_per_file: int = 200000
-
-
-@dataclass
 class EarlyInteractionConfig:
     """Early feature interaction (sequence-modeling article, "More Feature Interaction")."""
 
@@ -561,53 +108,9 @@ class EarlyInteractionConfig:
 
 
 @dataclass
-class SequenceProjectionConfig:
-    """DCNv2 projection of the (wide) Transformer output into a small representation (in the groups
-    with a Transformer)."""
-
-    dim: int = 0  # 0: off
-    # DCNv2 cross layers before the linear map to dim (0: the linear map alone).
-    num_layers: int = 2
-    # Rank of the cross layers' weights (0: full rank).
-    low_rank: int = 16
-
-
-@dataclass
-class HSTUConfig:
-    """The HSTU encoder (modules/hstu.py): pointwise SiLU attention with relative position and time
-    biases, run per request without padding waste."""
-
-    # Stacked HSTU layers.
-    num_layers: int = 2
-    # Attention heads; they divide the event width.
-    num_heads: int = 2
-    # Dropout rate in the HSTU layers.
-    dropout: float = 0.0
-    # Relative attention biases: log2 buckets of |i - j| positions and of |t_i - t_j| seconds.
-    position_buckets: int = 32
-    # Buckets of the time bias (log2 of |t_i - t_j| seconds).
-    time_buckets: int = 24
-
-
-@dataclass
-class RetrievalConfig:
-    """Target-aware retrieval from a long history (SIM's hard search; modules/retrieval.py): per
-    candidate, the newest ``max_events`` events whose ``attribute`` equals the candidate's
-    ``candidate`` feature, encoded with target attention. With bags on either side (a multi-valued
-    attribute, a multi-hot candidate feature) an event matches when the two share an id. Groups
-    whose attributes differ each set their own under model.sequence_groups.<group>.retrieval."""
-
-    # A feature of the group (model.sequence's must be one of every group that lists retrieval and
-    # has no model.sequence_groups entry: a group with other attributes sets its own there).
-    attribute: str = "topic"
-    candidate: str = "item_topic"  # a candidate-side sparse feature on the attribute's table
-    # Events retrieved per candidate: the newest that match.
-    max_events: int = 32
-
-
-@dataclass
-class SequenceEncoderConfig:
-    """How one sequence group becomes features (modules/sequence.py; docs/ablations.md compares the choices)."""
+class SequenceEncoderConfig(LongShortSettings, DINSettings, PeriodSumSettings, TransformerSettings):
+    """How one sequence group becomes features (modules/sequence.py; docs/ablations.md compares the
+    choices). Each encoder's own keys are declared beside its registry entry (modules/encoders.py)."""
 
     # Event representation: each attribute (and the pretrained embedding) projected to d_model and
     # summed ("sum"), or concatenated at their own widths ("concat": the event is as wide as the sum
@@ -633,36 +136,16 @@ class SequenceEncoderConfig:
     # requests by length and pads each bucket only to its longest (modules/length_buckets.py). Same
     # outputs; docs/long_sequences.md measures both.
     padding: Literal["max_length", "buckets"] = "max_length"
-    # Transformer.
-    # Its encoder layers.
-    num_layers: int = 1
-    # Attention heads; they divide the event width (d_model, or the concatenated width).
-    num_heads: int = 1
-    # Hidden width of each layer's feed-forward network.
-    ffn_dim: int = 64
-    # Dropout rate in the Transformer layers.
-    dropout: float = 0.0
-    # What the Transformer's encoded events become: "summary" (a prepended summary token's output),
-    # "mean" (masked mean) -- once per request -- "transact" (TransAct-style: max-pool plus the latest
-    # transact_recent tokens), and "target" (each candidate attends over the encoded events).
-    poolings: List[Literal["summary", "mean", "transact", "target"]] = field(
-        default_factory=lambda: ["summary", "mean", "target"]
-    )
-    # Latest encoded events the transact pooling keeps beside its max-pool.
-    transact_recent: int = 4
-    # Period sum pooling: period boundaries in seconds of time delta (request time - event time);
-    # [a, b, c] makes the periods [0, a), [a, b), [b, c), [c, inf). Future events are left out.
-    period_boundaries_s: List[float] = field(default_factory=lambda: [3600.0, 86400.0, 7 * 86400.0])
-    # DIN: hidden widths of the attention MLP over [q, k, q - k, q * k].
-    din_hidden: List[int] = field(default_factory=lambda: [32])
-    # Long/short interest: the short-term part's window and attention MLP.
-    short_length: int = 8
-    # Hidden widths of the short-term part's attention MLP.
-    short_hidden: List[int] = field(default_factory=lambda: [16])
     early_interaction: EarlyInteractionConfig = field(default_factory=EarlyInteractionConfig)
-    projection: SequenceProjectionConfig = field(default_factory=SequenceProjectionConfig)
     hstu: HSTUConfig = field(default_factory=HSTUConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    # The settings of a registered encoder that declares its own (modules/encoders.py, Encoder.settings),
+    # by the encoder's name: its keys under model.sequence.settings.<name>.
+    settings: Dict[str, Any] = field(default_factory=dict, metadata={"value_class": registry.settings_class})
+
+    def settings_for(self, encoder: str) -> Any:
+        """The settings of ``encoder`` (registered with ``settings``): this config's, else the defaults."""
+        return self.settings.get(encoder) or registry.settings_class(encoder)()
 
 
 @dataclass

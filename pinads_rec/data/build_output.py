@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from pinads_rec.config import ConfigError
-from pinads_rec.data.contract import ContractError
+from pinads_rec.data.loader.contract import ContractError
 
 MANIFEST = "manifest.json"
 _LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<kind>building|previous)-(?P<pid>\d+)")

@@ -21,7 +21,7 @@ from typing import Iterator, Optional, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pinads_rec.data.contract import ContractError
+from pinads_rec.data.loader.contract import ContractError
 
 WRITE = {"write_page_checksum": True}
 # What Arrow's ParquetException says on a mismatch (it reaches Python as a plain OSError); a page

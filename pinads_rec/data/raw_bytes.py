@@ -35,7 +35,7 @@ from typing import BinaryIO, Dict, Iterator, Optional, Tuple
 
 import pyarrow as pa
 
-from pinads_rec.data.contract import ContractError
+from pinads_rec.data.loader.contract import ContractError
 
 CHUNK = 1 << 22
 # Compressions told by their first bytes: those DuckDB reads (the name its ``compression`` takes)...

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import csv
 import glob
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -31,21 +30,14 @@ import duckdb
 
 from pinads_rec.config import RawSourceConfig
 from pinads_rec.data import raw_bytes
-from pinads_rec.data.contract import ContractError
+from pinads_rec.data.loader.contract import ContractError
+from pinads_rec.data.sql_text import column_value, columns_read, first_line, printable, sql_name, sql_string
 
 CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.zst", ".tsv", ".tsv.gz", ".tsv.zst", ".txt")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # A header that is one field at the configured delimiter but holds one of these: the wrong delimiter.
 OTHER_DELIMITERS = (";", "\t", "|", ",")
 HEAD_BYTES = 1 << 16  # read to tell an empty, header-only or wrongly delimited CSV
-
-
-def sql_string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def sql_name(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 @dataclass(frozen=True)
@@ -416,11 +408,13 @@ def explain(error: Exception, sources: Sequence[RawSource]) -> Optional[str]:
         # DuckDB names the column cast, and writes some bytes escaped (NUL as \0): then the first value
         # of that column that does not convert is the one.
         named = re.search(r"when casting from source column (\S+)", text)
+        # The value as written, or with DuckDB's escaped NUL (\0) as the file holds it.
+        values = list(dict.fromkeys([value, value.replace("\\0", "\x00")]))
         for source in sources:
             for path in source.files:
-                found = source.find_value(path, value)
+                found = next((hit + (v,) for v in values if (hit := source.find_value(path, v))), None)
                 if found:
-                    row, column = found
+                    row, column, value = found
                 elif named and kind.isalnum():
                     column = named.group(1)
                     c = sql_name(column)
@@ -453,63 +447,3 @@ def _kind(path: str) -> Optional[str]:
     if low.endswith(PARQUET_SUFFIXES):
         return "parquet"
     return None
-
-
-_PARSER = duckdb.connect()  # DuckDB's parser, for the config's expressions
-
-
-def columns_read(expr: str) -> List[str]:
-    """The bare column names SQL ``expr`` reads, in order, once each (``profile.x``, a side
-    table's field, is not one); none if it does not parse."""
-    if not expr:
-        return []
-    tree = json.loads(_PARSER.execute(f"SELECT json_serialize_sql({sql_string('SELECT ' + expr)})").fetchone()[0])
-    names: List[str] = []
-
-    def walk(node) -> None:
-        if isinstance(node, dict):
-            if node.get("class") == "COLUMN_REF" and len(node.get("column_names", [])) == 1:
-                name = node["column_names"][0]
-                if name not in names:
-                    names.append(name)
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    if not tree.get("error"):
-        walk(tree.get("statements", []))
-    return names
-
-
-def column_value(column: str, value) -> str:
-    """``column 'c': value 'v'`` as an error names a raw value (``no value``: blank or a null marker)."""
-    return f"column {column!r}: " + ("no value" if value is None else f"value {printable(repr(value))}")
-
-
-# Values a query returns that SQL writes as a cast of their text.
-_CAST_AS = {"date": "DATE", "datetime": "TIMESTAMP", "time": "TIME", "Decimal": "DECIMAL(38, 10)", "float": "DOUBLE"}
-
-
-def sql_literal(value) -> str:
-    """A value a query returned, as SQL again (to find the rows holding it)."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "TRUE" if value else "FALSE"
-    if isinstance(value, int):
-        return str(value)
-    kind = _CAST_AS.get(type(value).__name__)
-    return f"CAST({sql_string(str(value))} AS {kind})" if kind else sql_string(str(value))
-
-
-def first_line(e) -> str:
-    """DuckDB's message (an error, or its text) without the hints and context below it, printable."""
-    return printable(str(e).strip().splitlines()[0])
-
-
-def printable(text: str) -> str:
-    """``text`` with each character a terminal would act on (control bytes, a stray escape) written
-    as its Python escape: a value quoted from a raw file in a message."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 
 from pinads_rec.config import FeaturesConfig
 from pinads_rec.data.build_output import require_complete, require_unchanged
-from pinads_rec.data.contract import ContractError
-from pinads_rec.data.reader import open_parquet
+from pinads_rec.data.loader.contract import ContractError
+from pinads_rec.data.loader.reader import open_parquet
 
 OUT_OF_VOCABULARY = 0
 

@@ -24,8 +24,9 @@ Every variant is a real training run of ``pinads_rec/train.py`` under torchrun (
 a run directory named by a hash of its full config and of the package's source code
 (``runs/ablations/<hash>``), on data generated
 once for the base config (``pinads_rec.data.synth.ensure``: skipped when present). A finished
-run of the same config and code is reused -- by an interrupted ablation resuming, or by another ablation that
-needs the same model (the unified model of the segmentation table is the calibration table's).
+run of the same config and code is reused (``harness.finished_runs``) -- by an interrupted ablation
+resuming, or by another ablation that needs the same model (the unified model of the segmentation
+table is the calibration table's).
 ``--report-only`` trains nothing: it rewrites the report from finished runs of the variants'
 exact configs found under ``--runs``, whatever code trained them (after editing a description or
 the ``findings``, the reading of a run written under the tables).
@@ -67,7 +68,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import shutil
 import sys
@@ -80,10 +80,8 @@ import numpy as np
 from pinads_rec import arguments, config
 from pinads_rec.data import synth
 from pinads_rec.experiments.ablate_report import COST_NAMES, METRIC_NAMES, slug, write_report
-from pinads_rec.experiments.harness import launch
-from pinads_rec.training.run_log import METRICS_FILE, read_run_log
-
-REPO = Path(__file__).resolve().parents[2]
+from pinads_rec.experiments.harness import finished_runs, launch
+from pinads_rec.training.run_log import METRICS_FILE
 
 
 @dataclasses.dataclass
@@ -171,13 +169,6 @@ def _check_cost_chart(ab: Ablation, path: str) -> None:
         raise config.ConfigError(f"{path}: cost_chart draws one line per variant `series`; no variant has one")
 
 
-def run_summary(run_dir: Path) -> Optional[dict]:
-    """The finished run's summary (metrics.jsonl's last evaluation line), if any."""
-    if not (run_dir / METRICS_FILE).exists():
-        return None
-    return read_run_log(run_dir).summary
-
-
 def _param_counts(cfg: config.ExperimentConfig) -> Dict[str, int]:
     import torch
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
@@ -190,60 +181,36 @@ def _param_counts(cfg: config.ExperimentConfig) -> Dict[str, int]:
     return {"dense": sum(p.numel() for p in model.parameters()) - emb, "embedding": emb}
 
 
-def source_digest() -> str:
-    """A digest of the package's Python sources: a run trained by other code is not reused."""
-    h = hashlib.sha1()
-    for path in sorted((REPO / "pinads_rec").rglob("*.py")):
-        h.update(str(path.relative_to(REPO)).encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
-
-
 def run_dir_for(ab: Ablation, overrides: List[str], runs: Path, ranks: int, source: Optional[str]) -> Path:
     """runs/<hash of the variant's whole config, its rank count, the run it evaluates and the code>."""
     cfg = config.to_dict(config.load(ab.base, overrides + ["train.run_dir=unset"]))
-    key = json.dumps([cfg, ranks, source, source_digest()], sort_keys=True, default=str)
-    return runs / hashlib.sha1(key.encode()).hexdigest()[:12]
+    return finished_runs.keyed_run_dir(runs, cfg, ranks, source)
 
 
-def _comparable(c: dict) -> dict:
-    """A run's config as runs are matched: a resumed run records the checkpoint's plan as its
-    plan_file, and the run directory is where it is, not what it is."""
-    drop = ("plan_file", "max_steps", "run_dir")
-    return dict(c, train={k: v for k, v in c["train"].items() if k not in drop})
-
-
-def _comparable_config(ab: Ablation, overrides: List[str]) -> dict:
-    return _comparable(json.loads(json.dumps(config.to_dict(config.load(ab.base, overrides)))))
-
-
-def _finished(run_dir: Path, summary: dict) -> dict:
+def finished_summary(run_dir: Path) -> dict:
+    """A finished run's summary with the peak memory its training measured (``MEMORY_FILE``)."""
     memory = run_dir / MEMORY_FILE
+    summary = finished_runs.finished_run(run_dir).summary
     return dict(summary, **(json.loads(memory.read_text()) if memory.exists() else {}))
 
 
-def find_finished_run(ab: Ablation, v: Variant, overrides: List[str], runs: Path) -> Path:
+def report_only_run(ab: Ablation, v: Variant, overrides: List[str], runs: Path) -> Path:
     """--report-only: the newest finished run under ``runs`` of the variant's exact config, whatever
     code trained it (ConfigError when there is none)."""
-    wanted = _comparable_config(ab, overrides)
-    found = []
-    for saved in runs.glob("*/config.json"):
-        if run_summary(saved.parent) is not None and _comparable(json.loads(saved.read_text())) == wanted:
-            found.append(saved.parent)
-    if not found:
+    wanted = finished_runs.comparable_config(config.load(ab.base, overrides))
+    found = finished_runs.newest_finished_run(runs, wanted)
+    if found is None:
         raise config.ConfigError(f"variant {v.name!r}: no finished run of its config under {runs} (train it first)")
-    return max(found, key=lambda d: (d / "metrics.jsonl").stat().st_mtime)
+    return found
 
 
 def run_variant(
     ab: Ablation, v: Variant, overrides: List[str], run_dir: Path, ranks: int, finished: Dict[str, dict]
 ) -> dict:
-    wanted = _comparable_config(ab, overrides)
-    done = run_summary(run_dir)
-    saved = run_dir / "config.json"
-    if done is not None and saved.exists() and _comparable(json.loads(saved.read_text())) == wanted:
+    wanted = finished_runs.comparable_config(config.load(ab.base, overrides))
+    if finished_runs.finished_run(run_dir) is not None and finished_runs.same_config(run_dir, wanted):
         print(f"[{v.name}] reusing the finished run in {run_dir}", flush=True)
-        return _finished(run_dir, done)
+        return finished_summary(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     extra = []
@@ -269,9 +236,10 @@ def train_run(base: str, overrides: List[str], run_dir: Path, ranks: int) -> dic
     ``run_dir/peak_memory.json`` for a later reuse of the run. A failed run raises with the end of
     its log."""
     measured = launch.train_py(base, overrides + [f"train.run_dir={run_dir}"], ranks, run_dir / "train.log")
-    summary = run_summary(run_dir)
-    if summary is None:
+    log = finished_runs.finished_run(run_dir)
+    if log is None:
         raise RuntimeError(f"train.py wrote no final evaluation to {run_dir}/{METRICS_FILE}")
+    summary = log.summary
     memory = {k: measured[k] for k in ("peak_rss_mb", "rank_peak_rss_mb")}
     (run_dir / MEMORY_FILE).write_text(json.dumps(memory) + "\n")
     return dict(summary, **memory)
@@ -287,8 +255,8 @@ def request_tables(features: config.FeaturesConfig, data_dir: str, candidates: i
     the layout ``Predictor.score_request`` reads in one piece), per-row files per-row tables."""
     import pyarrow as pa
 
-    from pinads_rec.data.reader import list_files, open_parquet
-    from pinads_rec.data.storage_layout import (
+    from pinads_rec.data.loader.reader import list_files, open_parquet
+    from pinads_rec.data.loader.storage_layout import (
         is_per_request,
         request_starts,
         stored_request_level,
@@ -357,8 +325,8 @@ def mean_history_length(cfg: config.ExperimentConfig, group: str, data_dir: Opti
     from the list lengths of the group's timestamp column, once per request in either layout."""
     import pyarrow.compute as pc
 
-    from pinads_rec.data.reader import list_files, open_parquet
-    from pinads_rec.data.storage_layout import is_per_request, request_starts
+    from pinads_rec.data.loader.reader import list_files, open_parquet
+    from pinads_rec.data.loader.storage_layout import is_per_request, request_starts
 
     features = cfg.features
     g = next((g for g in features.sequence_groups if g.name == group), None)
@@ -425,11 +393,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         source = results[v.eval_of]["run_dir"] if v.eval_of else None
         if args.report_only:
             try:
-                run_dir = find_finished_run(ab, v, overrides, Path(args.runs))
+                run_dir = report_only_run(ab, v, overrides, Path(args.runs))
             except config.ConfigError as e:
                 print(f"config error: {e}", file=sys.stderr)
                 return 2
-            summary = _finished(run_dir, run_summary(run_dir))
+            summary = finished_summary(run_dir)
             print(f"[{v.name}] report from {run_dir}", flush=True)
         else:
             run_dir = run_dir_for(ab, overrides, Path(args.runs), args.ranks, source)

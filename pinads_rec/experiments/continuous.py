@@ -47,8 +47,8 @@ import numpy as np
 from pinads_rec import arguments, config
 from pinads_rec.data import synth
 from pinads_rec.data.build import build_days, day_dir
-from pinads_rec.experiments.harness import launch
-from pinads_rec.training.run_log import read_run_log
+from pinads_rec.experiments.continuous_report import metric_value, write_report
+from pinads_rec.experiments.harness import finished_runs, launch
 
 STRATEGIES = ("incremental", "window", "frozen")
 RESULTS_FILE = "continuous.json"
@@ -169,7 +169,7 @@ def train_day(loop: Loop, strategy: str, d: int, days: Sequence[Path]) -> Dict[s
     else:
         train_dir = window_dir(days[max(0, d - loop.window + 1) : d + 1], loop.out / "windows" / days[d].name)
         init = []
-    finished = _finished(run_dir)
+    finished = _trained(run_dir)
     if finished is None:
         shutil.rmtree(run_dir, ignore_errors=True)
         overrides = loop.overrides + init + [f"data.train_dir={train_dir}", f"data.eval_dir={days[d + 1]}"]
@@ -180,21 +180,18 @@ def train_day(loop: Loop, strategy: str, d: int, days: Sequence[Path]) -> Dict[s
         )
         if rc == 0:  # what the launch cost, beside the run it made
             (run_dir / "launch.json").write_text(json.dumps({"seconds": time.perf_counter() - started}))
-        finished = _finished(run_dir)
+        finished = _trained(run_dir)
         if finished is None:
             tail = (run_dir / "train.log").read_text().strip().splitlines()[-15:]
             raise RuntimeError(f"{strategy} day {days[d].name}: train.py failed (exit {rc}):\n" + "\n".join(tail))
     return finished
 
 
-def _finished(run_dir: Path) -> Optional[Dict[str, object]]:
-    """A finished training run's figures (None when it has not finished)."""
-    try:
-        log = read_run_log(run_dir)
-    except FileNotFoundError:
-        return None
+def _trained(run_dir: Path) -> Optional[Dict[str, object]]:
+    """A finished training run's figures (None when it has not finished: ``harness.finished_runs``)."""
+    log = finished_runs.finished_run(run_dir)
     launched = run_dir / "launch.json"
-    if log.summary is None or not launched.exists():
+    if log is None or not launched.exists():
         return None
     return {
         "run_dir": str(run_dir),
@@ -209,7 +206,7 @@ def seen_items(days: Sequence[Path], item_column: str) -> np.ndarray:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from pinads_rec.data.reader import open_parquet
+    from pinads_rec.data.loader.reader import open_parquet
 
     ids = []
     for day in days:
@@ -232,7 +229,7 @@ def evaluate_day(
     the same (``day`` may hold them mapped through a vocabulary)."""
     import torch
 
-    from pinads_rec.data.reader import AS_READ_PREFIX
+    from pinads_rec.data.loader.reader import AS_READ_PREFIX
     from pinads_rec.metrics import MetricAccumulator
     from pinads_rec.serve.batching import ScoringBatches
     from pinads_rec.serve.scoring import Predictor
@@ -276,7 +273,7 @@ def _rows(day: Path, item: str, request: str) -> List[np.ndarray]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from pinads_rec.data.reader import open_parquet
+    from pinads_rec.data.loader.reader import open_parquet
 
     items, requests = [], []
     for path in sorted(day.rglob("*.parquet")):
@@ -346,15 +343,6 @@ def run_loop(loop: Loop, echo=print) -> List[dict]:
     return results
 
 
-def cell(rows: List[dict], metric: str, task: str = "click", surface: str = "all") -> Optional[float]:
-    """One metric of the rows' (surface, task) cell (None when absent or not finite)."""
-    for r in rows:
-        if r["surface"] == surface and r["task"] == task:
-            v = r.get(metric)
-            return float(v) if v is not None and v == v else None
-    return None
-
-
 def summary_line(result: dict) -> str:
     ev = result["eval"]
 
@@ -363,8 +351,8 @@ def summary_line(result: dict) -> str:
 
     return (
         f"{result['date']} -> {result['evaluated_on']}  {result['strategy']:<11}"
-        f"  click AUC {f(cell(ev['all'], 'auc'))}  GAUC {f(cell(ev['all'], 'gauc'))}"
-        f"  new ads {f(cell(ev['new'], 'auc'))}  other ads {f(cell(ev['old'], 'auc'))}"
+        f"  click AUC {f(metric_value(ev['all'], 'auc'))}  GAUC {f(metric_value(ev['all'], 'gauc'))}"
+        f"  new ads {f(metric_value(ev['new'], 'auc'))}  other ads {f(metric_value(ev['old'], 'auc'))}"
         f"  trained {result['rows_trained']:,} rows in {result['train_seconds']:.0f} s"
         + (f" (days built in {result['build_seconds']:.0f} s)" if result.get("build_seconds") else "")
     )
@@ -416,8 +404,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     if args.report:
-        from pinads_rec.experiments.continuous_report import write_report
-
         print(f"wrote {write_report(results, loop, Path(args.report))}")
     return 0
 

@@ -8,9 +8,17 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from pinads_rec.experiments.continuous import Loop, cell
 from pinads_rec.experiments.harness.provenance import code_version
 from pinads_rec.experiments.markdown import table
+
+
+def metric_value(rows: List[dict], metric: str, task: str = "click", surface: str = "all") -> Optional[float]:
+    """One metric of the evaluation rows' (surface, task) row (None when absent or not finite)."""
+    for r in rows:
+        if r["surface"] == surface and r["task"] == task:
+            v = r.get(metric)
+            return float(v) if v is not None and v == v else None
+    return None
 
 
 def _f(x: Optional[float], spec: str = ".4f") -> str:
@@ -30,8 +38,8 @@ def findings(results: List[dict]) -> Dict[str, Optional[float]]:
     rows trained per day (means), and their ratio."""
     s = by_strategy(results)
     out: Dict[str, Optional[float]] = {}
-    frozen = [cell(r["eval"]["all"], "auc") for r in s.get("frozen", [])]
-    oracle = [cell(r["eval"]["all"], "oracle_auc") for r in s.get("frozen", [])]
+    frozen = [metric_value(r["eval"]["all"], "auc") for r in s.get("frozen", [])]
+    oracle = [metric_value(r["eval"]["all"], "oracle_auc") for r in s.get("frozen", [])]
     if len(frozen) >= 2 and None not in frozen:
         last = min(len(frozen), 8) - 1  # the first next day, then 7 days on
         out["frozen_first"], out["frozen_last"] = frozen[0], frozen[last]
@@ -42,7 +50,7 @@ def findings(results: List[dict]) -> Dict[str, Optional[float]]:
     inc = {r["day"]: r for r in s.get("incremental", [])}
     win = {r["day"]: r for r in s.get("window", [])}
     common = sorted(set(inc) & set(win) - {0})  # day 0: both are the same kind of model on one day
-    gaps = [cell(inc[d]["eval"]["all"], "auc") - cell(win[d]["eval"]["all"], "auc") for d in common]
+    gaps = [metric_value(inc[d]["eval"]["all"], "auc") - metric_value(win[d]["eval"]["all"], "auc") for d in common]
     if common and None not in gaps:
         out["incremental_minus_window"] = statistics.mean(gaps)
         rows_inc = statistics.mean(inc[d]["rows_trained"] for d in common)
@@ -63,9 +71,9 @@ def plot(results: List[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
     for strategy, rows in by_strategy(results).items():
         x = [r["day"] + 1 for r in rows]
-        axes[0].plot(x, [cell(r["eval"]["all"], "auc") for r in rows], marker="o", label=strategy)
-        axes[1].plot(x, [cell(r["eval"]["new"], "auc") for r in rows], marker="o", label=strategy)
-    oracle = [cell(r["eval"]["all"], "oracle_auc") for r in by_strategy(results).get("incremental", [])]
+        axes[0].plot(x, [metric_value(r["eval"]["all"], "auc") for r in rows], marker="o", label=strategy)
+        axes[1].plot(x, [metric_value(r["eval"]["new"], "auc") for r in rows], marker="o", label=strategy)
+    oracle = [metric_value(r["eval"]["all"], "oracle_auc") for r in by_strategy(results).get("incremental", [])]
     if oracle and None not in oracle:
         axes[0].plot([r["day"] + 1 for r in by_strategy(results)["incremental"]], oracle, "k:", label="oracle")
     axes[0].set_title("next-day click AUC, every row")
@@ -83,10 +91,11 @@ def plot(results: List[dict], path: Path) -> None:
 START, END = "<!-- continuous results: start -->", "<!-- continuous results: end -->"
 
 
-def write_report(results: List[dict], loop: Loop, out: Path) -> Path:
+def write_report(results: List[dict], loop, out: Path) -> Path:
     """The measured part of ``out`` (markdown) and its chart beside it (``<stem>/auc_by_day.png``):
     between the ``START`` / ``END`` marks when ``out`` has them (the prose around stays), else a new
-    file of the measurement alone."""
+    file of the measurement alone. ``loop``: the ``continuous.Loop`` that made ``results`` (its
+    config, overrides, window and ranks name the command)."""
     version = code_version()  # before the chart is rewritten: it would count as an uncommitted change
     chart = out.parent / out.stem / "auc_by_day.png"
     plot(results, chart)
@@ -95,11 +104,12 @@ def write_report(results: List[dict], loop: Loop, out: Path) -> Path:
     body = []
     for r in sorted(results, key=lambda r: (r["day"], r["strategy"])):
         ev = r["eval"]
-        new_rows = cell(ev["new"], "examples")
+        new_rows = metric_value(ev["new"], "examples")
         body.append(
             [r["date"], r["evaluated_on"], r["strategy"]]
-            + [_f(cell(ev["all"], "auc")), _f(cell(ev["all"], "gauc")), _f(cell(ev["new"], "auc"))]
-            + [_f(cell(ev["old"], "auc")), _f(cell(ev["all"], "oracle_auc"))]
+            + [_f(metric_value(ev["all"], "auc")), _f(metric_value(ev["all"], "gauc"))]
+            + [_f(metric_value(ev["new"], "auc")), _f(metric_value(ev["old"], "auc"))]
+            + [_f(metric_value(ev["all"], "oracle_auc"))]
             + [_f(new_rows, ",.0f"), f"{r['rows_trained']:,}", f"{r['train_seconds']:.0f}"]
         )
     found = findings(results)

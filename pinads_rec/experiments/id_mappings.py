@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from pinads_rec import arguments, config
-from pinads_rec.experiments.continuous import Loop, cell, run_loop
+from pinads_rec.experiments.continuous import Loop, run_loop
+from pinads_rec.experiments.continuous_report import metric_value
 
 VARIANTS = {  # name -> (overrides of the config, built from the raw logs)
     "vocabulary": (["features.tables.item.managed_collision=null", "build.vocabularies=[{table: item}]"], True),
@@ -85,10 +86,10 @@ def summary(results: Dict[str, List[dict]]) -> Dict[str, dict]:
     out = {}
     for name, rows in results.items():
         later = [r for r in rows if r["day"] > 0]
-        auc = {s: [cell(r["eval"][s], "auc") for r in later] for s in SLICES}
+        auc = {s: [metric_value(r["eval"][s], "auc") for r in later] for s in SLICES}
         out[name] = {
             "auc": {s: statistics.mean(v) if v and None not in v else None for s, v in auc.items()},
-            "rows": {s: statistics.mean(cell(r["eval"][s], "examples") or 0 for r in later) for s in SLICES},
+            "rows": {s: statistics.mean(metric_value(r["eval"][s], "examples") or 0 for r in later) for s in SLICES},
             "examples_per_s": statistics.mean(r["rows_trained"] / r["train_seconds"] for r in later),
             "train_seconds": statistics.mean(r["train_seconds"] for r in later),
             "days": len(later),

@@ -46,11 +46,11 @@ import yaml
 
 from pinads_rec import arguments, config
 from pinads_rec.data import synth
-from pinads_rec.data.reader import open_parquet
+from pinads_rec.data.loader.reader import open_parquet
 from pinads_rec.experiments import stability_report as report
-from pinads_rec.experiments.harness import launch
+from pinads_rec.experiments.harness import finished_runs, launch
 from pinads_rec.experiments.stability_report import LABEL, NORMS
-from pinads_rec.training.run_log import METRICS_FILE, read_run_log
+from pinads_rec.training.run_log import read_run_log
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -137,7 +137,9 @@ def read_metrics(run_dir: Path) -> Dict[str, object]:
 
 
 def completed(run_dir: Path) -> bool:
-    return (run_dir / METRICS_FILE).exists() and len(read_run_log(run_dir).summaries) == 2
+    """Whether the run finished both phases (two evaluations logged: ``harness.finished_runs``)."""
+    log = finished_runs.finished_run(run_dir)
+    return log is not None and len(log.summaries) == 2
 
 
 def checkpoint_state(ckpt: Path) -> Dict[str, torch.Tensor]:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from pinads_rec.config import FeaturesConfig, ModelConfig
-from pinads_rec.data.batch import Batch
+from pinads_rec.data.loader.batch import Batch
 from pinads_rec.features import FeatureLayout
 from pinads_rec.managed_collision import lookup
 from pinads_rec.models.objective import engagement_loss

@@ -33,16 +33,16 @@ def sparse_collections(layout: FeatureLayout, device: Optional[torch.device] = N
     collection around it (pinads_rec/managed_collision.py)."""
     tables = {t.name: t for t in layout.features.tables}
 
-    def made(collection):
+    def collision_managed(collection):  # wrapped only where a table has managed_collision
         return with_managed_collision(collection, tables, device)
 
     row_tables = layout.embedding_bag_configs()
-    ebc = made(EmbeddingBagCollection(tables=row_tables, device=device)) if row_tables else None
+    ebc = collision_managed(EmbeddingBagCollection(tables=row_tables, device=device)) if row_tables else None
     user_tables = layout.embedding_bag_configs(user_side=True)
-    user_ebc = made(EmbeddingBagCollection(tables=user_tables, device=device)) if user_tables else None
+    user_ebc = collision_managed(EmbeddingBagCollection(tables=user_tables, device=device)) if user_tables else None
     sequence_dim = layout.sequence_dim
     seq_tables = layout.embedding_configs()
-    ec = made(EmbeddingCollection(tables=seq_tables, device=device)) if seq_tables else None
+    ec = collision_managed(EmbeddingCollection(tables=seq_tables, device=device)) if seq_tables else None
     return SparseCollections(ebc, user_ebc, ec, sequence_dim)
 
 

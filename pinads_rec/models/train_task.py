@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pinads_rec.data.batch import Batch
+from pinads_rec.data.loader.batch import Batch
 
 
 class NonFiniteError(RuntimeError):

@@ -15,34 +15,31 @@ module, its entry here and its test:
   whole padded history, before the window cut);
 - ``id_keys``: the sequence-KJT keys whose ids it reads (the retrieval's search);
 - ``check``: its config checks, run by config validation for every entry on every encoder config
-  (``listed`` says whether the config lists it: a value that is wrong fails even while it is off).
+  (``listed`` says whether the config lists it: a value that is wrong fails even while it is off);
+- ``settings``: the dataclass of its config keys, ``model.sequence.settings.<name>.*``, read with
+  ``cfg.settings_for(name)``. The built-ins' are declared beside their entries and composed into
+  ``SequenceEncoderConfig`` (config/schema.py): their keys (``model.sequence.num_layers``,
+  ``model.sequence.hstu.*``...) predate the registry.
 
-``run`` maps ``EncoderInputs`` to ``Parts``: in [U, L, W] events (U units), out per-unit tensors
-[U, D_u] and per-row tensors [B, D_r]. The group concatenates, each in registry order, the per-unit
-parts of the window entries, then of the history entries, then the per-row parts of the window
-entries, then of the history entries (the layout the cross network was trained on). Registry order
-is also build order: the modules' initial weights come from the RNG in that order.
+``run`` maps ``EncoderInputs`` to ``Parts`` (modules/encoder_io.py): in [U, L, W] events (U units),
+out per-unit tensors [U, D_u] and per-row tensors [B, D_r]. The group concatenates, each in registry
+order, the per-unit parts of the window entries, then of the history entries, then the per-row parts
+of the window entries, then of the history entries (the layout the cross network was trained on).
+Registry order is also build order: the modules' initial weights come from the RNG in that order.
 
-The registry imports no torch: config validation runs the entries' checks, and the data tools
-(build, inspect) load configs without torch. Each builder imports the modules it makes.
+No torch here (config validation runs the checks, and the data tools load configs without torch:
+each builder imports its modules), nor the config, which composes these settings (hence ``Any``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, List, Literal, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Optional, Tuple
 
-from pinads_rec.config import (
-    CANDIDATE_PREFIX,
-    ConfigError,
-    FeaturesConfig,
-    SequenceEncoderConfig,
-    SequenceGroupConfig,
-    positive,
-)
+from pinads_rec.config_base import CANDIDATE_PREFIX, ConfigError, positive
+from pinads_rec.modules.encoder_io import EncoderInputs, Parts
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
 
 Modules = Dict[str, Optional["nn.Module"]]
@@ -50,44 +47,19 @@ Modules = Dict[str, Optional["nn.Module"]]
 
 @dataclass(frozen=True)
 class BuildContext:
-    group: SequenceGroupConfig
-    cfg: SequenceEncoderConfig
+    group: Any  # config.SequenceGroupConfig
+    cfg: Any  # config.SequenceEncoderConfig
     width: int  # the event width W (EventRepresentation.width)
     query_dim: int  # 0: no candidate query
     user_dim: int
 
 
-@dataclass
-class EncoderInputs:
-    """What an encoder reads. content / x (content + time-delta positions) [U, L, W], mask [U, L],
-    deltas [U, L]; tokens: early-interaction tokens [U, X, W] (or None); query [B, Dq] (or None);
-    index [B]: the unit of each row; request_index [B]; offsets [U + 1] and search (the
-    ``retrieval.Search`` fields): only for the history entries."""
-
-    content: torch.Tensor
-    x: torch.Tensor
-    mask: torch.Tensor
-    deltas: torch.Tensor
-    query: Optional[torch.Tensor]
-    index: torch.Tensor
-    request_index: torch.Tensor
-    tokens: Optional[torch.Tensor] = None
-    offsets: Optional[torch.Tensor] = None
-    search: Optional[Tuple[torch.Tensor, ...]] = None
-
-
-@dataclass
-class Parts:
-    unit: List[torch.Tensor] = field(default_factory=list)  # [U, D_u] each
-    row: List[torch.Tensor] = field(default_factory=list)  # [B, D_r] each
-
-
 @dataclass(frozen=True)
 class CheckContext:
     path: str  # the encoder config's dotted path (model.sequence, model.sequence_groups.<g>)
-    enc: SequenceEncoderConfig
-    features: FeaturesConfig
-    group: Optional[SequenceGroupConfig]  # None: model.sequence itself, before any group
+    enc: Any  # config.SequenceEncoderConfig
+    features: Any  # config.FeaturesConfig
+    group: Any  # config.SequenceGroupConfig; None: model.sequence itself, before any group
     width: Optional[int]  # the event width (None: combine concat without a group)
     listed: bool  # the config lists this encoder
 
@@ -100,8 +72,9 @@ class Encoder:
     run: Callable[[Modules, EncoderInputs], Parts]
     needs_query: bool = False
     reads: Literal["window", "history"] = "window"
-    id_keys: Callable[[SequenceGroupConfig, SequenceEncoderConfig], List[str]] = lambda group, cfg: []
+    id_keys: Callable[[Any, Any], List[str]] = lambda group, cfg: []  # (group config, encoder config)
     check: Callable[[CheckContext], None] = lambda c: None
+    settings: Optional[type] = None  # a dataclass: model.sequence.settings.<name>
 
 
 REGISTRY: Dict[str, Encoder] = {}
@@ -122,16 +95,13 @@ def names() -> List[str]:
     return list(REGISTRY)
 
 
-def event_width(
-    features: FeaturesConfig, group: Optional[SequenceGroupConfig], enc: SequenceEncoderConfig
-) -> Optional[int]:
-    """The group's event width as ``EventRepresentation`` makes it (None: concat without a group)."""
-    if enc.combine == "sum":
-        return width_of_events([], 0, "sum", enc.d_model)
-    if group is None:
-        return None
-    attr_dims = [features.table(f.table).embedding_dim for f in group.features]
-    return width_of_events(attr_dims, group.embedding_dim if group.embedding_column else 0, "concat", enc.d_model)
+def settings_class(name: str) -> type:
+    """The settings dataclass of the encoder ``name``, registered with ``settings``."""
+    entry = REGISTRY.get(name)
+    if entry is None or entry.settings is None:
+        declaring = [n for n, e in REGISTRY.items() if e.settings is not None]
+        raise ConfigError(f"no registered encoder {name!r} with settings of its own (those with: {declaring})")
+    return entry.settings
 
 
 def width_of_events(attr_dims: List[int], pretrained_dim: int, combine: str, d_model: int) -> int:
@@ -140,9 +110,43 @@ def width_of_events(attr_dims: List[int], pretrained_dim: int, combine: str, d_m
     return d_model if combine == "sum" else sum(attr_dims) + pretrained_dim
 
 
-# --------------------------------------------------------------------------------------------
-# The built-in encoders, in build order.
-# --------------------------------------------------------------------------------------------
+# The built-in encoders, in build order: each one's settings, build, run, checks and entry.
+
+
+@dataclass
+class SequenceProjectionConfig:
+    """DCNv2 projection of the (wide) Transformer output into a small representation (in the groups
+    with a Transformer)."""
+
+    dim: int = 0  # 0: off
+    # DCNv2 cross layers before the linear map to dim (0: the linear map alone).
+    num_layers: int = 2
+    # Rank of the cross layers' weights (0: full rank).
+    low_rank: int = 16
+
+
+@dataclass
+class TransformerSettings:
+    """The Transformer's keys of ``SequenceEncoderConfig`` (at its top level)."""
+
+    # Transformer.
+    # Its encoder layers.
+    num_layers: int = 1
+    # Attention heads; they divide the event width (d_model, or the concatenated width).
+    num_heads: int = 1
+    # Hidden width of each layer's feed-forward network.
+    ffn_dim: int = 64
+    # Dropout rate in the Transformer layers.
+    dropout: float = 0.0
+    # What the Transformer's encoded events become: "summary" (a prepended summary token's output),
+    # "mean" (masked mean) -- once per request -- "transact" (TransAct-style: max-pool plus the latest
+    # transact_recent tokens), and "target" (each candidate attends over the encoded events).
+    poolings: List[Literal["summary", "mean", "transact", "target"]] = field(
+        default_factory=lambda: ["summary", "mean", "target"]
+    )
+    # Latest encoded events the transact pooling keeps beside its max-pool.
+    transact_recent: int = 4
+    projection: SequenceProjectionConfig = field(default_factory=SequenceProjectionConfig)
 
 
 def _build_transformer(c: BuildContext) -> Modules:
@@ -211,6 +215,23 @@ register(
 )
 
 
+@dataclass
+class HSTUConfig:
+    """The HSTU encoder (modules/hstu.py): pointwise SiLU attention with relative position and time
+    biases, run per request without padding waste."""
+
+    # Stacked HSTU layers.
+    num_layers: int = 2
+    # Attention heads; they divide the event width.
+    num_heads: int = 2
+    # Dropout rate in the HSTU layers.
+    dropout: float = 0.0
+    # Relative attention biases: log2 buckets of |i - j| positions and of |t_i - t_j| seconds.
+    position_buckets: int = 32
+    # Buckets of the time bias (log2 of |t_i - t_j| seconds).
+    time_buckets: int = 24
+
+
 def _build_hstu(c: BuildContext) -> Modules:
     from pinads_rec.modules.hstu import HSTUEncoder
     from pinads_rec.modules.target_attention import TargetAttention
@@ -257,6 +278,22 @@ register(
         check=_check_hstu,
     )
 )
+
+
+@dataclass
+class RetrievalConfig:
+    """Target-aware retrieval from a long history (SIM's hard search; modules/retrieval.py): per
+    candidate, the newest ``max_events`` events whose ``attribute`` equals the candidate's
+    ``candidate`` feature, encoded with target attention. With bags on either side (a multi-valued
+    attribute, a multi-hot candidate feature) an event matches when the two share an id. Groups
+    whose attributes differ each set their own under model.sequence_groups.<group>.retrieval."""
+
+    # A feature of the group (model.sequence's must be one of every group that lists retrieval and
+    # has no model.sequence_groups entry: a group with other attributes sets its own there).
+    attribute: str = "topic"
+    candidate: str = "item_topic"  # a candidate-side sparse feature on the attribute's table
+    # Events retrieved per candidate: the newest that match.
+    max_events: int = 32
 
 
 def _build_retrieval(c: BuildContext) -> Modules:
@@ -342,6 +379,15 @@ def _run_sum(m: Modules, i: EncoderInputs) -> Parts:
 register(Encoder("sum", build=_build_sum, widths=lambda m, c: (c.width, 0), run=_run_sum))
 
 
+@dataclass
+class PeriodSumSettings:
+    """period_sum's key of ``SequenceEncoderConfig`` (at its top level)."""
+
+    # Period sum pooling: period boundaries in seconds of time delta (request time - event time);
+    # [a, b, c] makes the periods [0, a), [a, b), [b, c), [c, inf). Future events are left out.
+    period_boundaries_s: List[float] = field(default_factory=lambda: [3600.0, 86400.0, 7 * 86400.0])
+
+
 def _build_period_sum(c: BuildContext) -> Modules:
     from torch import nn
 
@@ -383,6 +429,14 @@ def _check_hidden(key: str) -> Callable[[CheckContext], None]:
     return check
 
 
+@dataclass
+class DINSettings:
+    """DIN's key of ``SequenceEncoderConfig`` (at its top level)."""
+
+    # DIN: hidden widths of the attention MLP over [q, k, q - k, q * k].
+    din_hidden: List[int] = field(default_factory=lambda: [32])
+
+
 def _build_din(c: BuildContext) -> Modules:
     from pinads_rec.modules.din import DINAttention
 
@@ -399,6 +453,16 @@ register(
         check=_check_hidden("din_hidden"),
     )
 )
+
+
+@dataclass
+class LongShortSettings:
+    """long_short's keys of ``SequenceEncoderConfig`` (at its top level)."""
+
+    # Long/short interest: the short-term part's window and attention MLP.
+    short_length: int = 8
+    # Hidden widths of the short-term part's attention MLP.
+    short_hidden: List[int] = field(default_factory=lambda: [16])
 
 
 def _check_long_short(c: CheckContext) -> None:

@@ -42,6 +42,7 @@ from torch import nn
 from pinads_rec.config import FeaturesConfig, SequenceEncoderConfig, SequenceGroupConfig
 from pinads_rec.modules import encoders
 from pinads_rec.modules.early_interaction import EarlyInteraction
+from pinads_rec.modules.encoder_io import EncoderInputs
 from pinads_rec.modules.event_representation import EventRepresentation
 from pinads_rec.modules.jagged import bag_segments, pad_bags, pool_bags
 from pinads_rec.modules.retrieval import Search
@@ -169,7 +170,7 @@ class GroupEncoder(nn.Module):
         listed = [(encoders.REGISTRY[e], n) for e, n in self.encoders]
         history = [(e, n) for e, n in listed if e.reads == "history"]
         if history:  # the whole history, before the window
-            inputs = encoders.EncoderInputs(
+            inputs = EncoderInputs(
                 content,
                 content + self.events.positions(deltas),
                 mask,
@@ -197,7 +198,7 @@ class GroupEncoder(nn.Module):
         if self.early is not None:
             content, tokens = self.early(content, mask, {"candidate": query, "user": user})
         x = content + self.events.positions(deltas)
-        inputs = encoders.EncoderInputs(content, x, mask, deltas, query, index, request_index, tokens)
+        inputs = EncoderInputs(content, x, mask, deltas, query, index, request_index, tokens)
         units: List[torch.Tensor] = []
         for entry, names in listed:
             if entry.reads == "window":

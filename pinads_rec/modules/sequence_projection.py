@@ -6,15 +6,17 @@ network, so a wide sequence model does not dominate the dense arch's input.
 In: [U, D]. Out: [U, dim].
 """
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from pinads_rec.config import SequenceProjectionConfig
 from pinads_rec.modules.cross_network import cross_network
 
 
 class SequenceProjection(nn.Module):
-    def __init__(self, in_dim: int, cfg: SequenceProjectionConfig):
+    # cfg: modules/encoders.py's SequenceProjectionConfig, not imported: the registry builds this module.
+    def __init__(self, in_dim: int, cfg: Any):
         super().__init__()
         self.cross = cross_network(in_dim, cfg.num_layers, cfg.low_rank) if cfg.num_layers else None
         self.out = nn.Linear(in_dim, cfg.dim)

@@ -7,7 +7,7 @@
   training files, or the generator's setting) and the ids per key measured on the first batches
 - ``failure.py``: a plan that does not fit, explained
 - ``report.py``: the report as text, and two reports side by side
-- ``units.py``: GB and rank-range cells
+- ``formats.py``: how the printouts show bytes (GB) and lists of ranks (ranges)
 - ``cli.py``: the command line (``main``)
 """
 

@@ -8,7 +8,7 @@ import re
 import textwrap
 from typing import Dict, List, Tuple
 
-from pinads_rec.plan.units import GB, gb
+from pinads_rec.plan.formats import GB, gb
 from pinads_rec.text_table import format_table
 
 

@@ -14,8 +14,8 @@ from typing import Dict, List, Optional, Tuple
 
 from pinads_rec.config import SHARDING_TYPES
 from pinads_rec.plan.failure import explain_failure
+from pinads_rec.plan.formats import GB, num
 from pinads_rec.plan.pooling import Candidates, candidates_per_request, with_pooling_factors
-from pinads_rec.plan.units import GB, num
 
 STATS_LOGGER = "torchrec.distributed.planner.stats"
 
@@ -137,13 +137,13 @@ def _quiet_planner(verbose: bool):
 
 
 def planned_task(cfg, compute_device: str):
-    """The training task exactly as training shards it (``training.trainer.meta_train_task``: on the
+    """The training task exactly as training shards it (``training.task.meta_train_task``: on the
     meta device), with the fused embedding optimizer attached as ``parallel.shard`` does, so the
     planner counts its state."""
     import torch
 
     from pinads_rec import parallel
-    from pinads_rec.training.trainer import meta_train_task
+    from pinads_rec.training.task import meta_train_task
 
     task = meta_train_task(cfg.features, cfg.model, cfg.train)
     parallel.attach_embedding_optimizer(task, cfg.train, torch.device(compute_device))

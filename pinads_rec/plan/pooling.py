@@ -73,8 +73,8 @@ def count_candidates(features: FeaturesConfig, train_dir: Optional[str]) -> Opti
     label list's values are its candidates); a per-row one's request id column is read and its runs
     counted (a request's rows are contiguous, also across row groups). Files whose schema breaks
     the contract, or an incomplete build, are a ContractError, as for the loader."""
-    from pinads_rec.data.reader import list_files, list_row_groups, open_parquet
-    from pinads_rec.data.storage_layout import request_starts
+    from pinads_rec.data.loader.reader import list_files, list_row_groups, open_parquet
+    from pinads_rec.data.loader.storage_layout import request_starts
 
     if not train_dir or not _parquet_files(train_dir):
         return None
@@ -100,8 +100,8 @@ def generator_mismatch(features: FeaturesConfig, synth: SynthConfig) -> Optional
     contract's types): the config's data is the generator's. Else why not (the first column the
     contract check finds missing or of another type)."""
     from pinads_rec.data import synth as generator
-    from pinads_rec.data.contract import ContractError, check_schema, contract_columns
-    from pinads_rec.data.storage_layout import stored_request_level
+    from pinads_rec.data.loader.contract import ContractError, check_schema, contract_columns
+    from pinads_rec.data.loader.storage_layout import stored_request_level
 
     schema = generator.contract_schema(synth)
     try:
@@ -187,7 +187,7 @@ def measured_pooling(cfg: ExperimentConfig, batches: int = 2) -> Dict[str, Tuple
     """Per KJT key: (ids per input row, input rows per batch row), measured on the first batches of
     the training data. Pooled features have one input row per batch row; the EmbeddingCollection's
     input has one row per request (a sequence feature is looked up once per request)."""
-    from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
+    from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
 
     ids: Dict[str, float] = {}
     strides: Dict[str, float] = {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Dict, List
 
-from pinads_rec.plan.units import GB, gb, num, ranks
+from pinads_rec.plan.formats import GB, gb, num, ranks
 from pinads_rec.text_table import format_table
 
 

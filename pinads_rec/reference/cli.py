@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from pinads_rec import arguments, config
-from pinads_rec.data.contract import ContractError
+from pinads_rec.data.loader.contract import ContractError
 from pinads_rec.metrics import format_table
 from pinads_rec.reference.fit import describe, fit
 from pinads_rec.training.run_log import METRICS_FILE, read_run_log

@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pinads_rec import config
-from pinads_rec.data import storage_layout
-from pinads_rec.data.reader import list_files, open_parquet
+from pinads_rec.data.loader import storage_layout
+from pinads_rec.data.loader.reader import list_files, open_parquet
 from pinads_rec.features import FeatureLayout
 
 RECENT = (5, 20)  # the newest events counted, besides all of them

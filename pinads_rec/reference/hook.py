@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 
 from pinads_rec.reference.fit import reference_summary
-from pinads_rec.training.trainer import Hook, Trainer
+from pinads_rec.training.hooks import Hook
+from pinads_rec.training.trainer import Trainer
 
 log = logging.getLogger("pinads_rec.reference")
 

@@ -24,8 +24,8 @@ from torch import nn
 
 from pinads_rec.config import CANDIDATE_PREFIX
 from pinads_rec.data import page_checksums
-from pinads_rec.data.batch import Batch
-from pinads_rec.data.reader import open_parquet
+from pinads_rec.data.loader.batch import Batch
+from pinads_rec.data.loader.reader import open_parquet
 from pinads_rec.models.two_tower import TwoTowerRanker
 from pinads_rec.serve.batching import file_order_batches
 from pinads_rec.serve.loading import ServeError

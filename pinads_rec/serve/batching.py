@@ -22,12 +22,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pinads_rec import config
-from pinads_rec.data.batch import Batch, BatchBuilder
-from pinads_rec.data.contract import ContractError, RowGroupChecker, check_schema, contract_columns
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches
-from pinads_rec.data.reader import AS_READ_PREFIX, RowGroupReader, list_files, list_row_groups
-from pinads_rec.data.shuffle import ShufflePool, read_requests
-from pinads_rec.data.storage_layout import is_per_request, stored_request_level
+from pinads_rec.data.loader.batch import Batch, BatchBuilder
+from pinads_rec.data.loader.contract import ContractError, check_schema, contract_columns
+from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches
+from pinads_rec.data.loader.reader import AS_READ_PREFIX, RowGroupReader, list_files, list_row_groups
+from pinads_rec.data.loader.row_group_checker import RowGroupChecker
+from pinads_rec.data.loader.shuffle import ShufflePool, read_requests
+from pinads_rec.data.loader.storage_layout import is_per_request, stored_request_level
 from pinads_rec.features import FeatureLayout
 
 
@@ -51,7 +52,7 @@ class RequestBatcher:
 
     def batch(self, request: pa.Table, where: str) -> Batch:
         """One request's batch: ``request`` holds its candidate rows (per-row layout) or is one row of
-        the per-request layout (data/storage_layout.py)."""
+        the per-request layout (data/loader/storage_layout.py)."""
         f = self.cfg.features
         if request.num_rows == 0:
             raise ContractError(f"{where}: no rows to score")
@@ -62,7 +63,7 @@ class RequestBatcher:
             ids = len(pc.unique(request.column(f.columns.request_id)))
             if ids != 1:
                 raise ContractError(f"{where}: score_request takes the rows of one request, got {ids} request ids")
-        # A per-request row is split as its writer stored it (data/storage_layout.py).
+        # A per-request row is split as its writer stored it (data/loader/storage_layout.py).
         stored = stored_request_level(request.schema, f) if per_request else None
         table = _with_label_columns(request, self.cfg, stored)
         check_schema(where, table.schema, self.columns, per_request, stored)
@@ -74,7 +75,7 @@ class RequestBatcher:
 
     def batch_requests(self, requests: pa.Table, where: str) -> Batch:
         """Several requests' batch: ``requests`` holds one per-request row each (the layout the
-        build writes: data/storage_layout.py); one user slot per request, candidates in row order."""
+        build writes: data/loader/storage_layout.py); one user slot per request, candidates in row order."""
         f = self.cfg.features
         stored = stored_request_level(requests.schema, f)
         table = _with_label_columns(requests, self.cfg, stored)

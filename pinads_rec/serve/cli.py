@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 from pinads_rec import arguments, config
 from pinads_rec.data.build.live import RequestError
-from pinads_rec.data.contract import ContractError
+from pinads_rec.data.loader.contract import ContractError
 from pinads_rec.modules.precision import PRECISIONS
 from pinads_rec.serve.ad_table import export_ads
 from pinads_rec.serve.export import export_run

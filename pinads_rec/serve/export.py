@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from pinads_rec import config
-from pinads_rec.data.batch import Batch
+from pinads_rec.data.loader.batch import Batch
 from pinads_rec.features import FeatureLayout
 from pinads_rec.serve.batching import RequestBatcher, file_order_batches
 from pinads_rec.serve.loading import ServeError

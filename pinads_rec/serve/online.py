@@ -45,7 +45,7 @@ import torch
 
 from pinads_rec import config
 from pinads_rec.data.build.live import LiveFeatures, RequestError
-from pinads_rec.data.contract import ContractError
+from pinads_rec.data.loader.contract import ContractError
 from pinads_rec.serve.dynamic_batching import DynamicBatcher
 from pinads_rec.serve.loading import ServeError, find_checkpoint
 from pinads_rec.serve.scoring import Predictor
@@ -185,7 +185,7 @@ def batch_candidates(rows, cfg: config.ExperimentConfig) -> List[int]:
 
 
 def _request_level(cfg: config.ExperimentConfig) -> set:
-    from pinads_rec.data.storage_layout import request_level_columns
+    from pinads_rec.data.loader.storage_layout import request_level_columns
 
     return set(request_level_columns(cfg.features))
 

@@ -26,10 +26,10 @@ from torch import nn
 
 from pinads_rec import config
 from pinads_rec.data import page_checksums
-from pinads_rec.data.batch import Batch
 from pinads_rec.data.build_output import running
-from pinads_rec.data.contract import ContractError
-from pinads_rec.data.reader import AS_READ_PREFIX
+from pinads_rec.data.loader.batch import Batch
+from pinads_rec.data.loader.contract import ContractError
+from pinads_rec.data.loader.reader import AS_READ_PREFIX
 from pinads_rec.serve.batching import RequestBatcher, ScoringBatches
 from pinads_rec.serve.loading import load_model
 

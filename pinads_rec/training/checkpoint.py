@@ -15,10 +15,11 @@ checkpoint's but for what a resume may change (:data:`RESUMABLE_CHANGES`), and r
 directory holding a run of another config (:func:`check_same_run`).
 
 With evaluations during training (train.eval_every) every improvement on the best evaluation is
-saved as a checkpoint of its step, and ``train_state.json`` carries the selection: the best value,
-its step, the evaluations since (early stopping's count). Pruning to
-``train.keep_checkpoints`` spares the best step's checkpoint, so a resumed run keeps both its
-best weights and its patience counter; :func:`load_model` reads the best weights back.
+saved as a checkpoint of its step, and ``train_state.json`` carries the selection beside the
+position (the validator's state, training/validator.py: the best value, its step, the evaluations
+since, early stopping's count). Pruning to ``train.keep_checkpoints`` spares the best step's
+checkpoint, so a resumed run keeps both its best weights and its patience counter;
+:func:`load_model` reads the best weights back.
 
 A warm start (train.init_from, :func:`warm_start`) reads another run's checkpoint into a new run:
 its weights and, as train.init_optimizer says, its optimizer state -- never its step, LR schedule,
@@ -31,7 +32,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional
 
@@ -50,16 +51,13 @@ ROUNDS_FILE = "managed-rounds"  # per rank: the managed tables' eviction rounds 
 
 @dataclass
 class TrainState:
+    """The run's position, the first keys of train_state.json's "train" (the validator's state
+    follows them: ``save``'s ``selection``)."""
+
     step: int = 0
     epoch: int = 0
     batches_in_epoch: int = 0  # per-rank batches of `epoch` already trained: resume skips these
     world_size: int = 1  # of the run that wrote the checkpoint
-    # Evaluations during training (train.eval_every); a checkpoint older than these holds none.
-    selection: Optional[str] = None  # what picks the best (evaluation.selection_name); a resume under another resets it
-    best_value: Optional[float] = None  # the best evaluation's value (None before a finite one)
-    best_step: Optional[int] = None  # its step: checkpoints/step-<best_step> holds its weights
-    evals_since_best: int = 0  # evaluations since then without improvement (early stopping's count)
-    last_eval_step: Optional[int] = None
 
 
 def _rank() -> int:
@@ -80,7 +78,18 @@ def latest(run_dir: Path) -> Optional[Path]:
     return max(ckpts, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
-def save(run_dir: Path, state: TrainState, dmp, optimizer, schedule, cfg: config.ExperimentConfig) -> Path:
+def save(
+    run_dir: Path,
+    state: TrainState,
+    dmp,
+    optimizer,
+    schedule,
+    cfg: config.ExperimentConfig,
+    selection: Optional[dict] = None,
+) -> Path:
+    """A checkpoint of step ``state.step`` in ``run_dir``; ``selection``: the validator's state,
+    saved after the position (its best step's checkpoint is spared by pruning). Returns its directory."""
+    selection = selection or {}
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step-{state.step}", root / f"step-{state.step}.tmp"
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
@@ -98,7 +107,11 @@ def save(run_dir: Path, state: TrainState, dmp, optimizer, schedule, cfg: config
         torch.save(rounds, tmp / f"{ROUNDS_FILE}-{_rank()}.pt")
     _barrier()
     if rank0:
-        meta = {"train": asdict(state), "schedule": schedule.state_dict(), "config": config.to_dict(cfg)}
+        meta = {
+            "train": {**asdict(state), **selection},
+            "schedule": schedule.state_dict(),
+            "config": config.to_dict(cfg),
+        }
         (tmp / PLAN_FILE).write_text(json.dumps(parallel.plan_tables(dmp.plan), indent=1))
         (tmp / STATE_FILE).write_text(json.dumps(meta, indent=1, default=str))
         shutil.rmtree(final, ignore_errors=True)
@@ -107,7 +120,7 @@ def save(run_dir: Path, state: TrainState, dmp, optimizer, schedule, cfg: config
             (p for p in root.glob("step-*") if not p.name.endswith(".tmp")), key=lambda p: int(p.name.split("-")[1])
         )
         for p in old[: -cfg.train.keep_checkpoints]:
-            if p.name != f"step-{state.best_step}":  # the best weights stay, however old
+            if p.name != f"step-{selection.get('best_step')}":  # the best weights stay, however old
                 shutil.rmtree(p, ignore_errors=True)
     _barrier()
     return final
@@ -270,7 +283,13 @@ def load(path: Path, dmp, optimizer, schedule, relayout: bool = False) -> TrainS
     # The scheduler restores its counter, not the optimizer's current LR: put that back too.
     for group, lr in zip(schedule.optimizer.param_groups, schedule.get_last_lr()):
         group["lr"] = lr
-    return TrainState(**meta["train"])
+    position = {f.name for f in fields(TrainState)}
+    return TrainState(**{k: v for k, v in meta["train"].items() if k in position})
+
+
+def saved_train_state(path: Path) -> dict:
+    """Checkpoint ``path``'s train_state.json "train": the position and the validator's state."""
+    return json.loads((Path(path) / STATE_FILE).read_text())["train"]
 
 
 def _restore_rounds(path: Path, dmp) -> None:

@@ -14,7 +14,8 @@ from tqdm import tqdm
 from pinads_rec.metrics import format_table
 from pinads_rec.reference.fit import describe
 from pinads_rec.training.evaluation import format_slices
-from pinads_rec.training.trainer import Hook, Trainer
+from pinads_rec.training.hooks import Hook
+from pinads_rec.training.trainer import Trainer
 
 # Ranks beyond this many: the epoch line leaves the per-rank counts to metrics.jsonl.
 PER_RANK_SHOWN = 8

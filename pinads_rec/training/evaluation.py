@@ -1,9 +1,9 @@
 """What the trainer evaluates, on data it does not train on: one no-grad scoring pass that keeps
 every rank in every sharded forward (``scoring_pass``), the held-out rows (``heldout_loader``), the
 metrics per surface x task (``evaluation_rows``) and, where a vocabulary maps the user or item ids,
-the same of the known and the new ones apart (``evaluation_with_slices``, ``format_slices``), the
-choice of the best evaluation (``selection_*``, ``improves``: train.early_stop), and the
-calibration fit on the held-out rows with the backbone frozen (``fit_calibration``)."""
+the same of the known and the new ones apart (``evaluation_with_slices``, ``format_slices``), and
+the calibration fit on the held-out rows with the backbone frozen (``fit_calibration``). Which
+evaluation is the best is the validator's (validator.py)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from pinads_rec import config, parallel, text_table
-from pinads_rec.data.batch import Batch, user_id_column
-from pinads_rec.data.contract import ContractError
-from pinads_rec.data.dataset import LoaderSettings, ParquetBatches, make_loader
+from pinads_rec.data.loader.batch import Batch, user_id_column
+from pinads_rec.data.loader.contract import ContractError
+from pinads_rec.data.loader.dataset import LoaderSettings, ParquetBatches, make_loader
 from pinads_rec.features import FeatureLayout
 from pinads_rec.metrics import ALL_SURFACES, MetricAccumulator, gather_rows
 from pinads_rec.modules.calibration import Calibration
@@ -208,40 +208,6 @@ def format_slices(slices: Sequence[dict]) -> str:
     header = ["slice", "surface", "task", "n", "share", "pos_rate", "AUC", "oAUC", "NE", "calib"]
     title = "Known and new ids (id 0: not in the build's vocabulary; a new user or item)"
     return title + "\n" + text_table.format_table(header, body, left=[0, 1, 2])
-
-
-def selection_name(train: config.TrainConfig) -> str:
-    """What picks the best evaluation, in words: ``auc (mean over surfaces, mean over tasks; max) on
-    holdout``. A checkpoint stores it; a resume under another forgets the best so far."""
-    stop = train.selection
-    surface = {"mean": "mean over surfaces", "all": "all surfaces pooled"}.get(stop.surface, f"surface {stop.surface}")
-    task = "mean over tasks" if stop.task is None else f"task {stop.task}"
-    return f"{stop.metric} ({surface}, {task}; {stop.better}) on {train.eval_on}"
-
-
-def selection_value(rows: Sequence[dict], stop: config.EarlyStopConfig) -> float:
-    """train.early_stop.metric of evaluation ``rows`` averaged over the cells chosen by its task and
-    surface; a NaN cell (the AUC of a surface without positives) is left out, and the value is NaN
-    when every cell is."""
-    values = [
-        float(r[stop.metric])
-        for r in rows
-        if (stop.task is None or r["task"] == stop.task)
-        and (r["surface"] != ALL_SURFACES if stop.surface == "mean" else r["surface"] == stop.surface)
-        and r[stop.metric] is not None
-        and r[stop.metric] == r[stop.metric]
-    ]
-    return sum(values) / len(values) if values else float("nan")
-
-
-def improves(value: float, best: Optional[float], stop: config.EarlyStopConfig) -> bool:
-    """``value`` beats ``best`` by more than train.early_stop.min_delta in its direction (any finite
-    value beats no best; NaN beats nothing)."""
-    if value != value:
-        return False
-    if best is None:
-        return True
-    return value > best + stop.min_delta if stop.better == "max" else value < best - stop.min_delta
 
 
 def fit_calibration(model, settings: LoaderSettings, env: parallel.Distributed, group) -> None:

@@ -19,7 +19,8 @@ from typing import Optional, Sequence, Tuple, Union
 
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from pinads_rec.training.trainer import Hook, Trainer
+from pinads_rec.training.hooks import Hook
+from pinads_rec.training.trainer import Trainer
 
 log = logging.getLogger("pinads_rec.train")
 

@@ -30,7 +30,8 @@ from typing import Dict, List, Optional, Tuple, Union
 import torch
 
 from pinads_rec import config
-from pinads_rec.training.trainer import Hook, Trainer
+from pinads_rec.training.hooks import Hook
+from pinads_rec.training.trainer import Trainer
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"

@@ -13,9 +13,9 @@ from typing import List, Optional
 from pinads_rec import arguments
 from pinads_rec.config import ConfigError, add_overrides_flag, load
 from pinads_rec.data.build.days import DAYS, build_days, parse_days
-from pinads_rec.data.build.engine import ENGINES
-from pinads_rec.data.build.steps import build
-from pinads_rec.data.contract import ContractError
+from pinads_rec.data.build.engines import ENGINES
+from pinads_rec.data.build.full_build import build
+from pinads_rec.data.loader.contract import ContractError
 
 
 def format_summary(summary: dict) -> str:

@@ -6,7 +6,7 @@ from typing import List
 from zoneinfo import ZoneInfo
 
 from pinads_rec.config import BuildConfig, ConfigError, FeaturesConfig, SequenceGroupConfig
-from pinads_rec.data.contract import contract_columns
+from pinads_rec.data.loader.contract import contract_columns
 
 
 def embedding_columns(g: SequenceGroupConfig) -> List[str]:

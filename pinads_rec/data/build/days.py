@@ -44,9 +44,12 @@ from typing import Dict, List, Optional, Tuple
 from pinads_rec.config import BuildConfig, ConfigError, ExperimentConfig
 from pinads_rec.data import build_output
 from pinads_rec.data.build.config_checks import check_build
-from pinads_rec.data.build.steps import Build, _ident
-from pinads_rec.data.contract import ContractError
-from pinads_rec.data.raw_sources import sql_string
+from pinads_rec.data.build.full_build import Build
+from pinads_rec.data.build.time_sql import date_of
+from pinads_rec.data.build.vocabularies import apply_vocabulary
+from pinads_rec.data.build.writer import build_manifest
+from pinads_rec.data.loader.contract import ContractError
+from pinads_rec.data.sql_text import identifier, sql_string
 
 DAYS = "days"  # <out>/days/<day>/: the partitions
 
@@ -168,7 +171,7 @@ class DayBuild(Build):
             on_day = f"(SELECT * FROM imp WHERE __split = {sql_string(day)})"
             summary = {"day": day, **self.summarize({day: outputs[day]}, seconds, work, on_day)}
             (work / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-            manifest = self.manifest({day: outputs[day]}, summary, on_day)
+            manifest = build_manifest(self, {day: outputs[day]}, summary, on_day)
             manifests[day] = {"day": day, "timezone": self.b.timezone, **manifest, **applied}
             summaries[day] = summary
         self.engine.close()  # no query left that could spill again into the files the manifests list
@@ -182,7 +185,7 @@ class DayBuild(Build):
     def split_columns(self) -> Tuple[str, str]:
         """Every impression is on its own day (in build.timezone); its request's day is decided
         once the requests are numbered (keep_built_requests)."""
-        return f"CAST({self.date_of(self.imp_time)} AS VARCHAR)", "1"
+        return f"CAST({date_of(self.b.timezone, self.imp_time)} AS VARCHAR)", "1"
 
     def split_filters(self) -> Dict[str, str]:
         return {}
@@ -232,14 +235,14 @@ class DayBuild(Build):
     def vocabulary(self, vocab) -> None:
         """The source build's mapping of ``vocab.table`` applied as it is (never refitted)."""
         path = self.source / "vocabularies" / f"{vocab.table}.parquet"
-        name = f"vocab_{_ident(vocab.table)}"
+        name = f"vocab_{identifier(vocab.table)}"
         self.sql(
             f"reading the vocabulary of table {vocab.table!r} ({path})",
             f"""CREATE TEMP TABLE {name} AS
             SELECT CAST(raw AS VARCHAR) AS raw, CAST(idx AS BIGINT) AS idx, count
             FROM read_parquet({sql_string(str(path))})""",
         )
-        self.apply_vocabulary(vocab.table, name)
+        apply_vocabulary(self, vocab.table, name)
 
     def vocabularies_from(self) -> dict:
         """The manifest's record of the vocabularies applied: their build, its fingerprint, each

@@ -1,8 +1,9 @@
 """The SQL engine a build runs on: what the build's steps ask of it, and DuckDB, the engine on one
 machine (``--engine duckdb``, the default).
 
-Every statement of the build is written once, in DuckDB's dialect (steps.py, checks.py); an engine
-runs it as it is (DuckDB) or translated (``SparkEngine``, spark_engine.py). What differs beyond the
+Every statement of the build is written once, in DuckDB's dialect (the step modules, checks.py); an
+engine runs it as it is (DuckDB) or translated (``SparkEngine``, spark_engine.py; ``open_engine``,
+engines.py, starts the one ``--engine`` names). What differs beyond the
 dialect is here, behind one interface: how a raw source is scanned, how a query's column types are
 named (always in DuckDB's names: ``BIGINT``, ``VARCHAR``, ``BIGINT[]``), how result rows reach the
 driver, how a refusal is told (``errors``) and which column it missed.
@@ -18,9 +19,8 @@ import duckdb
 import pyarrow as pa
 
 from pinads_rec.config import ConfigError
-from pinads_rec.data.raw_sources import RawSource, explain, sql_string
-
-ENGINES = ("duckdb", "spark")
+from pinads_rec.data.raw_sources import RawSource, explain
+from pinads_rec.data.sql_text import sql_string
 
 
 def show_progress(con: duckdb.DuckDBPyConnection) -> None:
@@ -129,14 +129,3 @@ class DuckDBEngine(Engine):
 
     def close(self) -> None:
         self.con.close()
-
-
-def open_engine(name: str, threads: int, spill_dir: str, memory_limit: Optional[str]) -> Engine:
-    """The engine ``--engine`` names, started."""
-    if name == "duckdb":
-        return DuckDBEngine(threads, spill_dir, memory_limit)
-    if name == "spark":
-        from pinads_rec.data.build.spark_engine import SparkEngine  # PySpark and a JVM: only when asked
-
-        return SparkEngine(threads, spill_dir, memory_limit)
-    raise ConfigError(f"--engine {name!r}: not an engine; give one of {', '.join(ENGINES)}")

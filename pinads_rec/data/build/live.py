@@ -2,7 +2,7 @@
 
 A live ad request arrives raw, as the logs would hold it: the impression log's fields of the
 request (surface, time, user, user features) and of each candidate ad (raw ids), and the user's
-recent rows of each behaviour log. ``LiveBuild`` runs the build's own steps on them (steps.py, every
+recent rows of each behaviour log. ``LiveBuild`` runs the build's own steps on them (full_build.py, every
 statement as it is, on DuckDB): the side tables joined with their defaults, the vocabularies of the
 run's build applied, each sequence group's events cut point in time to its ``max_length``, newest
 first, the candidates in order -- so a request served online and the same request built offline
@@ -30,13 +30,11 @@ nothing of it reaches DuckDB.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
-import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import duckdb
 import pyarrow as pa
@@ -45,32 +43,18 @@ from pinads_rec.config import ConfigError, ExperimentConfig
 from pinads_rec.data.build.config_checks import check_build
 from pinads_rec.data.build.days import vocabulary_source
 from pinads_rec.data.build.engine import DuckDBEngine
-from pinads_rec.data.build.steps import Build, _ident
+from pinads_rec.data.build.full_build import Build
+from pinads_rec.data.build.impressions import split_test
+from pinads_rec.data.build.request_values import RawColumn, RequestError, check_value, raw_table
+from pinads_rec.data.build.time_sql import seconds
+from pinads_rec.data.build.vocabularies import apply_vocabulary
 from pinads_rec.data.build.writer import request_rows_schema
-from pinads_rec.data.contract import ContractError
-from pinads_rec.data.raw_sources import RawSource, sql_name, sql_string
+from pinads_rec.data.loader.contract import ContractError
+from pinads_rec.data.raw_sources import RawSource
+from pinads_rec.data.sql_text import identifier, sql_name, sql_string
 
 REQUEST = "__live_request"  # the impression rows' column numbering the batch's requests 0..n-1
 CANDIDATE = "__live_candidate"  # and their candidates 0..c-1: the build orders them so, as the request did
-
-
-class RequestError(ValueError):
-    """A request the service refuses: ``field`` (e.g. ``requests[0].candidates[3].item_id``) and why."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
-
-
-@dataclasses.dataclass
-class RawColumn:
-    """One column of a raw log: its DuckDB type, as read from the log's files."""
-
-    name: str
-    duck_type: str
-
-    def arrow_type(self) -> pa.DataType:
-        return _arrow_type(self.duck_type)
 
 
 class LiveEngine(DuckDBEngine):
@@ -164,7 +148,7 @@ class LiveFeatures:
         source = vocabulary_source(self.b, vocabularies)
         self.vocabularies: Dict[str, str] = {}
         for v in self.b.vocabularies:
-            kept = f"__live_vocab_{_ident(v.table)}"
+            kept = f"__live_vocab_{identifier(v.table)}"
             path = Path(source) / "vocabularies" / f"{v.table}.parquet"
             loader.engine.execute(
                 f"CREATE TABLE {kept} AS SELECT CAST(raw AS VARCHAR) AS raw, CAST(idx AS BIGINT) AS idx, count "
@@ -266,7 +250,7 @@ class LiveFeatures:
                     if column is None:
                         raise RequestError(place, f"not a column of the impression log ({', '.join(self.impressions)})")
                     if check_values:
-                        _check_value(value, column.duck_type, place)
+                        check_value(value, column.duck_type, place)
                 for name, key in imp_fields.items():
                     if name not in row:
                         raise RequestError(f"{at}.candidates[{c}].{name}", f"missing (read by {key})")
@@ -295,16 +279,16 @@ class LiveFeatures:
                         if name not in columns:
                             raise RequestError(f"{place}.{name}", f"not a column of {log} ({', '.join(columns)})")
                         if check_values:
-                            _check_value(value, columns[name].duck_type, f"{place}.{name}")
+                            check_value(value, columns[name].duck_type, f"{place}.{name}")
                     for name, key in self.required[log].items():
                         if name not in event:
                             raise RequestError(f"{place}.{name}", f"missing (read by {key})")
                     log_rows[log].append({**event, REQUEST: r})
         numbering = {REQUEST: RawColumn(REQUEST, "BIGINT"), CANDIDATE: RawColumn(CANDIDATE, "BIGINT")}
         imp_columns = {**self.impressions, **numbering}
-        impressions = _table(imp_rows, imp_columns)
+        impressions = raw_table(imp_rows, imp_columns)
         return impressions, {
-            log: _table(rows, {**self.logs[log], REQUEST: RawColumn(REQUEST, "BIGINT")})
+            log: raw_table(rows, {**self.logs[log], REQUEST: RawColumn(REQUEST, "BIGINT")})
             for log, rows in log_rows.items()
         }
 
@@ -317,14 +301,14 @@ class LiveFeatures:
         loader, imp = self.loader, self.b.impressions
         source = loader.raw_source(imp, "build.impressions")
         loader.engine.execute(f"CREATE OR REPLACE TEMP VIEW __raw_imp AS SELECT * FROM {loader.scan(source)}")
-        t = loader.seconds(imp.time, "__raw_imp", "build.impressions.time")
+        t = seconds(loader, imp.time, "__raw_imp", "build.impressions.time")
         loader.imp_time = t
         where = "true"
         if split is not None:
             names = [s.name for s in self.b.splits]
             if split not in names:
                 raise ConfigError(f"split {split!r}: not one of build.splits ({', '.join(names)})")
-            where = loader.split_test(names.index(split))
+            where = split_test(loader, names.index(split))
         keys = [imp.request] if imp.request else list(imp.request_key)
         key_sql = ", ".join(f"CAST(({k}) AS VARCHAR)" for k in keys)
         filtered = (
@@ -354,7 +338,7 @@ class LiveFeatures:
                 continue
             raw = loader.raw_source(s, f"build.sequences[{i}]")
             loader.engine.execute(f"CREATE OR REPLACE TEMP VIEW __raw_log AS SELECT * FROM {loader.scan(raw)}")
-            et = loader.seconds(s.time, "__raw_log", f"build.sequences[{i}].time")
+            et = seconds(loader, s.time, "__raw_log", f"build.sequences[{i}].time")
             loader.engine.con.register("__users", pa.table({"u": users}))
             events[log] = (
                 loader.engine.con.sql(
@@ -417,7 +401,7 @@ class LiveBuild(Build):
             "request.candidates", ("candidates",), "parquet", ",", (), relation="__live_impressions", con=engine.con
         )
         for log, table in events.items():
-            relation = f"__live_events_{_ident(log)}"
+            relation = f"__live_events_{identifier(log)}"
             engine.con.register(relation, table)
             self.relations[log] = LiveSource(
                 f"request.events.{log}", (f"events.{log}",), "parquet", ",", (), relation=relation, con=engine.con
@@ -436,7 +420,7 @@ class LiveBuild(Build):
         return self.live.side_tables[side.name]
 
     def vocabulary(self, vocab) -> None:
-        self.apply_vocabulary(vocab.table, self.live.vocabularies[vocab.table])
+        apply_vocabulary(self, vocab.table, self.live.vocabularies[vocab.table])
 
     def check_config(self) -> None:
         check_build(self.b, self.features, by_day=True)  # no splits: a live batch is one
@@ -497,104 +481,6 @@ class LiveBuild(Build):
             raise ContractError(f"building the requests: {str(e).strip().splitlines()[0]}") from None
         schema = request_rows_schema(batches[0].schema, self.features)
         return pa.Table.from_batches(batches).cast(schema)
-
-
-# --- requests' values against the raw logs' types ----------------------------------------------------
-
-_INTEGER = re.compile(r"^(TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT|UTINYINT|USMALLINT|UINTEGER|UBIGINT)$")
-_FLOAT = re.compile(r"^(FLOAT|DOUBLE|REAL|DECIMAL.*)$")
-
-
-def _check_value(value: Any, duck_type: str, place: str) -> None:
-    """``value`` (JSON) fits a column of ``duck_type``, else RequestError naming ``place`` and the value."""
-    if value is not None:  # None: a blank field, as a log may have (a default or the build's check decides)
-        _checker(duck_type)(value, place)
-
-
-@functools.lru_cache(maxsize=None)
-def _checker(duck_type: str) -> Callable[[Any, str], None]:
-    """The check of a non-null value of ``duck_type``, made once per type (requests carry thousands of values)."""
-    inner = re.match(r"^(.*)\[(\d*)\]$", duck_type)
-    if inner:
-        size = int(inner.group(2)) if inner.group(2) else None
-        element = inner.group(1)
-        fits = _fits(element)
-
-        def check_list(value: Any, place: str) -> None:
-            if not isinstance(value, list):
-                raise RequestError(place, f"{_show(value)} is not a list ({duck_type} in the raw log)")
-            if size is not None and len(value) != size:
-                raise RequestError(place, f"a list of {len(value)} values; the raw log's {duck_type} holds {size}")
-            if fits is None or not all(v is None or fits(v) for v in value):
-                for i, v in enumerate(value):  # the slow path names the element
-                    _check_value(v, element, f"{place}[{i}]")
-
-        return check_list
-    fits = _fits(duck_type)
-    what = "an integer" if _INTEGER.match(duck_type) else "a finite number" if _FLOAT.match(duck_type) else None
-    if what is None:
-        what = "true or false" if duck_type == "BOOLEAN" else "a string"
-
-    def check(value: Any, place: str) -> None:
-        if fits is not None and not fits(value):
-            if what == "an integer" and isinstance(value, int) and not isinstance(value, bool):
-                raise RequestError(place, f"{value} does not fit a 64-bit integer")
-            raise RequestError(place, f"{_show(value)} is not {what} ({duck_type} in the raw log)")
-
-    return check
-
-
-def _fits(duck_type: str) -> Optional[Callable[[Any], bool]]:
-    """A fast test of a scalar of ``duck_type`` (None: not a scalar type checked here)."""
-    if _INTEGER.match(duck_type):
-        return lambda v: type(v) is int and -(1 << 63) <= v < (1 << 63)
-    if _FLOAT.match(duck_type):
-        return lambda v: (type(v) is float and math.isfinite(v)) or type(v) is int
-    if duck_type in ("VARCHAR", "DATE") or duck_type.startswith("TIMESTAMP"):
-        return lambda v: type(v) is str
-    if duck_type == "BOOLEAN":
-        return lambda v: type(v) is bool
-    return None
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _arrow_type(duck_type: str) -> pa.DataType:
-    inner = re.match(r"^(.*)\[(\d*)\]$", duck_type)
-    if inner:
-        child = _arrow_type(inner.group(1))
-        return pa.list_(child, int(inner.group(2))) if inner.group(2) else pa.list_(child)
-    simple = {
-        "TINYINT": pa.int8(),
-        "SMALLINT": pa.int16(),
-        "INTEGER": pa.int32(),
-        "BIGINT": pa.int64(),
-        "UTINYINT": pa.uint8(),
-        "USMALLINT": pa.uint16(),
-        "UINTEGER": pa.uint32(),
-        "UBIGINT": pa.uint64(),
-        "FLOAT": pa.float32(),
-        "REAL": pa.float32(),
-        "DOUBLE": pa.float64(),
-        "VARCHAR": pa.string(),
-        "BOOLEAN": pa.bool_(),
-        "DATE": pa.string(),  # given as text; the build's expressions cast it as they cast the log's
-    }
-    if duck_type in simple:
-        return simple[duck_type]
-    if duck_type.startswith("TIMESTAMP"):
-        return pa.string()
-    if duck_type.startswith("DECIMAL"):
-        return pa.float64()
-    raise ConfigError(f"a raw log column of type {duck_type}: not a type a live request can carry")
-
-
-def _table(rows: List[dict], columns: Dict[str, RawColumn]) -> pa.Table:
-    """``rows`` as a table of ``columns`` with their raw types (absent fields null)."""
-    return pa.table({n: pa.array([row.get(n) for row in rows], type=c.arrow_type()) for n, c in columns.items()})
 
 
 def _reads(exprs: Dict[str, str], columns: Dict[str, RawColumn]) -> Dict[str, str]:

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from pinads_rec.data.contract import ContractError
+from pinads_rec.data.loader.contract import ContractError
 from pinads_rec.data.raw_sources import RawSource, configured, first_line, sql_name
 
 INTEGERS = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"}
 
 
 class Queries:
-    """Mixed into ``Build``: reads its engine ``engine``, its ``build:`` section ``b`` and ``raw_dir``."""
+    """The base of ``Build`` (full_build.py), whose state it reads: its engine ``engine``, its ``build:``
+    section ``b`` and ``raw_dir``. A live batch (live.py) keeps the answers about types."""
 
     def type_of(self, expr: str, relation: Optional[str] = None) -> str:
         """The type (DuckDB's name) of SQL ``expr`` over ``relation`` (none: a constant)."""

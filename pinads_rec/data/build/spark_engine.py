@@ -35,13 +35,16 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+import sqlglot
+from sqlglot import exp
 
 from pinads_rec.config import ConfigError
 from pinads_rec.data import page_checksums
-from pinads_rec.data.build import spark_sql
 from pinads_rec.data.build.engine import Engine
-from pinads_rec.data.contract import ContractError
-from pinads_rec.data.raw_sources import RawSource, explain, first_line, is_remote, sql_name
+from pinads_rec.data.build.spark_sql import HASH_UDF, Untranslatable, duckdb_hash, parse, to_spark
+from pinads_rec.data.loader.contract import ContractError
+from pinads_rec.data.raw_sources import RawSource, explain, is_remote
+from pinads_rec.data.sql_text import first_line, sql_name
 
 MIN_JAVA = 17  # what PySpark 4 runs on
 MIN_DRIVER_MIB = 512  # below ~450 MiB of heap Spark refuses to start
@@ -123,36 +126,36 @@ class SparkEngine(Engine):
     def _register_hash(self) -> None:
         from pyspark.sql.functions import pandas_udf
 
-        self.spark.udf.register(spark_sql.HASH_UDF, pandas_udf(_hash_rows, "bigint"))
+        self.spark.udf.register(HASH_UDF, pandas_udf(_hash_rows, "bigint"))
 
     # --- statements ------------------------------------------------------------------------------
 
     def execute(self, statement: str) -> None:
         with _refusals():
-            tree = spark_sql.parse(statement)
-            if isinstance(tree, spark_sql.exp.Create):
+            tree = parse(statement)
+            if isinstance(tree, exp.Create):
                 name = tree.this.name
-                df = self.spark.sql(spark_sql.to_spark(tree.expression))
+                df = self.spark.sql(to_spark(tree.expression))
                 if tree.args.get("kind", "").upper() == "VIEW":
                     df.createOrReplaceTempView(name)
                 else:
                     self._store(name, df)
-            elif isinstance(tree, spark_sql.exp.Delete):
+            elif isinstance(tree, exp.Delete):
                 name = tree.this.name
-                where = spark_sql.to_spark(tree.args["where"].this)
+                where = to_spark(tree.args["where"].this)
                 self._store(name, self.spark.sql(f"SELECT * FROM {name} WHERE NOT coalesce(({where}), false)"))
-            elif isinstance(tree, spark_sql.exp.Update):
+            elif isinstance(tree, exp.Update):
                 self._update(tree)
             else:
-                raise spark_sql.Untranslatable(f"a {type(tree).__name__} statement ({first_line(statement)})")
+                raise Untranslatable(f"a {type(tree).__name__} statement ({first_line(statement)})")
 
     def _update(self, tree) -> None:
         name = tree.this.name
         if tree.args.get("from_") or tree.args.get("from"):
-            raise spark_sql.Untranslatable(f"UPDATE {name} ... FROM (write it as a join)")
-        sets = {eq.this.name: spark_sql.to_spark(eq.expression) for eq in tree.expressions}
+            raise Untranslatable(f"UPDATE {name} ... FROM (write it as a join)")
+        sets = {eq.this.name: to_spark(eq.expression) for eq in tree.expressions}
         where = tree.args.get("where")
-        test = f"coalesce(({spark_sql.to_spark(where.this)}), false)" if where else "true"
+        test = f"coalesce(({to_spark(where.this)}), false)" if where else "true"
         columns = [
             f"CASE WHEN {test} THEN ({sets[c]}) ELSE `{c}` END AS `{c}`" if c in sets else f"`{c}`"
             for c in self.spark.table(name).columns
@@ -175,21 +178,21 @@ class SparkEngine(Engine):
 
     def rows(self, query: str) -> List[tuple]:
         with _refusals():
-            return [tuple(r) for r in self.spark.sql(spark_sql.to_spark(query)).collect()]
+            return [tuple(r) for r in self.spark.sql(to_spark(query)).collect()]
 
     def describe(self, query: str) -> List[Tuple[str, str]]:
         with _refusals():
-            schema = self.spark.sql(spark_sql.to_spark(query)).schema
+            schema = self.spark.sql(to_spark(query)).schema
         return [(f.name, duckdb_type(f.dataType)) for f in schema.fields]
 
     def batches(self, query: str, size: int) -> Iterator[pa.RecordBatch]:
         with _refusals():
-            table = self.spark.sql(spark_sql.to_spark(query)).toArrow()
+            table = self.spark.sql(to_spark(query)).toArrow()
         yield from table.to_batches(max_chunksize=size)
 
     def copy_parquet(self, query: str, path: str) -> None:
         with _refusals():
-            table = self.spark.sql(spark_sql.to_spark(query)).toArrow()
+            table = self.spark.sql(to_spark(query)).toArrow()
         pq.write_table(table, path, **page_checksums.WRITE)
 
     # --- raw files -------------------------------------------------------------------------------
@@ -290,7 +293,7 @@ class SparkEngine(Engine):
         return None
 
     def versions(self) -> Dict[str, str]:
-        return {"spark": self.spark.version, "sqlglot": spark_sql.sqlglot.__version__}
+        return {"spark": self.spark.version, "sqlglot": sqlglot.__version__}
 
     def close(self) -> None:
         for df in self.tables.values():
@@ -308,9 +311,9 @@ def _refusals():
 
     try:
         yield
-    except spark_sql.Untranslatable as error:
+    except Untranslatable as error:
         raise SparkRefusal(f"not translated to Spark SQL: {error}") from None
-    except (PySparkException, Py4JError, spark_sql.sqlglot.errors.SqlglotError) as error:
+    except (PySparkException, Py4JError, sqlglot.errors.SqlglotError) as error:
         raise SparkRefusal(_one_line(str(error))) from None
 
 
@@ -327,7 +330,7 @@ def _first_bad_line(source: RawSource, files: Sequence[str]) -> Optional[str]:
 
 def _hash_rows(rows: pd.Series) -> pd.Series:
     """``duckdb_hash`` over a batch of rows, each an array of the hashed integers."""
-    hashed = spark_sql.duckdb_hash(np.stack(rows.to_numpy())) if len(rows) else []
+    hashed = duckdb_hash(np.stack(rows.to_numpy())) if len(rows) else []
     return pd.Series(hashed, dtype="int64")
 
 

@@ -1,6 +1,7 @@
 """What a build writes besides its steps' SQL: the split's Parquet files (``SplitWriter``, the
-contract's canonical Arrow types), ``summary.json`` (counts read back from the written files) and
-the manifest (inputs, config, outputs).
+contract's canonical Arrow types), ``summary.json`` (``summarize_outputs``: counts read back from the
+written files) and the manifest (``build_manifest``: inputs, config, outputs), each of a build
+(``build``: full_build.Build, its state and engine).
 """
 
 from __future__ import annotations
@@ -17,100 +18,98 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pinads_rec.config import to_dict
-from pinads_rec.data import page_checksums, storage_layout
-from pinads_rec.data.build.queries import Queries
-from pinads_rec.data.raw_sources import RawSource, is_remote, sql_name, sql_string
+from pinads_rec.data import page_checksums
+from pinads_rec.data.loader import storage_layout
+from pinads_rec.data.raw_sources import RawSource, is_remote
+from pinads_rec.data.sql_text import sql_name, sql_string
 
 
-class Reports(Queries):
-    """Mixed into ``Build``: the summary and the manifest of its outputs."""
-
-    def summarize(
-        self, outputs: Dict[str, dict], seconds: float, root: Optional[Path] = None, impressions: str = "imp"
-    ) -> dict:
-        """Counts read back from the written files (their paths relative to ``root``, default the
-        output directory) by DuckDB on the driver, whatever the engine: what the build produced, not
-        what it meant to. The join misses are those of ``impressions`` (SQL on the engine: the
-        impressions written)."""
-        f = self.features
-        files = duckdb.connect()
-        root = self.out if root is None else root
-        out = {"splits": {}, "repairs": self.counts, "seconds": round(seconds, 2), "threads": self.threads}
-        for split, o in outputs.items():
-            entry = {"requests": o["requests"], "rows": o["rows"], "files": len(o["files"])}
-            if o["files"]:
-                scan = "read_parquet([" + ", ".join(sql_string(str(root / p)) for p in o["files"]) + "])"
-                surface = sql_name(f.columns.surface)
-                labels = ", ".join(
-                    f"avg(CAST(unnest_l.{sql_name(t.label_column)} AS DOUBLE)) AS {sql_name(t.name)}" for t in f.tasks
-                )
-                unnested = ", ".join(
-                    f"unnest({sql_name(c)}) AS {sql_name(c)}"
-                    for c in [f.columns.surface] + [t.label_column for t in f.tasks]
-                )
-                rows = files.execute(
-                    f"SELECT CAST(unnest_l.{surface} AS VARCHAR), count(*), {labels} "
-                    f"FROM (SELECT {unnested} FROM {scan}) unnest_l GROUP BY ALL ORDER BY 1"
-                ).fetchall()
-                entry["surfaces"] = {
-                    r[0]: {"rows": r[1], "label_rate": {t.name: round(v, 6) for t, v in zip(f.tasks, r[2:])}}
-                    for r in rows
+def summarize_outputs(
+    build, outputs: Dict[str, dict], seconds: float, root: Optional[Path] = None, impressions: str = "imp"
+) -> dict:
+    """Counts read back from the written files (their paths relative to ``root``, default the
+    output directory) by DuckDB on the driver, whatever the engine: what the build produced, not
+    what it meant to. The join misses are those of ``impressions`` (SQL on the engine: the
+    impressions written)."""
+    f = build.features
+    files = duckdb.connect()
+    root = build.out if root is None else root
+    out = {"splits": {}, "repairs": build.counts, "seconds": round(seconds, 2), "threads": build.threads}
+    for split, o in outputs.items():
+        entry = {"requests": o["requests"], "rows": o["rows"], "files": len(o["files"])}
+        if o["files"]:
+            scan = "read_parquet([" + ", ".join(sql_string(str(root / p)) for p in o["files"]) + "])"
+            surface = sql_name(f.columns.surface)
+            labels = ", ".join(
+                f"avg(CAST(unnest_l.{sql_name(t.label_column)} AS DOUBLE)) AS {sql_name(t.name)}" for t in f.tasks
+            )
+            unnested = ", ".join(
+                f"unnest({sql_name(c)}) AS {sql_name(c)}"
+                for c in [f.columns.surface] + [t.label_column for t in f.tasks]
+            )
+            rows = files.execute(
+                f"SELECT CAST(unnest_l.{surface} AS VARCHAR), count(*), {labels} "
+                f"FROM (SELECT {unnested} FROM {scan}) unnest_l GROUP BY ALL ORDER BY 1"
+            ).fetchall()
+            entry["surfaces"] = {
+                r[0]: {"rows": r[1], "label_rate": {t.name: round(v, 6) for t, v in zip(f.tasks, r[2:])}} for r in rows
+            }
+            entry["sequence_lengths"] = {}
+            for g in f.sequence_groups:
+                c = sql_name(g.timestamp_column)
+                q = files.execute(
+                    f"SELECT avg(len({c})), quantile_disc(len({c}), [0.5, 0.9, 0.99]), max(len({c})), "
+                    f"count(*) FILTER (WHERE len({c}) = 0) FROM {scan}"
+                ).fetchone()
+                entry["sequence_lengths"][g.name] = {
+                    "mean": round(q[0], 2),
+                    "p50": q[1][0],
+                    "p90": q[1][1],
+                    "p99": q[1][2],
+                    "max": q[2],
+                    "empty": q[3],
                 }
-                entry["sequence_lengths"] = {}
-                for g in f.sequence_groups:
-                    c = sql_name(g.timestamp_column)
-                    q = files.execute(
-                        f"SELECT avg(len({c})), quantile_disc(len({c}), [0.5, 0.9, 0.99]), max(len({c})), "
-                        f"count(*) FILTER (WHERE len({c}) = 0) FROM {scan}"
-                    ).fetchone()
-                    entry["sequence_lengths"][g.name] = {
-                        "mean": round(q[0], 2),
-                        "p50": q[1][0],
-                        "p90": q[1][1],
-                        "p99": q[1][2],
-                        "max": q[2],
-                        "empty": q[3],
-                    }
-            out["splits"][split] = entry
-        files.close()
-        out["join_misses"] = {
-            s.name: self.scalar(f"SELECT count(*) FROM {impressions} WHERE NOT {sql_name('__hit_' + s.name)}")
-            for s in self.b.side_tables
-        }
-        return out
+        out["splits"][split] = entry
+    files.close()
+    out["join_misses"] = {
+        s.name: build.scalar(f"SELECT count(*) FROM {impressions} WHERE NOT {sql_name('__hit_' + s.name)}")
+        for s in build.b.side_tables
+    }
+    return out
 
-    def manifest(self, outputs: Dict[str, dict], summary: dict, impressions: str = "imp") -> dict:
-        def describe(files) -> List[dict]:
-            return [
-                {"path": p}  # object storage: its listing is the engine's
-                if is_remote(p)
-                else {
-                    "path": p,
-                    "bytes": os.path.getsize(p),
-                    "modified": datetime.fromtimestamp(os.path.getmtime(p)).isoformat(timespec="seconds"),
-                }
-                for p in files
-            ]
 
-        inputs = {"impressions": describe(self.imp_source.files)}
-        for side in self.b.side_tables:
-            inputs[f"side_table:{side.name}"] = describe(RawSource.of(side, self.raw_dir, "").files)
-        for s in self.b.sequences:
-            if s.path:
-                inputs[f"sequence:{s.group}"] = describe(RawSource.of(s, self.raw_dir, "").files)
-        span = self.one(f"SELECT min(__t), max(__t) FROM {impressions}")
-        cfg = to_dict(self.cfg)
-        return {
-            "inputs": inputs,
-            "impression_time_range": [_iso(span[0], self.b.timezone), _iso(span[1], self.b.timezone)],
-            "config": {"build": cfg["build"], "features": cfg["features"]},
-            "negative_downsampling": cfg["build"]["negative_downsampling"],
-            "outputs": outputs,
-            "memory_limit": self.memory_limit,
-            "engine": self.engine.name,
-            "versions": {**self.engine.versions(), "pyarrow": pa.__version__},
-            "built": datetime.now().isoformat(timespec="seconds"),
-        }
+def build_manifest(build, outputs: Dict[str, dict], summary: dict, impressions: str = "imp") -> dict:
+    def describe(files) -> List[dict]:
+        return [
+            {"path": p}  # object storage: its listing is the engine's
+            if is_remote(p)
+            else {
+                "path": p,
+                "bytes": os.path.getsize(p),
+                "modified": datetime.fromtimestamp(os.path.getmtime(p)).isoformat(timespec="seconds"),
+            }
+            for p in files
+        ]
+
+    inputs = {"impressions": describe(build.imp_source.files)}
+    for side in build.b.side_tables:
+        inputs[f"side_table:{side.name}"] = describe(RawSource.of(side, build.raw_dir, "").files)
+    for s in build.b.sequences:
+        if s.path:
+            inputs[f"sequence:{s.group}"] = describe(RawSource.of(s, build.raw_dir, "").files)
+    span = build.one(f"SELECT min(__t), max(__t) FROM {impressions}")
+    cfg = to_dict(build.cfg)
+    return {
+        "inputs": inputs,
+        "impression_time_range": [_iso(span[0], build.b.timezone), _iso(span[1], build.b.timezone)],
+        "config": {"build": cfg["build"], "features": cfg["features"]},
+        "negative_downsampling": cfg["build"]["negative_downsampling"],
+        "outputs": outputs,
+        "memory_limit": build.memory_limit,
+        "engine": build.engine.name,
+        "versions": {**build.engine.versions(), "pyarrow": pa.__version__},
+        "built": datetime.now().isoformat(timespec="seconds"),
+    }
 
 
 class SplitWriter:
@@ -161,7 +160,7 @@ class SplitWriter:
 
 def request_rows_schema(schema: pa.Schema, features) -> pa.Schema:
     """The schema of the build's request rows (``schema``, as the engine gives them) in the
-    contract's canonical types, with the per-request layout's metadata (data/storage_layout.py)."""
+    contract's canonical types, with the per-request layout's metadata (data/loader/storage_layout.py)."""
     stored_once = storage_layout.request_level_columns(features)
     embeddings = {g.embedding_column: g.embedding_dim for g in features.sequence_groups if g.embedding_column}
     return _canonical_schema(schema, embeddings).with_metadata(

@@ -10,8 +10,8 @@ from typing import Dict, List, Optional
 import pyarrow as pa
 
 from pinads_rec.config import DataConfig, FeaturesConfig
-from pinads_rec.data import rules
-from pinads_rec.data.contract import (
+from pinads_rec.data.loader import rules
+from pinads_rec.data.loader.contract import (
     FLOAT,
     FLOAT_LIST,
     ID,

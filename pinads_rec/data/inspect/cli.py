@@ -24,11 +24,11 @@ import duckdb
 
 from pinads_rec import arguments
 from pinads_rec import config as config_lib
-from pinads_rec.data.contract import ContractError
 from pinads_rec.data.inspect.draft import draft_config
 from pinads_rec.data.inspect.report import format_report, report_json
 from pinads_rec.data.inspect.scan import scan_dataset
 from pinads_rec.data.inspect.verify import verify_bytes
+from pinads_rec.data.loader.contract import ContractError
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -17,7 +17,7 @@ import yaml
 
 from pinads_rec import config as config_lib
 from pinads_rec.data.inspect.checks import is_list, sql_literal, sql_name
-from pinads_rec.data.inspect.scan import PER_REQUEST, FileInfo, open_files
+from pinads_rec.data.inspect.files import PER_REQUEST, FileInfo, open_files
 
 _TIME = re.compile(r"(^|_)(ts|time|times|timestamp|timestamps|time_ms)(_|$)")
 _LABEL = re.compile(r"(^|_)(click|clk|label|conv|conversion|save|like|buy|purchase|follow|is)(_|$)|^y$")

@@ -8,8 +8,9 @@ from dataclasses import asdict
 from typing import Iterable, Sequence
 
 from pinads_rec.config import FeaturesConfig
-from pinads_rec.data.contract import contract_columns
-from pinads_rec.data.inspect.scan import Place, Report
+from pinads_rec.data.inspect.files import Place
+from pinads_rec.data.inspect.scan import Report
+from pinads_rec.data.loader.contract import contract_columns
 from pinads_rec.text_table import format_table
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import List
 
 from pinads_rec.data.build_output import MANIFEST, require_complete, require_unchanged
-from pinads_rec.data.contract import ContractError
+from pinads_rec.data.loader.contract import ContractError
 from pinads_rec.data.page_checksums import check_pages
 
 

@@ -15,8 +15,8 @@ from typing import List, Tuple
 
 import numpy as np
 
-from pinads_rec.config.schema import DriftConfig, SynthConfig
 from pinads_rec.data.synth.truth import DAY_S, ITEM_POPULARITY_POWER, T0, stream
+from pinads_rec.data.synth_settings import DriftConfig, SynthConfig
 
 
 def new_ads_per_day(s: SynthConfig) -> int:

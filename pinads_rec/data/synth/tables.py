@@ -1,5 +1,5 @@
 """Arrow tables of the generated data: the contract's schema and a block's rows in the per-request
-layout the generator writes (data/storage_layout.py), and the raw logs' tables (impressions, behaviour
+layout the generator writes (data/loader/storage_layout.py), and the raw logs' tables (impressions, behaviour
 logs, items).
 """
 
@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pinads_rec.config import SynthConfig
-from pinads_rec.data import storage_layout
+from pinads_rec.data.loader import storage_layout
 from pinads_rec.data.synth.blocks import Block
 from pinads_rec.data.synth.timeline import Events, Group, segment_positions
 from pinads_rec.data.synth.truth import ITEM_EMB_DIM, SURFACES, TASKS
@@ -64,7 +64,7 @@ def _arrow(v: np.ndarray) -> pa.Array:
     return pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1]) if v.ndim == 2 else pa.array(v)
 
 
-# Stored once per request: every column the generator draws per request (the data/storage_layout.py metadata
+# Stored once per request: every column the generator draws per request (the data/loader/storage_layout.py metadata
 # records them, so a config marking other features user-side reads the files as well).
 REQUEST_LEVEL = ("request_id", "user_id", "surface", "timestamp", "context_topic", "query_tokens") + tuple(
     name
@@ -74,7 +74,7 @@ REQUEST_LEVEL = ("request_id", "user_id", "surface", "timestamp", "context_topic
 
 
 def request_table(b: Block, sch: pa.Schema) -> pa.Table:
-    """A block's requests in the per-request layout (data/storage_layout.py): the request-level columns once,
+    """A block's requests in the per-request layout (data/loader/storage_layout.py): the request-level columns once,
     every candidate column a list of one value per candidate."""
     candidates = pa.array(np.concatenate([[0], np.cumsum(b.num_candidates)]).astype(np.int32))
     cols: Dict[str, pa.Array] = {

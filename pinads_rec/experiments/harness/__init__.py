@@ -6,7 +6,12 @@
 - ``meters``: ``CpuMeter`` / ``wait_quiet`` (the machine is shared), ``rss_mib`` / ``peak_rss_mib``,
   another process's memory (``status_mib``), the ranks' peaks (``RankMemory``), a process tree's
   (``TreePeak``);
-- ``provenance``: the code a report's runs ran (``code_version``, ``code_state``);
+- ``finished_runs``: run reuse, its one owner: a finished run (``finished_run``), a run directory
+  keyed by config and code (``keyed_run_dir``), a run's config against the one wanted
+  (``comparable_config``, ``same_config``), the newest finished run of a config
+  (``newest_finished_run``);
+- ``provenance``: the code a report's runs ran (``code_version``, ``code_state``) and a digest of it
+  that keys reusable runs (``source_digest``);
 - ``timing``: the instrumented training loop over a ``Trainer`` (``measured_trainer``,
   ``timed_steps``, ``measure_training``).
 

@@ -1,9 +1,11 @@
 """Which code an experiment or benchmark ran, as its report states it: the git commit of the working
 tree the launches ran (``training.run_log.git_state``, what every run records in
-``run_metadata.json``) and the files changed beside it."""
+``run_metadata.json``) and the files changed beside it; and as a run's key states it, a digest of
+the package's sources (``source_digest``: a run trained by other code is not reused)."""
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 from pathlib import Path
 from typing import Dict, List, Union
@@ -34,3 +36,12 @@ def code_version(repo: Path = REPO) -> str:
     if commit == "unknown":
         return "outside git"
     return f"commit {commit[:7]}" + (" with uncommitted changes" if dirty else "")
+
+
+def source_digest(repo: Path = REPO) -> str:
+    """A digest of the package's Python sources: a run trained by other code is not reused."""
+    h = hashlib.sha1()
+    for path in sorted((repo / "pinads_rec").rglob("*.py")):
+        h.update(str(path.relative_to(repo)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()

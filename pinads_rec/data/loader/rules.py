@@ -1,5 +1,5 @@
 """The data rules: what a valid value of the contract is, stated once. The loader
-(``contract.RowGroupChecker``: numpy over each row group), ``inspect`` (SQL over a whole dataset)
+(``row_group_checker.RowGroupChecker``: numpy over each row group), ``inspect`` (SQL over a whole dataset)
 and the build (SQL over the raw rows it maps) check the same rules, so a bad file gets the same
 verdict from all three (``tests/test_data_rules.py``); each names the rule that failed
 (``ContractError.rule``, an inspect problem's ``kind``).

@@ -3,20 +3,21 @@ of row groups to (rank, worker) slots, and reading one row group at a time.
 
 - ``list_files`` / ``list_row_groups``: a directory's ``.parquet`` files (recursively, in name
   order) and their non-empty row groups; every file's schema is checked against the column contract
-  (data/contract.py) when it is listed, so a wrong file fails before training starts. A build's
+  (data/loader/contract.py) when it is listed, so a wrong file fails before training starts. A build's
   output that is not complete per its manifest, or whose files' sha256 differ from it, is refused
   (data/build_output.py).
 - ``open_parquet``: every read verifies the pages' checksums (data/page_checksums.py).
 - ``select_part``: all row groups, the training ones, or the calibration holdout (the last ones).
 - ``assign_row_groups``: one slot's row groups for an epoch; the slots partition the list, so every
   row is read exactly once per epoch by exactly one slot.
-- ``RowGroupReader.read_requests``: one row group's contract columns -> ``Requests`` (data/storage_layout.py:
-  request-level columns once per request, the others once per candidate) after the contract's
-  per-row-group checks and repairs (ids hashed, surfaces as indices, ...) and ``data.row_filter``.
+- ``RowGroupReader.read_requests``: one row group's contract columns -> ``Requests``
+  (data/loader/storage_layout.py: request-level columns once per request, the others once per
+  candidate) after the contract's per-row-group checks and repairs (data/loader/row_group_checker.py:
+  ids hashed, surfaces as indices, ...) and ``data.row_filter``.
   ``read``: the same as one ``pa.Table`` row per candidate. Never the whole dataset.
 
-Both storage layouts are read (data/storage_layout.py), file by file: per row (one row per candidate) and
-per request (one row per request, its candidate columns lists). A per-request row group's footer
+Both storage layouts are read (data/loader/storage_layout.py), file by file: per row (one row per
+candidate) and per request (one row per request, its candidate columns lists). A per-request row group's footer
 counts requests; its candidates are counted from the footer too (the first label column's values:
 every request holds at least one candidate, so the count is exact).
 """
@@ -35,15 +36,16 @@ import pyarrow.parquet as pq
 
 from pinads_rec.config import DataConfig, FeaturesConfig
 from pinads_rec.data.build_output import require_complete, require_unchanged
-from pinads_rec.data.contract import ContractError, RowGroupChecker, check_schema, contract_columns
-from pinads_rec.data.page_checksums import CheckedParquetFile
-from pinads_rec.data.storage_layout import (
+from pinads_rec.data.loader.contract import ContractError, check_schema, contract_columns
+from pinads_rec.data.loader.row_group_checker import RowGroupChecker
+from pinads_rec.data.loader.storage_layout import (
     Requests,
     is_per_request,
     request_level_columns,
     request_starts,
     stored_request_level,
 )
+from pinads_rec.data.page_checksums import CheckedParquetFile
 
 # Prefix of the copies ``RowGroupReader(keep_as_read=...)`` adds: a column before the contract's repairs.
 AS_READ_PREFIX = "__as_read_"

@@ -8,7 +8,7 @@ the drawn spans are cut, in draw order, into batches of ``batch_size`` rows and 
 own copy of the request-level columns). Memory stays at about ``buffer_rows`` rows plus one row group:
 the spans still waiting are copied out of a partly drawn row group so it is freed (``compact``).
 
-In: lists of spans (one list per row group read, data/storage_layout.py's ``Requests``: request-level
+In: lists of spans (one list per row group read, storage_layout.py's ``Requests``: request-level
 columns once per request). Out: ``BatchRows``: the ``Requests`` of at most ``batch_size`` candidate
 rows (fewer when the request bound closed it early, or for the last one), the row groups they came
 from, and whether it is the last. A request's sequences are never copied per candidate.
@@ -21,8 +21,8 @@ from typing import Dict, Iterable, Iterator, List, NamedTuple, Optional
 
 import numpy as np
 
-from pinads_rec.data.reader import RowGroup, RowGroupReader
-from pinads_rec.data.storage_layout import Requests
+from pinads_rec.data.loader.reader import RowGroup, RowGroupReader
+from pinads_rec.data.loader.storage_layout import Requests
 
 
 @dataclass(frozen=True)

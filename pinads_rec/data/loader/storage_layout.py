@@ -265,36 +265,3 @@ def _put(table: pa.Table, name: str, array) -> pa.Table:
     if idx < 0:
         return table.append_column(name, array)
     return table.set_column(idx, name, array)
-
-
-def rewrite_per_request(src: str, dst: str, features: FeaturesConfig, **parquet_options) -> int:
-    """Rewrites a per-row Parquet file per request, row group by row group (each keeps its
-    requests; they must not span row groups); ``parquet_options`` go to ``pq.ParquetWriter`` (page
-    checksums always written, ``src``'s verified).
-    Returns the requests written."""
-    return _rewrite(src, dst, lambda t: to_per_request(t, features), **parquet_options)
-
-
-def rewrite_per_row(src: str, dst: str, features: FeaturesConfig, **parquet_options) -> int:
-    """Rewrites a per-request Parquet file per row, row group by row group. Returns the rows written."""
-    return _rewrite(src, dst, lambda t: to_per_row(t, features), **parquet_options)
-
-
-def _rewrite(src: str, dst: str, convert, **parquet_options) -> int:
-    import pyarrow.parquet as pq
-
-    from pinads_rec.data import page_checksums  # it imports the contract, which imports this module
-
-    f = page_checksums.CheckedParquetFile(src)
-    written, writer = 0, None
-    try:
-        for i in range(f.metadata.num_row_groups):
-            table = convert(f.read_row_group(i))
-            if writer is None:
-                writer = pq.ParquetWriter(dst, table.schema, **{**parquet_options, **page_checksums.WRITE})
-            writer.write_table(table, row_group_size=max(table.num_rows, 1))
-            written += table.num_rows
-    finally:
-        if writer is not None:
-            writer.close()
-    return written

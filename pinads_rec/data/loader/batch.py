@@ -22,8 +22,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
 from pinads_rec import config
-from pinads_rec.data.contract import checked_columns, contract_columns
-from pinads_rec.data.storage_layout import Requests, request_starts
+from pinads_rec.data.loader.contract import checked_columns, contract_columns
+from pinads_rec.data.loader.storage_layout import Requests, request_starts
 from pinads_rec.features import FeatureLayout
 from pinads_rec.managed_collision import spread_ids
 
@@ -170,7 +170,7 @@ def _unpack_batch(buffer: torch.Tensor, layout: List[tuple], spec: dict) -> Batc
 
 
 class BatchBuilder:
-    """Checked requests (data/reader.py) -> ``Batch``: ``build_requests`` from ``Requests`` (the
+    """Checked requests (data/loader/reader.py) -> ``Batch``: ``build_requests`` from ``Requests`` (the
     request-level columns once per request, as the loader holds them), ``build`` from a per-row table.
 
     ``user_slots``: the stride of ``user_sparse`` with broadcasting (pooled user-side lookups

@@ -36,8 +36,9 @@ from typing import Optional, Union
 from torch.utils.tensorboard import SummaryWriter
 
 from pinads_rec.metrics import oracle_lift
+from pinads_rec.training.hooks import Hook
 from pinads_rec.training.run_log import run_metadata
-from pinads_rec.training.trainer import Hook, Trainer
+from pinads_rec.training.trainer import Trainer
 
 METADATA_TAG = "run_metadata"
 

@@ -1,13 +1,13 @@
 """Streaming Parquet loader: row groups -> shuffled whole requests -> ``Batch``, for one rank.
 
-``ParquetBatches`` composes the three steps: ``RowGroupReader`` (data/reader.py: files, checks, row
-filter), ``ShufflePool`` (data/shuffle.py: whole requests, bounded shuffle buffer) and
-``BatchBuilder`` (data/batch.py: Arrow -> tensors). ``make_loader`` wraps it in a DataLoader. What
+``ParquetBatches`` composes the three steps: ``RowGroupReader`` (reader.py: files, checks, row
+filter), ``ShufflePool`` (shuffle.py: whole requests, bounded shuffle buffer) and
+``BatchBuilder`` (batch.py: Arrow -> tensors). ``make_loader`` wraps it in a DataLoader. What
 they read of the experiment is ``LoaderSettings`` (``LoaderSettings.of(cfg)``): the feature layout,
 the data section, the seed, ``model.broadcast`` and the vocabularies' id dropout -- never the
 whole config.
 
-- Both storage layouts are read (data/storage_layout.py: one row per candidate, or one per request); in
+- Both storage layouts are read (storage_layout.py: one row per candidate, or one per request); in
   memory a request's sequences are held once, from the file to the batch.
 - Row groups are dealt to (rank, worker) slots round-robin after a per-epoch shuffle, so every row
   is read exactly once per epoch by exactly one slot.
@@ -47,9 +47,9 @@ import numpy as np
 import torch
 
 from pinads_rec.config import ConfigError, DataConfig, ExperimentConfig
-from pinads_rec.data.batch import Batch, BatchBuilder
-from pinads_rec.data.contract import ContractError
-from pinads_rec.data.reader import (
+from pinads_rec.data.loader.batch import Batch, BatchBuilder
+from pinads_rec.data.loader.contract import ContractError
+from pinads_rec.data.loader.reader import (
     RowGroup,
     RowGroupReader,
     assign_row_groups,
@@ -57,7 +57,7 @@ from pinads_rec.data.reader import (
     list_row_groups,
     select_part,
 )
-from pinads_rec.data.shuffle import ShufflePool, read_requests
+from pinads_rec.data.loader.shuffle import ShufflePool, read_requests
 from pinads_rec.features import FeatureLayout
 from pinads_rec.library_notices import drop_log_message
 

@@ -1,5 +1,5 @@
-"""Units and cell formats the planner's printouts share: bytes as GB (2^30, as TorchRec counts) and
-lists of ranks as ranges."""
+"""The formats the planner's printouts share: bytes as GB (2^30, as TorchRec counts), numbers
+without trailing zeros, and lists of ranks as ranges."""
 
 from __future__ import annotations
 
