@@ -49,6 +49,14 @@ def rows(tmp_path, name: str, data: bytes, **config):
         con.close()
 
 
+def refusal(tmp_path, name: str = "log.csv", **config) -> str:
+    """The one-line message ``explain`` gives for DuckDB's refusal to scan ``tmp_path/name``."""
+    source = RawSource.of(RawSourceConfig(path=[name], **config), str(tmp_path), "build.impressions")
+    with pytest.raises(duckdb.Error) as info:
+        duckdb.connect().execute(f"SELECT count(*) FROM {source.scan()}").fetchall()
+    return explain(info.value, [source])
+
+
 def mixed(text: str, from_line: int) -> bytes:
     """``text`` with its lines from ``from_line`` (1-based) on ending in CRLF: a chunk appended from another system."""
     lines = text.split("\n")
@@ -84,12 +92,8 @@ def test_a_bad_line_in_a_mixed_file_is_named_in_the_original(tmp_path):
     message the configured file and the line, counted as in the original."""
     lines = CLEAN.split("\n")
     lines[24] += ",extra"  # line 25
-    source, _ = rows(tmp_path, "clean.csv", CLEAN.encode())
     (tmp_path / "log.csv").write_bytes(mixed("\n".join(lines), 10))
-    source = RawSource.of(RawSourceConfig(path=["log.csv"]), str(tmp_path), "build.impressions")
-    with pytest.raises(duckdb.Error) as info:
-        duckdb.connect().execute(f"SELECT count(*) FROM {source.scan()}").fetchall()
-    assert explain(info.value, [source]) == (
+    assert refusal(tmp_path) == (
         f"build.impressions: {tmp_path / 'log.csv'}, row 23 (line 25): 5 field(s) where the header has 4: an extra "
         f"value 'extra' after column 'surface'"
     )
@@ -112,10 +116,7 @@ def test_control_bytes_quoted_from_a_file_are_escaped(tmp_path):
     """A value quoted in a message has its control bytes escaped: a terminal shows them, never acts on them."""
     data = CLEAN.encode().replace(b"\n7,", b"\n7\x1b[2J\xff,", 1)  # a screen-clearing escape, a byte not UTF-8
     (tmp_path / "log.csv").write_bytes(data)
-    source = RawSource.of(RawSourceConfig(path=["log.csv"]), str(tmp_path), "build.impressions")
-    with pytest.raises(duckdb.Error) as info:
-        duckdb.connect().execute(f"SELECT count(*) FROM {source.scan()}").fetchall()
-    message = explain(info.value, [source])
+    message = refusal(tmp_path)
     assert message.isprintable() and "value '7\\x1b[2J\\xff' is not valid utf-8" in message
     assert "row 6 (line 8)" in message
 
@@ -128,16 +129,14 @@ def test_a_first_line_out_of_step_is_named_not_skipped(tmp_path, names):
     lines = CLEAN.split("\n")
     lines[0 if not names else 1] = lines[0 if not names else 1].rsplit(",", 1)[0]  # one field short
     (tmp_path / "log.csv").write_text("\n".join(lines[0 if not names else 1 :]))
-    source = RawSource.of(RawSourceConfig(path=["log.csv"], names=names), str(tmp_path), "build.impressions")
-    with pytest.raises(duckdb.Error) as info:
-        duckdb.connect().execute(f"SELECT count(*) FROM {source.scan()}").fetchall()
+    message = refusal(tmp_path, names=names)
     expected = (
         "row 0 (line 2): 4 field(s) where the header has 3: an extra value 'home' after column 'item'"
         if not names
         else "row 0 (line 1): 3 field(s) where the header has 4: no value for column 'surface' (the line ends after "
         "'item' = '7')"
     )
-    assert explain(info.value, [source]) == f"build.impressions: {tmp_path / 'log.csv'}, {expected}"
+    assert message == f"build.impressions: {tmp_path / 'log.csv'}, {expected}"
 
 
 def test_a_quote_never_closed_is_named_not_read_into_the_value(tmp_path):
@@ -146,10 +145,7 @@ def test_a_quote_never_closed_is_named_not_read_into_the_value(tmp_path):
     read."""
     data = CLEAN.replace("\n9,", '\n9,"', 1)
     (tmp_path / "log.csv").write_text(data)
-    source = RawSource.of(RawSourceConfig(path=["log.csv"]), str(tmp_path), "build.impressions")
-    with pytest.raises(duckdb.Error) as info:
-        duckdb.connect().execute(f"SELECT count(*) FROM {source.scan()}").fetchall()
-    assert explain(info.value, [source]) == (
+    assert refusal(tmp_path) == (
         f"build.impressions: {tmp_path / 'log.csv'}, row 8 (line 10): column 'time': a quote opens its value and does "
         f"not close it as RFC 4180 has it (the line reads '9,\"1494000009,63,home')"
     )
