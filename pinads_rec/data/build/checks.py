@@ -20,7 +20,8 @@ import duckdb
 from pinads_rec.data.build.queries import INTEGERS
 from pinads_rec.data.loader import rules
 from pinads_rec.data.loader.contract import ID, ID_ROLES, ContractError
-from pinads_rec.data.raw_sources import RawSource, column_value, columns_read, first_line, sql_name, sql_string
+from pinads_rec.data.raw_sources import RawSource
+from pinads_rec.data.sql_text import column_value, columns_read, first_line, sql_name, sql_string
 
 # DuckDB's parser, for the config's expressions (written in its dialect whatever the engine).
 _PARSER = duckdb.connect()

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from pinads_rec.data.loader.contract import ContractError
-from pinads_rec.data.raw_sources import RawSource, configured, first_line, sql_name
+from pinads_rec.data.raw_sources import RawSource, configured
+from pinads_rec.data.sql_text import first_line, sql_name
 
 INTEGERS = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"}
 

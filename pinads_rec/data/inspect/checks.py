@@ -25,18 +25,11 @@ from pinads_rec.data.loader.contract import (
     TIME,
     Column,
 )
+from pinads_rec.data.sql_text import sql_name, sql_string
 
 # What the loader does with a problem.
 ERROR = "error"
 UNCHECKED = "read unchecked"
-
-
-def sql_name(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def sql_literal(v) -> str:
-    return "'" + str(v).replace("'", "''") + "'"
 
 
 def is_list(t: pa.DataType) -> bool:
@@ -141,7 +134,7 @@ def column_checks(c: Column, t: pa.DataType, data: DataConfig, features: Feature
         if pa.types.is_integer(t):
             bad = f"{x} < 0 OR {x} >= {n}"
         else:
-            bad = f"{x}::VARCHAR NOT IN ({', '.join(sql_literal(s) for s in features.surfaces)})"
+            bad = f"{x}::VARCHAR NOT IN ({', '.join(sql_string(s) for s in features.surfaces)})"
         out.append(Check("unknown surface", c.name, "rows", ERROR, count_if(bad), f"surfaces {features.surfaces}"))
     elif c.role == TIME:
         out.append(

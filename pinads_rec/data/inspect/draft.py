@@ -16,8 +16,9 @@ import pyarrow as pa
 import yaml
 
 from pinads_rec import config as config_lib
-from pinads_rec.data.inspect.checks import is_list, sql_literal, sql_name
+from pinads_rec.data.inspect.checks import is_list
 from pinads_rec.data.inspect.files import PER_REQUEST, FileInfo, open_files
+from pinads_rec.data.sql_text import sql_name, sql_string
 
 _TIME = re.compile(r"(^|_)(ts|time|times|timestamp|timestamps|time_ms)(_|$)")
 _LABEL = re.compile(r"(^|_)(click|clk|label|conv|conversion|save|like|buy|purchase|follow|is)(_|$)|^y$")
@@ -46,7 +47,7 @@ def _draft_stats(files: List[FileInfo]) -> Tuple[str, Dict[str, pa.DataType], Di
     f0 = files[0]
     schema = f0.schema
     same = [f for f in files if f.schema.equals(schema, check_metadata=False)]
-    paths = ", ".join(sql_literal(f.path) for f in same)
+    paths = ", ".join(sql_string(f.path) for f in same)
     src = f"(SELECT file_index AS __f, file_row_number AS __r, * FROM read_parquet([{paths}], file_row_number = true))"
     con = duckdb.connect()
     try:

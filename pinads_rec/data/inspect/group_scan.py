@@ -21,12 +21,11 @@ from pinads_rec.data.inspect.checks import (
     count_if,
     group_checks,
     is_list,
-    sql_literal,
-    sql_name,
 )
 from pinads_rec.data.inspect.files import PER_REQUEST, PER_ROW, FileInfo, Place
 from pinads_rec.data.loader import storage_layout
 from pinads_rec.data.loader.contract import FLOAT, ID, LABEL, PROB, REQUEST, SEQ_BAG, SEQ_ID, TIME, Column
+from pinads_rec.data.sql_text import sql_name, sql_string
 
 
 @dataclass
@@ -109,7 +108,7 @@ class GroupScanner:
             self.candidate_names = [n for n in names if n not in request_cols]
         self.cand: Optional[str] = None
         self.ref: Optional[str] = None
-        paths = ", ".join(sql_literal(f.path) for f in files)
+        paths = ", ".join(sql_string(f.path) for f in files)
         offsets, acc = [], 0
         for f in files:
             offsets.append(acc)
@@ -377,7 +376,7 @@ class GroupScanner:
             return
         s = sql_name(surface)
         if pa.types.is_integer(self.view_types[surface]):
-            names = ", ".join(sql_literal(x) for x in features.surfaces)
+            names = ", ".join(sql_string(x) for x in features.surfaces)
             s = f"coalesce([{names}][{s} + 1], {s}::VARCHAR)"
         label_sql = [sql_name(t.label_column) for t in labels]
         sums = ", ".join(f"sum({x}::DOUBLE) FILTER (WHERE {x} = 0 OR {x} = 1)" for x in label_sql)

@@ -29,11 +29,12 @@ import duckdb
 import pyarrow as pa
 
 from pinads_rec.config import DataConfig, FeaturesConfig
-from pinads_rec.data.inspect.checks import ERROR, is_list, sql_literal
+from pinads_rec.data.inspect.checks import ERROR, is_list
 from pinads_rec.data.inspect.files import PER_ROW, FileInfo, Place, open_files
 from pinads_rec.data.inspect.group_scan import GroupScanner, Problem, Scan
 from pinads_rec.data.loader import storage_layout
 from pinads_rec.data.loader.contract import Column, ContractError, check_schema, contract_columns
+from pinads_rec.data.sql_text import sql_string
 
 
 def _quantiles(hist: Dict[int, int], qs=(0.5, 0.9, 0.99)) -> Dict[str, float]:
@@ -180,10 +181,10 @@ def scan_dataset(
     tmp = tempfile.mkdtemp(prefix="pinads_inspect_")
     con = duckdb.connect()
     try:
-        con.execute(f"SET temp_directory = {sql_literal(tmp)}")
+        con.execute(f"SET temp_directory = {sql_string(tmp)}")
         con.execute("SET enable_progress_bar = false")
         if memory_limit:
-            con.execute(f"SET memory_limit = {sql_literal(memory_limit)}")
+            con.execute(f"SET memory_limit = {sql_string(memory_limit)}")
         for (kind, _), members in groups.items():
             _, usable, types = members[0]
             GroupScanner(con, [m[0] for m in members], kind, usable, types, features, data_cfg, scan).run()
