@@ -47,13 +47,7 @@ SESSION_NAMES = {
 def check_times(build, table: str, column: str, source: RawSource, expr: str, where: str) -> None:
     """Each time (``column`` of ``table``, SQL ``expr`` over the raw file) present and in 1990..2100;
     an error names the first bad row's file, line, column and value."""
-    bad = build.one(f"SELECT __file, count(*) FROM {table} WHERE {column} IS NULL GROUP BY __file LIMIT 1")
-    if bad:
-        total = build.scalar(f"SELECT count(*) FROM {table} WHERE {column} IS NULL")
-        raise ContractError(
-            f"{where}: {total} timestamp(s) missing or unparsable, first at "
-            f"{source.place(bad[0], f'({expr}) IS NULL', reads=expr)}"
-        )
+    _refuse_nulls(build, table, column, source, expr, where, "timestamp(s) missing or unparsable")
     stamp = rules.TIMESTAMP
     bad = build.one(
         f"SELECT __file, count(*), min({column}), max({column}) FROM {table} "
@@ -70,12 +64,17 @@ def check_times(build, table: str, column: str, source: RawSource, expr: str, wh
 
 
 def check_not_null(build, table: str, column: str, source: RawSource, expr: str, where: str, what: str) -> None:
-    bad = build.one(f"SELECT __file, count(*) FROM {table} WHERE {column} IS NULL GROUP BY __file")
+    _refuse_nulls(build, table, column, source, expr, where, f"impression(s) with no {what}")
+
+
+def _refuse_nulls(build, table: str, column: str, source: RawSource, expr: str, where: str, counted: str) -> None:
+    """A null ``column`` of ``table`` (SQL ``expr`` over the raw file) refused: how many (``counted``
+    names them) and the first one's file, line, column and value."""
+    bad = build.one(f"SELECT __file, count(*) FROM {table} WHERE {column} IS NULL GROUP BY __file LIMIT 1")
     if bad:
         total = build.scalar(f"SELECT count(*) FROM {table} WHERE {column} IS NULL")
         raise ContractError(
-            f"{where}: {total} impression(s) with no {what}, first at "
-            f"{source.place(bad[0], f'({expr}) IS NULL', reads=expr)}"
+            f"{where}: {total} {counted}, first at {source.place(bad[0], f'({expr}) IS NULL', reads=expr)}"
         )
 
 
