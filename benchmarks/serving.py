@@ -377,7 +377,7 @@ class Service:
             self.started = True
         else:
             serve.delete(online.APP_NAME)
-        serve.run(online.application(spec, settings), name=online.APP_NAME, route_prefix="/")
+        online.deploy(spec, settings)
         return time.perf_counter() - t0
 
     def close(self) -> None:

@@ -371,6 +371,15 @@ def wait_until_routed(host: str, port: int, timeout_s: float = ROUTE_TIMEOUT_S) 
             time.sleep(0.1)
 
 
+def deploy(spec: ServiceSpec, settings: config.ServeConfig) -> None:
+    """The application deployed on the running Serve instance, returning once its HTTP proxy routes
+    it (``wait_until_routed``): what ``start`` and the serving benchmark both do."""
+    from ray import serve
+
+    serve.run(application(spec, settings), name=APP_NAME, route_prefix="/")
+    wait_until_routed(settings.host, settings.port)
+
+
 def start(spec: ServiceSpec, address: Optional[str] = None, blocking: bool = True, ray_tmp: Optional[str] = None):
     """Starts Ray (or joins the cluster at ``address``), the HTTP proxy on ``serve.host:port``, and
     the application; with ``blocking``, serves until interrupted, then shuts Ray down."""
@@ -387,9 +396,13 @@ def start(spec: ServiceSpec, address: Optional[str] = None, blocking: bool = Tru
             object_store_memory=200_000_000,  # the requests are small; Ray's default takes 30% of RAM
             _temp_dir=ray_tmp,
         )
-    serve.start(http_options={"host": settings.host, "port": settings.port})
-    serve.run(application(spec, settings), name=APP_NAME, route_prefix="/")
-    wait_until_routed(settings.host, settings.port)
+    try:
+        serve.start(http_options={"host": settings.host, "port": settings.port})
+        deploy(spec, settings)
+    except BaseException:
+        serve.shutdown()
+        ray.shutdown()
+        raise
     log.info("serving %s on http://%s:%d/", spec.model, settings.host, settings.port)
     if not blocking:
         return settings
