@@ -12,7 +12,8 @@ The processes are forked from a forkserver that has imported torch, TorchRec and
 (started on the first launch, with ``PYTHONHASHSEED=0``): a rank starts in milliseconds instead of
 the seconds a fresh interpreter takes to import them, and each rank is still a clean fork of a
 process that never ran a collective or a thread pool. The caller's environment at launch time is the
-rank's, as under spawn.
+rank's, as under spawn, but for what is read while importing (torch's, the project's): that is the
+first launch's. A caller that sets its own ``PYTHONHASHSEED`` gets spawned ranks under that seed.
 
 ``train_py`` and ``torchx_train`` launch ``pinads_rec/train.py`` itself, under torchrun or TorchX: the
 one launcher of each kind the experiments, benchmarks and tests share.
@@ -73,12 +74,15 @@ def quiet_library_logs() -> None:
 def _rank_context():
     """The multiprocessing context the ranks start from: this process's forkserver, preloaded and
     started with ``PYTHONHASHSEED=0`` (so that the planner's ties break alike from run to run), or
-    spawn where a forkserver was already started by someone else (its hash seed unknown)."""
+    spawn where the caller asks for another hash seed, or a forkserver was already started by
+    someone else (its hash seed unknown)."""
     import multiprocessing.forkserver as forkserver
 
     import torch.multiprocessing as mp
 
     global _forkserver_is_ours
+    if os.environ.get("PYTHONHASHSEED", "0") != "0":
+        return mp.get_context("spawn")
     if not _forkserver_is_ours:
         if forkserver._forkserver._forkserver_pid is not None:
             return mp.get_context("spawn")
