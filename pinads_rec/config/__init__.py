@@ -35,7 +35,15 @@ from pinads_rec.config.feature_declarations import (
     TableConfig,
     TaskConfig,
 )
-from pinads_rec.config.loading import add_overrides_flag, from_dict, load, read_yaml, split_overrides, to_dict
+from pinads_rec.config.loading import (
+    add_overrides_flag,
+    from_dict,
+    load,
+    read_yaml,
+    saved_as_today,
+    split_overrides,
+    to_dict,
+)
 from pinads_rec.config.schema import (
     REQUIRED,
     SELECTION_METRICS,
@@ -125,6 +133,7 @@ __all__ = [
     "read_yaml",
     "require",
     "split_overrides",
+    "saved_as_today",
     "to_dict",
     "unique",
     "validate",

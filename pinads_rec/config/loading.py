@@ -222,6 +222,15 @@ def to_dict(cfg: ExperimentConfig) -> Dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
+def saved_as_today(saved: Dict[str, Any]) -> Dict[str, Any]:
+    """A config a run or checkpoint saved, as today's code holds it: a key added since takes its
+    default (not a difference); a key since removed or renamed leaves the dict as saved."""
+    try:
+        return to_dict(from_dict(saved))
+    except ConfigError:
+        return saved
+
+
 # --------------------------------------------------------------------------------------------
 # Overrides on a command line.
 # --------------------------------------------------------------------------------------------

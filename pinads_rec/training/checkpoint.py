@@ -144,11 +144,7 @@ def config_differences(saved: dict, current: dict, prefix: str = "") -> list:
 
 def _saved_config(path: Path) -> dict:
     """Checkpoint ``path``'s config as a dict."""
-    saved = json.loads((Path(path) / STATE_FILE).read_text())["config"]
-    try:  # a checkpoint older than a config key holds that key's default: filled in, not a difference
-        return config.to_dict(config.from_dict(saved))
-    except config.ConfigError:  # a key since removed or renamed: compared as saved
-        return saved
+    return config.saved_as_today(json.loads((Path(path) / STATE_FILE).read_text())["config"])
 
 
 def check_compatible(path: Path, cfg: config.ExperimentConfig) -> None:

@@ -42,22 +42,24 @@ def keyed_run_dir(runs: Path, *key: object) -> Path:
 
 def comparable_config(cfg: config.ExperimentConfig) -> dict:
     """``cfg`` as runs are matched: its JSON form (as ``config.json`` holds it) less ``NOT_COMPARED``."""
-    return _comparable(json.loads(json.dumps(config.to_dict(cfg))))
+    return _comparable(config.to_dict(cfg))
 
 
 def _comparable(c: dict) -> dict:
+    c = json.loads(json.dumps(c))  # as config.json holds it (tuples as lists)
     return dict(c, train={k: v for k, v in c["train"].items() if k not in NOT_COMPARED})
 
 
 def same_config(run_dir: Path, wanted: dict) -> bool:
     """Whether ``run_dir`` recorded the config ``wanted`` (a ``comparable_config``)."""
     saved = Path(run_dir) / CONFIG_FILE
-    return saved.exists() and _comparable(json.loads(saved.read_text())) == wanted
+    # A run from before a config key was added recorded no value for it: it ran the default.
+    return saved.exists() and _comparable(config.saved_as_today(json.loads(saved.read_text()))) == wanted
 
 
 def newest_finished_run(runs: Path, wanted: dict) -> Optional[Path]:
     """The newest finished run directly under ``runs`` of the config ``wanted`` (a
     ``comparable_config``), whatever code trained it; None when there is none."""
-    found = [d.parent for d in Path(runs).glob(f"*/{CONFIG_FILE}") if finished_run(d.parent) is not None]
-    found = [d for d in found if same_config(d, wanted)]
+    found = [d.parent for d in Path(runs).glob(f"*/{CONFIG_FILE}") if same_config(d.parent, wanted)]
+    found = [d for d in found if finished_run(d) is not None]  # the log parsed only where the config matches
     return max(found, key=lambda d: (d / METRICS_FILE).stat().st_mtime) if found else None
