@@ -61,15 +61,14 @@ def import_graph() -> Dict[str, Set[str]]:
                 if node.level:
                     parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                     base = f"{parent}.{base}" if base else parent
-                candidates = [f"{base}.{a.name}" for a in node.names] + [base]
+                candidates = [f"{base}.{a.name}" for a in node.names]  # a name, or else its module
             else:
                 continue
             for c in candidates:
                 while c and c not in modules:
                     c = c.rpartition(".")[0]
                 if c and c != name:
-                    targets.add(c)
-                    break  # the most specific module a name resolves to
+                    targets.add(c)  # the most specific module the name resolves to
         graph[name] = targets
     return graph
 
