@@ -6,6 +6,7 @@ names to the same rule (docs/reliability.md, "One rule for every command line").
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from typing import Sequence
 
@@ -39,7 +40,7 @@ def positive_seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:  # also refuses nan
+    if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"{text} is not a duration: give seconds above 0")
     return value
 

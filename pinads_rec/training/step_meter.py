@@ -62,8 +62,4 @@ class StepMeter:
 
     def totals(self) -> dict:
         """{"train_examples_per_s", "train_seconds" (since the meter was made)}."""
-        now = time.perf_counter()
-        return {
-            "train_examples_per_s": self.examples / (now - self.started) if self.examples else 0.0,
-            "train_seconds": now - self.begun,
-        }
+        return {"train_examples_per_s": self.examples_per_s(), "train_seconds": time.perf_counter() - self.begun}
