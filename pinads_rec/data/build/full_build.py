@@ -209,7 +209,7 @@ class Build(Queries):
                 for batch in self.engine.batches(chunk, self.b.requests_per_row_group):
                     writer.add(batch)
             except self.engine.errors as e:
-                raise ContractError(f"build: writing split {split!r}: {str(e).strip().splitlines()[0]}") from None
+                raise ContractError(f"build: writing split {split!r}: {first_line(e)}") from None
         written = writer.close()
         written["files"] = [Path(f).relative_to(root).as_posix() for f in written["files"]]
         build_output.kill_point(f"split:{split}")

@@ -51,7 +51,7 @@ from pinads_rec.data.build.vocabularies import apply_vocabulary
 from pinads_rec.data.build.writer import request_rows_schema
 from pinads_rec.data.loader.contract import ContractError
 from pinads_rec.data.raw_sources import RawSource
-from pinads_rec.data.sql_text import identifier, sql_name, sql_string
+from pinads_rec.data.sql_text import first_line, identifier, sql_name, sql_string
 
 REQUEST = "__live_request"  # the impression rows' column numbering the batch's requests 0..n-1
 CANDIDATE = "__live_candidate"  # and their candidates 0..c-1: the build orders them so, as the request did
@@ -478,7 +478,7 @@ class LiveBuild(Build):
         try:
             batches = list(self.engine.batches(query, 1 << 20))
         except self.engine.errors as e:
-            raise ContractError(f"building the requests: {str(e).strip().splitlines()[0]}") from None
+            raise ContractError(f"building the requests: {first_line(e)}") from None
         schema = request_rows_schema(batches[0].schema, self.features)
         return pa.Table.from_batches(batches).cast(schema)
 

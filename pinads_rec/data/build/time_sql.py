@@ -10,7 +10,7 @@ from typing import Optional
 from pinads_rec.data.build.checks import bare_name_hint, missing_column_error
 from pinads_rec.data.loader.contract import ContractError
 from pinads_rec.data.raw_sources import RawSource
-from pinads_rec.data.sql_text import sql_string
+from pinads_rec.data.sql_text import first_line, sql_string
 
 
 def seconds(build, expr: str, relation: str, where: str, source: Optional[RawSource] = None) -> str:
@@ -24,7 +24,7 @@ def seconds(build, expr: str, relation: str, where: str, source: Optional[RawSou
         if missing and source is not None:
             raise missing_column_error(build, where, expr, missing, relation, source) from None
         hint = bare_name_hint(build, expr, relation)
-        raise ContractError(f"{where}: {expr!r}: {str(e).strip().splitlines()[0]}{hint}") from None
+        raise ContractError(f"{where}: {expr!r}: {first_line(e)}{hint}") from None
     kind = kind[0] if kind else "DOUBLE"
     tz = sql_string(build.b.timezone)
     if kind == "TIMESTAMP WITH TIME ZONE":

@@ -24,16 +24,13 @@ from pinads_rec.data.loader.contract import (
     SURFACE,
     TIME,
     Column,
+    is_list_type,
 )
 from pinads_rec.data.sql_text import sql_name, sql_string
 
 # What the loader does with a problem.
 ERROR = "error"
 UNCHECKED = "read unchecked"
-
-
-def is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
 @dataclass
@@ -59,7 +56,7 @@ def count_in(list_sql: str, cond: str, cheap_test: Optional[str] = None) -> str:
 
 def _nested_depth(t: pa.DataType) -> int:
     d = 0
-    while is_list(t):
+    while is_list_type(t):
         t, d = t.value_type, d + 1
     return d
 

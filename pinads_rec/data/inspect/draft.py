@@ -16,8 +16,8 @@ import pyarrow as pa
 import yaml
 
 from pinads_rec import config as config_lib
-from pinads_rec.data.inspect.checks import is_list
 from pinads_rec.data.inspect.files import PER_REQUEST, FileInfo, open_files
+from pinads_rec.data.loader.contract import is_list_type
 from pinads_rec.data.sql_text import sql_name, sql_string
 
 _TIME = re.compile(r"(^|_)(ts|time|times|timestamp|timestamps|time_ms)(_|$)")
@@ -51,7 +51,7 @@ def _draft_stats(files: List[FileInfo]) -> Tuple[str, Dict[str, pa.DataType], Di
     src = f"(SELECT file_index AS __f, file_row_number AS __r, * FROM read_parquet([{paths}], file_row_number = true))"
     con = duckdb.connect()
     try:
-        lists = [fld.name for fld in schema if is_list(fld.type)]
+        lists = [fld.name for fld in schema if is_list_type(fld.type)]
         sig = {}
         if lists:
             # A row's length signature: equal signatures mean equal lengths on every row (a string hash:
@@ -97,7 +97,7 @@ def _draft_stats(files: List[FileInfo]) -> Tuple[str, Dict[str, pa.DataType], Di
                     ).fetchall()
                 ]
                 st.update(values=vals)
-            elif is_list(t):
+            elif is_list_type(t):
                 inner = t.value_type
                 row = con.execute(f"SELECT min(len({x})), max(len({x})) FROM {v}").fetchone()
                 st.update(min_len=row[0], max_len=row[1])
@@ -106,7 +106,7 @@ def _draft_stats(files: List[FileInfo]) -> Tuple[str, Dict[str, pa.DataType], Di
                         f"SELECT min(u), max(u), count(DISTINCT u) FROM (SELECT unnest({x}) AS u FROM {v})"
                     ).fetchone()
                     st.update(min=row[0], max=row[1], distinct=row[2])
-                elif is_list(inner):
+                elif is_list_type(inner):
                     row = con.execute(
                         f"SELECT min(len(u)), max(len(u)) FROM (SELECT unnest({x}) AS u FROM {v})"
                     ).fetchone()
@@ -220,9 +220,9 @@ def draft_config(data: str) -> str:
         n
         for n in names
         if n in request_cols
-        and is_list(types[n])
+        and is_list_type(types[n])
         and stats[n].get("signature") is not None
-        and (pa.types.is_integer(types[n].value_type) or is_list(types[n].value_type))
+        and (pa.types.is_integer(types[n].value_type) or is_list_type(types[n].value_type))
     ]
     ts_lists = [n for n in seq_lists if pa.types.is_integer(types[n].value_type) and _TIME.search(n.lower())]
     groups: List[dict] = []
@@ -240,7 +240,7 @@ def draft_config(data: str) -> str:
         id_cols = [c for c in cols if pa.types.is_integer(types[c].value_type)]
         if not id_cols:
             continue
-        emb = [c for c in cols if is_list(types[c].value_type)]
+        emb = [c for c in cols if is_list_type(types[c].value_type)]
         base = re.sub(r"(^|_)(ts|time|times|timestamp|timestamps|time_ms)$", "", ts) or ts
         gname = re.sub(r"^seq_", "", base) or base
         feats = []
@@ -327,7 +327,7 @@ def draft_config(data: str) -> str:
         if stats[n].get("binary"):
             comments.append(f"{n}: only 0/1 values: a label? (kept as an id feature)")
     for n in names:  # multi-hot ids: list<int> columns in no sequence group
-        if n in used or not (is_list(types[n]) and pa.types.is_integer(types[n].value_type)):
+        if n in used or not (is_list_type(types[n]) and pa.types.is_integer(types[n].value_type)):
             continue
         id_feature(n)
         comments.append(f"{n}: a list of ids in no sequence group: a multi-hot feature (sum pooling)")
@@ -341,7 +341,7 @@ def draft_config(data: str) -> str:
                 dense[-1]["norm"] = "log"
                 comments.append(f"{n}: values in [{st['min']:.4g}, {st['max']:.4g}]: log-normalized")
             used.add(n)
-        elif is_list(t) and pa.types.is_floating(t.value_type):
+        elif is_list_type(t) and pa.types.is_floating(t.value_type):
             if st.get("min_len") == st.get("max_len") and st.get("max_len"):
                 dense.append({"name": n, "column": n, "dim": int(st["max_len"]), "norm": "layer_norm"})
                 used.add(n)

@@ -20,11 +20,10 @@ from pinads_rec.data.inspect.checks import (
     column_checks,
     count_if,
     group_checks,
-    is_list,
 )
 from pinads_rec.data.inspect.files import PER_REQUEST, PER_ROW, FileInfo, Place
 from pinads_rec.data.loader import storage_layout
-from pinads_rec.data.loader.contract import FLOAT, ID, LABEL, PROB, REQUEST, SEQ_BAG, SEQ_ID, TIME, Column
+from pinads_rec.data.loader.contract import FLOAT, ID, LABEL, PROB, REQUEST, SEQ_BAG, SEQ_ID, TIME, Column, is_list_type
 from pinads_rec.data.sql_text import sql_name, sql_string
 
 
@@ -324,7 +323,7 @@ class GroupScanner:
                 keys.append((n, "nulls"))
                 role = c.role if c else ID  # the item column, when it is no feature
                 if role in (ID, SEQ_ID, SEQ_BAG, REQUEST):
-                    if is_list(t):
+                    if is_list_type(t):
                         sel += [f"min(list_min({x}))", f"max(list_max({x}))"]
                         keys += [(n, "min"), (n, "max")]
                         lists.append(n)

@@ -29,11 +29,11 @@ import duckdb
 import pyarrow as pa
 
 from pinads_rec.config import DataConfig, FeaturesConfig
-from pinads_rec.data.inspect.checks import ERROR, is_list
+from pinads_rec.data.inspect.checks import ERROR
 from pinads_rec.data.inspect.files import PER_ROW, FileInfo, Place, open_files
 from pinads_rec.data.inspect.group_scan import GroupScanner, Problem, Scan
 from pinads_rec.data.loader import storage_layout
-from pinads_rec.data.loader.contract import Column, ContractError, check_schema, contract_columns
+from pinads_rec.data.loader.contract import Column, ContractError, check_schema, contract_columns, is_list_type
 from pinads_rec.data.sql_text import sql_string
 
 
@@ -128,7 +128,7 @@ def _view_schema(f: FileInfo, features: FeaturesConfig) -> Tuple[pa.Schema, List
     for fld in f.schema:
         if fld.name in request_cols:
             fields.append(fld)
-        elif is_list(fld.type):
+        elif is_list_type(fld.type):
             fields.append(pa.field(fld.name, fld.type.value_type))
         else:
             not_lists.append(fld.name)

@@ -421,7 +421,3 @@ def _put(table: pa.Table, name: str, array: pa.Array) -> pa.Table:
 def _offsets(col: pa.Array) -> pa.Array:
     lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
     return pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-
-
-def summarize_repairs(repairs: Counter) -> List[Tuple[str, int]]:
-    return sorted(repairs.items())
