@@ -132,13 +132,9 @@ def import_circles(graph: Dict[str, Set[str]]) -> List[List[str]]:
     return sorted(circles)
 
 
-# Circles that other changes are removing at the time of writing; empty it as they land.
-KNOWN_CIRCLES: List[List[str]] = []
-
-
 def test_no_import_circle_in_the_package():
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
-    circles = [c for c in import_circles(import_graph(PACKAGE, REPO)) if c not in KNOWN_CIRCLES]
+    circles = import_circles(import_graph(PACKAGE, REPO))
     assert circles == [], "modules that import each other, directly or around a circle: " + "; ".join(
         " <-> ".join(c) for c in circles
     )
