@@ -415,34 +415,5 @@ def test_managed_collision_times_the_hashed_and_the_managed_table_side_by_side(t
     assert "x step time" in out and "x examples/s" in out and "id map: 0.01 MiB" in out
 
 
-def test_serving_drives_the_service_open_loop_beside_the_model_alone(served_run, tmp_path):
-    run, raw, _ = served_run
-    csv_path, png = tmp_path / "points.csv", tmp_path / "latency.png"
-    flags = f"--run {run} --raw {raw} --split calibration --smoke --out-csv {csv_path} --chart {png}"
-    out = _run("serving.py", flags + " --variants batched/auto/2 unbatched/fp32/1")
-    with open(csv_path) as f:
-        points = list(csv.DictReader(f))
-    variants = ["batched/auto/2", "unbatched/fp32/1"]
-    assert [p["variant"] for p in points if p["offered_rps"] == "4.0"] == variants  # every variant swept
-    for p in points:  # every point: real scored responses, latencies ordered, the CPU measured
-        assert int(p["ok"]) > 0 and int(p["n_503"]) == 0 and int(p["n_errors"]) == 0, p
-        assert 0 < float(p["p50_ms"]) <= float(p["p95_ms"]) <= float(p["p99_ms"]) and float(p["ok_rps"]) > 0
-        assert float(p["rows_per_s"]) > float(p["ok_rps"]) and float(p["server_cores"]) > 0
-        assert (
-            p["served_precision"] == "fp32" if p["precision"] == "fp32" else p["served_precision"] in ("bf16", "fp32")
-        )
-    table = out.split("-" * 40)[-1]  # the final points table, after the progress lines
-    for v in variants:
-        assert any(line.startswith(v + " ") for line in table.splitlines()), v
-    alone = [line.split() for line in out.splitlines() if line.startswith(("fp32 ", "auto -> "))]
-    assert {a[0] for a in alone} == {"fp32", "auto"} and all(_numbers(" ".join(a))[-1] > 0 for a in alone)
-    for line in (
-        "max requests/s with p99 <= 500 ms: batched/auto/2 ",
-        "max requests/s with p99 <= 25 ms: ",
-        "batched/auto/2 / unbatched/fp32/1 at p99 <= 500 ms: ",
-        "(acceptance: >= 5x) -> ",
-        "best variant at p99 <= 25 ms: ",
-        "load generator CPU: ",
-    ):
-        assert line in out, line
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+# benchmarks/serving.py's smoke run is scripts/gpu_check.sh's serving step, whose dry run starts one
+# Ray cluster for both (tests/test_gpu_check.py, test_the_serving_benchmark_drives_the_service).

@@ -5,6 +5,7 @@ data, a train.py run through torch.distributed.run, serve score, the online serv
 planner. The figures are
 meaningless here; docs/performance.md says how the GPU ones are made."""
 
+import csv
 import json
 import os
 import subprocess
@@ -60,6 +61,39 @@ def test_the_report_holds_each_section(report):
     text = (report / "report.md").read_text()
     for heading in ("## arch_torch_only_demo", "## arch_torchrec_demo", "## train.py, one process", "## plan_demo"):
         assert heading in text, heading
-    assert "## the online service" in text and "max requests/s with p99 <= 500 ms: batched/fp32/1" in text
+    assert "## the online service" in text and "max requests/s with p99 <= 500 ms: batched/auto/2" in text
     assert "| fp32 | 4 |" in text  # the train run: its steps, examples/s and AUCs
     assert "- auto: scored " in text
+
+
+def test_the_serving_benchmark_drives_the_service_beside_the_model_alone(report):
+    """benchmarks/serving.py --smoke (the serving step): both variants swept open loop over loopback,
+    every point real scored responses, the model alone timed at each precision, the chart drawn."""
+    with open(report / "serve_online.csv") as f:
+        points = list(csv.DictReader(f))
+    variants = ["batched/auto/2", "unbatched/fp32/1"]
+    assert [p["variant"] for p in points if p["offered_rps"] == "4.0"] == variants  # every variant swept
+    for p in points:  # every point: real scored responses, latencies ordered, the CPU measured
+        assert int(p["ok"]) > 0 and int(p["n_503"]) == 0 and int(p["n_errors"]) == 0, p
+        assert 0 < float(p["p50_ms"]) <= float(p["p95_ms"]) <= float(p["p99_ms"]) and float(p["ok_rps"]) > 0
+        assert float(p["rows_per_s"]) > float(p["ok_rps"]) and float(p["server_cores"]) > 0
+        assert (
+            p["served_precision"] == "fp32" if p["precision"] == "fp32" else p["served_precision"] in ("bf16", "fp32")
+        )
+    out = (report / "serve_online.log").read_text()  # its stdout and stderr
+    table = out.split("-" * 40)[-1]  # the final points table, after the progress lines
+    for v in variants:
+        assert any(line.startswith(v + " ") for line in table.splitlines()), v
+    alone = [line.split() for line in out.splitlines() if line.startswith(("fp32 ", "auto -> "))]
+    assert {a[0] for a in alone} == {"fp32", "auto"} and all(float(a[-2].replace(",", "")) > 0 for a in alone)  # rows/s
+    for line in (
+        "max requests/s with p99 <= 500 ms: batched/auto/2 ",
+        "max requests/s with p99 <= 25 ms: ",
+        "batched/auto/2 / unbatched/fp32/1 at p99 <= 500 ms: ",
+        "(acceptance: >= 5x) -> ",
+        "best variant at p99 <= 25 ms: ",
+        "load generator CPU: ",
+    ):
+        assert line in out, line
+    chart = report / "serve_online.png"
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 10_000

@@ -56,7 +56,7 @@ def managed(demo, tmp_path_factory):
 @pytest.fixture(scope="module")
 def taobao(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("online_taobao")
-    write_taobao(tmp / "raw")
+    write_taobao(tmp / "raw", users=300)  # every eval request is scored both ways
     out = tmp / "out"
     data = [f"data.train_dir={out / 'train'}", f"data.calibration_dir={out / 'calibration'}"]
     data += [f"data.eval_dir={out / 'eval'}", "data.num_workers=0", "data.batch_size=128"]
