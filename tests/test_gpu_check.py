@@ -61,7 +61,7 @@ def test_the_report_holds_each_section(report):
     text = (report / "report.md").read_text()
     for heading in ("## arch_torch_only_demo", "## arch_torchrec_demo", "## train.py, one process", "## plan_demo"):
         assert heading in text, heading
-    assert "## the online service" in text and "max requests/s with p99 <= 500 ms: batched/auto/2" in text
+    assert "## the online service" in text and "max requests/s with p99 <= 500 ms: batched/auto/1" in text
     assert "| fp32 | 4 |" in text  # the train run: its steps, examples/s and AUCs
     assert "- auto: scored " in text
 
@@ -71,7 +71,7 @@ def test_the_serving_benchmark_drives_the_service_beside_the_model_alone(report)
     every point real scored responses, the model alone timed at each precision, the chart drawn."""
     with open(report / "serve_online.csv") as f:
         points = list(csv.DictReader(f))
-    variants = ["batched/auto/2", "unbatched/fp32/1"]
+    variants = ["batched/auto/1", "unbatched/fp32/1"]
     assert [p["variant"] for p in points if p["offered_rps"] == "4.0"] == variants  # every variant swept
     for p in points:  # every point: real scored responses, latencies ordered, the CPU measured
         assert int(p["ok"]) > 0 and int(p["n_503"]) == 0 and int(p["n_errors"]) == 0, p
@@ -87,9 +87,9 @@ def test_the_serving_benchmark_drives_the_service_beside_the_model_alone(report)
     alone = [line.split() for line in out.splitlines() if line.startswith(("fp32 ", "auto -> "))]
     assert {a[0] for a in alone} == {"fp32", "auto"} and all(float(a[-2].replace(",", "")) > 0 for a in alone)  # rows/s
     for line in (
-        "max requests/s with p99 <= 500 ms: batched/auto/2 ",
+        "max requests/s with p99 <= 500 ms: batched/auto/1 ",
         "max requests/s with p99 <= 25 ms: ",
-        "batched/auto/2 / unbatched/fp32/1 at p99 <= 500 ms: ",
+        "batched/auto/1 / unbatched/fp32/1 at p99 <= 500 ms: ",
         "(acceptance: >= 5x) -> ",
         "best variant at p99 <= 25 ms: ",
         "load generator CPU: ",
