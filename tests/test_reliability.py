@@ -371,5 +371,4 @@ def test_bad_row_group_on_one_rank_stops_every_rank_with_a_clear_error(tiny_data
         proc.kill()
         pytest.fail(f"a rank was left waiting for the collective timeout:\n{proc.communicate()[0][-3000:]}")
     assert proc.returncode != 0
-    assert "did not complete within" not in out, "a rank was left waiting for the collective timeout"
     assert "data error:" in out and str(bad_file) in out and "'advertiser_id'" in out and "negative id" in out
