@@ -34,7 +34,7 @@ SUMMARY=$DIR/steps.tsv
 : >"$SUMMARY"
 
 # The dry run makes each kind of step once (the other runs and precisions are the same commands
-# with another --set), so that it takes about a minute.
+# with another --set), so that it takes about a minute and a half (most of it the serving step).
 if [ $DRY = 1 ]; then
   DEVICE=cpu ROWS=48 REPEATS=1 WARMUP=0 STEPS=4 REQUESTS=300 CONFIGS="configs/demo.yaml"
   # Its serving step is also benchmarks/serving.py's smoke test (tests/test_gpu_check.py): a batched
