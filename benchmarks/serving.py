@@ -366,7 +366,7 @@ class Service:
         )
         settings = spec.serve_config(self.cfg)
         if not self.started:
-            self.tmp = tempfile.mkdtemp(prefix="rsb_", dir="/tmp")  # short: Ray's socket paths have a length limit
+            self.tmp = tempfile.mkdtemp(prefix="rsb_", dir=os.environ.get("RAY_TMPDIR"))  # where Ray's own root goes
             ray.init(
                 include_dashboard=False,
                 object_store_memory=200_000_000,

@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import tempfile
 
 import pytest
 
@@ -20,13 +21,35 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # a few dozen small jobs each and exit: C1 alone, one compiler thread and the serial collector
 # spend 40% less CPU on them (a Taobao-fixture build, cold then warm: 110 -> 65 CPU s) than the
 # server JIT and GC tuned for long jobs. Results are unchanged; read when pyspark launches its JVM.
+# Java ignores TMPDIR: its temporary root (Spark's local dirs, blockmgr-*, spark-*) is named here, and
+# no hsperfdata file goes to /tmp (UsePerfData off: only jps and jstat read it).
 os.environ.setdefault(
     "PYSPARK_SUBMIT_ARGS",
-    "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSerialGC' pyspark-shell",
+    f"--driver-java-options '-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSerialGC -XX:-UsePerfData "
+    f"-Djava.io.tmpdir={tempfile.gettempdir()}' pyspark-shell",
 )
 
-from pinads_rec import config
-from pinads_rec.data.synth import generate
+# Ray's temporary root of this test session's own (or the caller's RAY_TMPDIR, as .ci/run gives):
+# every Ray a test starts keeps its sessions, sockets and logs under it, and what one run leaves
+# there no later run can lean on. Short (Ray's unix socket paths under it are length-bound); removed
+# when the session ends (pytest_unconfigure).
+_OWN_RAY_ROOT = None
+if "RAY_TMPDIR" not in os.environ:
+    _OWN_RAY_ROOT = os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="pinads_ray_")
+
+
+def pytest_unconfigure():
+    if _OWN_RAY_ROOT:
+        shutil.rmtree(_OWN_RAY_ROOT, ignore_errors=True)
+
+
+def ray_temp_dir(prefix: str) -> str:
+    """A new, empty directory under the session's Ray root for one Ray head's ``temp_dir``."""
+    return tempfile.mkdtemp(prefix=prefix, dir=os.environ["RAY_TMPDIR"])
+
+
+from pinads_rec import config  # noqa: E402 - after the environment the imports read
+from pinads_rec.data.synth import generate  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "demo.yaml")

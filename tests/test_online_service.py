@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import DEMO, DEMO_RAW, REPO, tiny_overrides, train_tiny
+from conftest import DEMO, DEMO_RAW, REPO, ray_temp_dir, tiny_overrides, train_tiny
 from dataset_fixtures import write_taobao
 
 from pinads_rec import config
@@ -153,8 +153,8 @@ def service(demo, tmp_path_factory):
     port = free_port()
     settings = {"port": port, "max_batch_size": 8, "batch_wait_ms": 5.0, "max_ongoing_requests": 8}
     settings.update({"max_queued_requests": 8, "max_candidates": 40, "max_events": 400, "reload_poll_s": 1.0})
-    ray_tmp = Path("/tmp") / f"pinads_ray_{os.getpid()}"  # short: Ray's socket paths are length-bound
-    start(ServiceSpec(str(served), str(raw), precision="fp32", settings=settings), blocking=False, ray_tmp=str(ray_tmp))
+    ray_tmp = ray_temp_dir("os_")
+    start(ServiceSpec(str(served), str(raw), precision="fp32", settings=settings), blocking=False, ray_tmp=ray_tmp)
     try:
         yield port, run, served, raw
     finally:

@@ -7,14 +7,15 @@ Ray is touched (``ray stop`` would end every Ray on the machine). Its nodes are 
 sets Ray to it). Every wait has a deadline."""
 
 import json
+import os
 import shutil
 import socket
-import tempfile
 import threading
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import ray_temp_dir
 
 pytestmark = pytest.mark.slow
 
@@ -60,10 +61,13 @@ def cluster():
     second raylet on this machine, on loopback as conftest sets Ray); torn down after it."""
     import ray
     from ray import serve
+    from ray._common.utils import get_default_ray_temp_dir
     from ray.cluster_utils import Cluster
 
-    # Short: Ray's unix socket paths under it must stay within 107 characters.
-    temp_dir = tempfile.mkdtemp(prefix="pinads_rc_", dir="/tmp")
+    temp_dir = ray_temp_dir("rc_")
+    # The head writes its address to $RAY_TMPDIR/ray/ray_current_cluster, Ray's default root, whatever
+    # temp_dir it is given, and only a Ray started without one creates that directory: make it.
+    os.makedirs(get_default_ray_temp_dir(), exist_ok=True)
     node = {"num_cpus": 1, "object_store_memory": 100_000_000}
     # In this thread (Ray installs signal handlers); Ray bounds each node's start itself.
     cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False, "temp_dir": temp_dir})

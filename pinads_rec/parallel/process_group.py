@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -52,7 +53,9 @@ def init_distributed(timeout_s: float = 600.0) -> Distributed:
     if not dist.is_initialized():
         if "RANK" not in os.environ:
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-            rdzv = os.environ.get("PINADS_RDZV_FILE", f"/tmp/pinads_rec_single_rdzv_{os.getpid()}")
+            rdzv = os.environ.get(
+                "PINADS_RDZV_FILE", os.path.join(tempfile.gettempdir(), f"pinads_rec_single_rdzv_{os.getpid()}")
+            )
             init = f"file://{os.path.abspath(rdzv)}"
             dist.init_process_group(
                 backend, init_method=init, rank=0, world_size=1, timeout=datetime.timedelta(seconds=timeout_s)
