@@ -88,6 +88,16 @@ def check_before_start(cfg: config.ExperimentConfig) -> None:
     parallel.constraints(cfg.features, cfg.train, "cuda" if torch.cuda.is_available() else "cpu")
 
 
+def worker_message(error: Exception) -> str:
+    """The error's message, whole. One a DataLoader worker raised arrives re-raised by torch with
+    the worker's traceback in front ("Caught X in DataLoader worker process N. Original Traceback
+    ... module.X: <message>"): the message is what follows its last "module.X: "."""
+    text = str(error).strip()
+    head = f"\n{type(error).__module__}.{type(error).__qualname__}: "
+    at = text.rfind(head)
+    return text[at + len(head) :].strip() if text.startswith("Caught ") and at >= 0 else text
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     # force: importing torchrec already configured the root logger. Libraries stay at WARNING (fbgemm
@@ -117,16 +127,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         PrecisionOverflow,
         RunDirConflict,
     ) as e:
-        # A DataLoader worker's error arrives wrapped with its traceback; the user needs the last line,
-        # without the traceback's "module.ErrorClass: " in front of it.
-        message = str(e).strip().splitlines()[-1].removeprefix(f"{type(e).__module__}.{type(e).__qualname__}: ")
+        message = worker_message(e)
         kinds = {
             ContractError: "data error",
             IncompatibleCheckpoint: "checkpoint error",
             NoCheckpoint: "checkpoint error",
             RunDirConflict: "checkpoint error",
         }
-        kind = kinds.get(type(e), "numerics error")
+        kind = next((k for cls, k in kinds.items() if isinstance(e, cls)), "numerics error")  # subclasses too
         print(f"[rank {env.rank}] {kind}: {message}", file=sys.stderr, flush=True)
         # Exit at once: the launcher then stops the other ranks instead of leaving them in a collective.
         os._exit(2)

@@ -38,6 +38,16 @@ if "RAY_TMPDIR" not in os.environ:
     _OWN_RAY_ROOT = os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="pinads_ray_")
 
 
+# Ray's token authentication (on by default for a local cluster) takes its token from RAY_AUTH_TOKEN,
+# RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, and the first ray.init on a machine without one writes
+# ~/.ray/auth_token, which every later Ray on that machine then reads. A token of this session's own,
+# in the environment the ranks, replicas and raylets inherit, leaves $HOME alone.
+if "RAY_AUTH_TOKEN" not in os.environ and "RAY_AUTH_TOKEN_PATH" not in os.environ:
+    import secrets
+
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+
+
 def pytest_unconfigure():
     if _OWN_RAY_ROOT:
         shutil.rmtree(_OWN_RAY_ROOT, ignore_errors=True)

@@ -109,7 +109,7 @@ def test_train_py_refuses_a_run_dir_of_another_config_in_one_line(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "pinads_rec.train", "--config", "configs/demo.yaml", "--set", overrides],
         cwd=REPO,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PINADS_RDZV_FILE": str(tmp_path / "rdzv")},
         capture_output=True,
         text=True,
         timeout=300,

@@ -135,3 +135,21 @@ def test_an_id_a_plain_table_cannot_hold_is_refused_by_the_builds_check(demo):
     request["request"]["context_topic"] = 10**6  # the topic table holds 33 rows and does not hash
     with pytest.raises(ContractError, match=r"context_topic: id 1000000 .* outside \[0, 33\)"):
         live.build([request])
+
+
+def test_a_changed_page_of_a_side_table_stops_the_service_naming_file_and_row_group(demo, tmp_path):
+    """DuckDB verifies no page checksum: the live features read a Parquet side table's pages with
+    theirs first, so a changed page is refused at start, never served as attributes."""
+    import re
+    import shutil
+
+    from test_verified_bytes import PAGE, corrupt_page
+
+    cfg, raw, _, _ = demo
+    copy = tmp_path / "raw"
+    shutil.copytree(raw, copy)
+    items = copy / "items.parquet"
+    corrupt_page(items, 0)
+    with pytest.raises(ContractError) as info:
+        LiveFeatures(cfg, str(copy))
+    assert re.fullmatch(r"build\.side_tables\[0\]: " + PAGE.format(re.escape(str(items)), 0) + ".*", str(info.value))

@@ -35,11 +35,13 @@ TAOBAO = REPO / "configs" / "datasets" / "taobao_ad.yaml"
 PAGE = r"{}: row group {} fails its page checksum \(the file's bytes changed after it was written"
 
 
-def corrupt_page(path: Path, row_group: int) -> None:
-    """Inverts 8 bytes in the middle of the row group's largest column chunk (a data page's values,
-    past its header), keeping the file's size."""
+def corrupt_page(path: Path, row_group: int, column: str = None) -> None:
+    """Inverts 8 bytes in the middle of the row group's largest column chunk, or ``column``'s (a data
+    page's values, past its header), keeping the file's size."""
     md = pq.ParquetFile(path).metadata.row_group(row_group)
-    chunk = max((md.column(j) for j in range(md.num_columns)), key=lambda c: c.total_compressed_size)
+    chunks = [md.column(j) for j in range(md.num_columns)]
+    chunks = [c for c in chunks if column is None or c.path_in_schema.split(".")[0] == column]
+    chunk = max(chunks, key=lambda c: c.total_compressed_size)
     at = chunk.data_page_offset + chunk.total_compressed_size // 2
     size = path.stat().st_size
     with open(path, "r+b") as f:
@@ -48,6 +50,26 @@ def corrupt_page(path: Path, row_group: int) -> None:
         f.seek(at)
         f.write(bytes(b ^ 0xFF for b in data))
     assert path.stat().st_size == size
+
+
+def zero_page_header(path: Path, row_group: int) -> None:
+    """Zeroes 4 KiB from the start of the row group's largest column chunk: its first page header,
+    which no checksum covers, and the page after it (as a disk's zeroed block would), keeping the size."""
+    md = pq.ParquetFile(path).metadata.row_group(row_group)
+    chunk = max((md.column(j) for j in range(md.num_columns)), key=lambda c: c.total_compressed_size)
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.seek(chunk.data_page_offset)
+        f.write(bytes(min(4096, chunk.total_compressed_size)))
+    assert path.stat().st_size == size
+
+
+DAMAGES = {"page": corrupt_page, "header": zero_page_header}
+# What each damage gives: a page's checksum fails, or a page header no longer decodes.
+SAID = {
+    "page": PAGE,
+    "header": r"{}, row group {}: cannot be read \(.*\): the file is damaged or was not written as Parquet; restore",
+}
 
 
 def one_line(text: str) -> str:
@@ -62,13 +84,18 @@ def generated(tmp_path_factory) -> Path:
     return out
 
 
+def damaged_copy(generated: Path, tmp_path: Path, split: str = "eval", damage: str = "page") -> Path:
+    """A copy of the generated data whose ``split``/part-00001.parquet has row group 1 damaged."""
+    data = tmp_path / "data"
+    shutil.copytree(generated, data)
+    DAMAGES[damage](data / split / "part-00001.parquet", 1)
+    return data
+
+
 @pytest.fixture
 def damaged(generated, tmp_path) -> Path:
     """A copy of the generated data whose eval/part-00001.parquet has row group 1 corrupted."""
-    data = tmp_path / "data"
-    shutil.copytree(generated, data)
-    corrupt_page(data / "eval" / "part-00001.parquet", 1)
-    return data
+    return damaged_copy(generated, tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -107,28 +134,64 @@ def test_the_loader_refuses_a_changed_page_naming_file_and_row_group(damaged):
 
 
 @pytest.mark.slow  # starts a process
-def test_training_exits_2_with_one_data_error_line(damaged, tmp_path):
-    """train.py's main on the damaged eval split (one rank, a step): the data error path, exit 2."""
-    overrides = data_overrides(damaged) + [f"train.run_dir={tmp_path / 'run'}", "train.max_steps=1"]
+@pytest.mark.parametrize("split, damage", [("eval", "page"), ("train", "header")])
+def test_training_exits_2_with_one_data_error_line(generated, tmp_path, split, damage):
+    """train.py's main (one rank, its loader's workers) on a damaged split: the data error path,
+    exit 2, the error whole on one line; a damaged training split stops it before any checkpoint."""
+    damaged = damaged_copy(generated, tmp_path, split, damage)
+    run = tmp_path / "run"
+    overrides = data_overrides(damaged) + [f"train.run_dir={run}", "data.num_workers=1"]
+    # Eval: one step, then the damaged eval split. Train: the whole epoch (it reaches the damaged row
+    # group somewhere in it) with no checkpoint but the final one, which must never be written.
+    overrides.append("train.max_steps=1" if split == "eval" else "train.checkpoint_every=1000")
     cmd = [sys.executable, "-m", "pinads_rec.train", "--config", str(CONFIG)]
     cmd += [a for o in overrides for a in ("--set", o)]
     env = {**os.environ, "PINADS_RDZV_FILE": str(tmp_path / "rdzv")}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     (line,) = [x for x in proc.stderr.splitlines() if "data error" in x]
-    bad = damaged / "eval" / "part-00001.parquet"
-    assert re.fullmatch(r"\[rank 0\] data error: " + PAGE.format(re.escape(str(bad)), 1) + r".*", line), line
+    bad = damaged / split / "part-00001.parquet"
+    said = SAID[damage].format(re.escape(str(bad)), 1)
+    assert re.fullmatch(r"\[rank 0\] data error: " + said + r".*", line), line
+    if split == "train":
+        assert not list(run.glob("checkpoints/step-*")), sorted(run.rglob("*"))
 
 
-def test_serve_score_refuses_a_changed_page_and_writes_nothing(damaged, tmp_path, capsys):
+@pytest.mark.parametrize("damage", ["page", "header"])
+def test_serve_score_refuses_a_changed_page_and_writes_nothing(generated, tmp_path, capsys, damage):
+    damaged = damaged_copy(generated, tmp_path, "eval", damage)
     out = tmp_path / "scores.parquet"
     argv = ["score", "--run", str(SAVED_RUN), "--step", str(RESUME_STEP), "--precision", "fp32"]
     assert serve.main(argv + ["--data", str(damaged / "eval"), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     (line,) = [x for x in err.splitlines() if not re.match(r"\d{4}-\d\d-\d\d .* INFO ", x)]  # its log aside
     bad = damaged / "eval" / "part-00001.parquet"
-    assert re.fullmatch(r"serve error: " + PAGE.format(re.escape(str(bad)), 1) + r".*", line), err
+    assert re.fullmatch(r"serve error: " + SAID[damage].format(re.escape(str(bad)), 1) + r".*", line), err
     assert sorted(os.listdir(tmp_path)) == ["data"]  # no output, no temporary file
+
+
+@pytest.mark.parametrize("damage", ["page", "header"])
+def test_the_loader_names_a_page_header_that_does_not_decode(generated, tmp_path, damage):
+    """A zeroed page header fails no checksum (none covers it), yet the read names file and row group."""
+    damaged = damaged_copy(generated, tmp_path, "eval", damage)
+    settings = LoaderSettings.of(config.load(str(CONFIG), data_overrides(damaged)))
+    bad = damaged / "eval" / "part-00001.parquet"
+    with pytest.raises(ContractError, match=SAID[damage].format(re.escape(str(bad)), 1)) as info:
+        for _ in ParquetBatches(str(damaged / "eval"), settings, shuffle=False):
+            pass
+    one_line(str(info.value))
+
+
+def test_the_reference_is_not_fitted_on_a_changed_page_and_says_where(generated, tmp_path):
+    from pinads_rec.reference.fit import reference_summary
+
+    damaged = damaged_copy(generated, tmp_path, "train", "header")
+    cfg = config.load(str(CONFIG), data_overrides(damaged))
+    bad = damaged / "train" / "part-00001.parquet"
+    corrupt_page(bad, 0, cfg.features.tasks[0].label_column)  # a column the reference reads
+    summary = reference_summary(cfg)
+    assert re.fullmatch(PAGE.format(re.escape(str(bad)), 0) + r".*", one_line(summary["error"])), summary
 
 
 @pytest.mark.slow  # starts a process

@@ -123,7 +123,7 @@ def reference_summary(cfg: config.ExperimentConfig) -> dict:
     except ImportError as e:
         message = f"LightGBM is not installed ({e}); install the project's lock (make setup)"
     except (config.ConfigError, ValueError, OSError, MemoryError) as e:
-        message = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        message = str(e).strip() or type(e).__name__
     log.warning("reference not fitted: %s", message)
     return {"model": NAME, "error": message}
 

@@ -184,6 +184,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             out = write_manifest(_spec(args), args.image, args.workers, args.out)
             print(f"wrote {out}: kubectl apply -f {out} (KubeRay's operator installed)")
     except (ServeError, ContractError, ckpt_lib.IncompatibleCheckpoint, config.ConfigError, RequestError) as e:
-        print(f"serve error: {str(e).strip().splitlines()[-1]}", file=sys.stderr)
+        print(f"serve error: {str(e).strip()}", file=sys.stderr)  # whole: its first line says what and where
         return 2
     return 0

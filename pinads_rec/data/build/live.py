@@ -50,11 +50,23 @@ from pinads_rec.data.build.time_sql import seconds
 from pinads_rec.data.build.vocabularies import apply_vocabulary
 from pinads_rec.data.build.writer import request_rows_schema
 from pinads_rec.data.loader.contract import ContractError
-from pinads_rec.data.raw_sources import RawSource
+from pinads_rec.data.page_checksums import check_pages
+from pinads_rec.data.raw_sources import RawSource, is_remote
 from pinads_rec.data.sql_text import first_line, identifier, sql_name, sql_string
 
 REQUEST = "__live_request"  # the impression rows' column numbering the batch's requests 0..n-1
 CANDIDATE = "__live_candidate"  # and their candidates 0..c-1: the build orders them so, as the request did
+
+
+def require_intact_pages(source: RawSource) -> None:
+    """Every page of ``source``'s local Parquet files read with its checksum verified, where its
+    writer stored one; the first that fails is a one-line ContractError naming file and row group."""
+    if source.format != "parquet":
+        return
+    for path in source.files:
+        problem = None if is_remote(path) else check_pages(path)
+        if problem:
+            raise ContractError(f"{source.where}: {problem}")
 
 
 class LiveEngine(DuckDBEngine):
@@ -141,6 +153,9 @@ class LiveFeatures:
         # Side tables and vocabularies: read and checked once, kept as tables of the shared database.
         self.side_tables: Dict[str, dict] = {}
         for i, side in enumerate(self.b.side_tables):
+            # DuckDB verifies no page checksum: the pages of a side table in Parquet are read with
+            # theirs first, once (its rows are then kept in memory for every request).
+            require_intact_pages(loader.raw_source(side, f"build.side_tables[{i}]"))
             info = loader.side_table(i, side)
             kept = f"__live_side{i}"
             loader.engine.execute(f"CREATE TABLE {kept} AS SELECT * FROM {info['alias']}")
