@@ -30,12 +30,16 @@ os.environ.setdefault(
 )
 
 # Ray's temporary root of this test session's own (or the caller's RAY_TMPDIR, as .ci/run gives):
-# every Ray a test starts keeps its sessions, sockets and logs under it, and what one run leaves
-# there no later run can lean on. Short (Ray's unix socket paths under it are length-bound); removed
-# when the session ends (pytest_unconfigure).
+# every Ray a test starts keeps its sessions, sockets, logs and "current cluster" address under it,
+# and what one run leaves there no later run can lean on. Each xdist worker gets a root of its own
+# below the session's, so the Rays two workers run at once never share one. Short (Ray's unix socket
+# paths under it are length-bound); an own root is removed when the session ends (pytest_unconfigure).
 _OWN_RAY_ROOT = None
-if "RAY_TMPDIR" not in os.environ:
+if "RAY_TMPDIR" not in os.environ:  # the session (xdist's controller, or pytest without it)
     _OWN_RAY_ROOT = os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="pinads_ray_")
+if "PYTEST_XDIST_WORKER" in os.environ:  # a worker: below the session's root, which it inherits
+    os.environ["RAY_TMPDIR"] = os.path.join(os.environ["RAY_TMPDIR"], os.environ["PYTEST_XDIST_WORKER"])
+    os.makedirs(os.environ["RAY_TMPDIR"], exist_ok=True)
 
 
 # Ray's token authentication (on by default for a local cluster) takes its token from RAY_AUTH_TOKEN,
