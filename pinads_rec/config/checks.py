@@ -186,6 +186,7 @@ def _validate_model(m: ModelConfig, f: FeaturesConfig) -> None:
                 f"{e}; model.sequence serves every group without an entry in model.sequence_groups: set "
                 f"model.sequence_groups.{g.name}{'.' + key if key else ''} for group {g.name!r} alone{drop}"
             ) from None
+    _validate_id_matches(m, f)
     positive("model.dcn.num_layers", m.dcn.num_layers, allow_zero=True)
     positive("model.dcn.low_rank", m.dcn.low_rank, allow_zero=True)
     positive("model.mmoe.num_experts", m.mmoe.num_experts)
@@ -207,6 +208,30 @@ def _validate_model(m: ModelConfig, f: FeaturesConfig) -> None:
             positive(f"model.mmoe.{name}[{i}]", v)
     if not m.mmoe.expert_dims:
         raise ConfigError("model.mmoe.expert_dims: at least one expert layer is required")
+
+
+def _validate_id_matches(m, f) -> None:
+    """Each pair: a candidate-side sparse feature and another sparse feature on its table; the
+    ranker's (the two-tower model keeps the candidate apart from the request until its dot product)."""
+    sparse = {s.name: s for s in f.sparse}
+    if m.id_matches and m.kind != "ranker":
+        raise ConfigError(f"model.id_matches: the {m.kind} model has no match indicators (the ranker's); remove them")
+    for i, pair in enumerate(m.id_matches):
+        where = f"model.id_matches[{i}]"
+        cand, other = sparse.get(pair.candidate), sparse.get(pair.other)
+        if cand is None or cand.user_side:
+            raise ConfigError(
+                f"{where}.candidate: {pair.candidate!r} is not a candidate-side sparse feature "
+                f"({sorted(n for n, s in sparse.items() if not s.user_side)})"
+            )
+        if other is None or pair.other == pair.candidate:
+            others = sorted(n for n in sparse if n != pair.candidate)
+            raise ConfigError(f"{where}.other: {pair.other!r} is not another sparse feature ({others})")
+        if other.table != cand.table:
+            raise ConfigError(
+                f"{where}.other: {pair.other!r} uses table {other.table!r} but {pair.candidate!r} uses {cand.table!r}: "
+                f"a match compares ids, so both must use one table"
+            )
 
 
 def _validate_train(t: TrainConfig, cfg: ExperimentConfig) -> None:

@@ -136,6 +136,11 @@ class SequenceEncoderConfig(LongShortSettings, DINSettings, PeriodSumSettings, T
     # requests by length and pads each bucket only to its longest (modules/length_buckets.py). Same
     # outputs; docs/long_sequences.md measures both.
     padding: Literal["max_length", "buckets"] = "max_length"
+    # The candidate attentions' weights (the Transformer's and HSTU's target pooling, DIN):
+    # "softmax" shares one unit of weight over the events; "sigmoid" weighs each event by its own
+    # sigmoid over the group's max_length (or window), so how many events match the candidate
+    # survives the pooling (DIN's paper, 4.3; HSTU drops the softmax too).
+    target_weights: Literal["softmax", "sigmoid"] = "softmax"
     early_interaction: EarlyInteractionConfig = field(default_factory=EarlyInteractionConfig)
     hstu: HSTUConfig = field(default_factory=HSTUConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
@@ -210,6 +215,18 @@ class PrecisionConfig:
 
 
 @dataclass
+class IdMatchConfig:
+    """One match indicator of the ranker (modules/id_match.py): whether the candidate's ``candidate``
+    and ``other`` (the request's context, the user's query: any sparse feature on the same table)
+    share an id."""
+
+    # A candidate-side sparse feature.
+    candidate: str = "item_topic"
+    # Another sparse feature on the same table (candidate-side or user-side).
+    other: str = "context_topic"
+
+
+@dataclass
 class ModelConfig:
     # The model: the unified ranker, or the two-tower ranker (model.two_tower).
     kind: Literal["ranker", "two_tower"] = "ranker"
@@ -218,6 +235,9 @@ class ModelConfig:
     sequence: SequenceEncoderConfig = field(default_factory=SequenceEncoderConfig)
     # Per-group encoders: sequence group name -> the keys that differ from model.sequence.
     sequence_groups: Dict[str, SequenceEncoderConfig] = field(default_factory=dict)
+    # The ranker's match indicators: per pair, 1 where the two sparse features share an id, an input
+    # of the cross network (an equality of two ids, which embeddings only approximate).
+    id_matches: List[IdMatchConfig] = field(default_factory=list)
     # The ranker's DCNv2 cross network.
     dcn: DCNConfig = field(default_factory=DCNConfig)
     # The ranker's MMoE: shared experts, a gate and a tower per task, a logit per surface.

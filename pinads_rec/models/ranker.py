@@ -32,10 +32,11 @@ from pinads_rec.data.loader.batch import Batch
 from pinads_rec.features import FeatureLayout
 from pinads_rec.managed_collision import lookup
 from pinads_rec.models.objective import engagement_loss
-from pinads_rec.models.sparse_arch import candidate_lookups, sparse_collections
+from pinads_rec.models.sparse_arch import candidate_lookups, row_ids, sparse_collections
 from pinads_rec.modules.calibration import Calibration
 from pinads_rec.modules.cross_network import cross_network
 from pinads_rec.modules.dense_norm import DenseNormalization
+from pinads_rec.modules.id_match import IdMatches
 from pinads_rec.modules.mmoe import MMoE
 from pinads_rec.modules.sequence import SequenceArch
 
@@ -70,10 +71,12 @@ class UnifiedRanker(nn.Module):
                 f"(a retrieval candidate feature must be candidate-side, on the attribute's table)"
             )
 
+        self.id_matches = IdMatches([(p.candidate, p.other) for p in model.id_matches]) if model.id_matches else None
         width = (
             layout.dense_dim
             + layout.width(layout.sparse_keys)
             + (self.sequence_arch.output_dim if self.sequence_arch is not None else 0)
+            + (self.id_matches.output_dim if self.id_matches is not None else 0)
         )
         self.interaction_width = width
         self.cross = cross_network(width, model.dcn.num_layers, model.dcn.low_rank)
@@ -131,6 +134,12 @@ class UnifiedRanker(nn.Module):
                     bag_sizes=batch.sequence_bag_sizes,
                 )
             )
+        if self.id_matches is not None:
+            sides = [
+                (row_ids(layout, batch, a), row_ids(layout, batch, b), b in layout.user_keys)
+                for a, b in self.id_matches.pairs
+            ]
+            parts.append(self.id_matches(sides, batch.request_index))
         x = self.cross(torch.cat(parts, dim=1))
         logits = self.mmoe(x)  # [B, T, S]
         index = batch.surface.view(-1, 1, 1).expand(-1, logits.shape[1], 1)

@@ -7,7 +7,7 @@ table is None (TorchRec fails on an empty collection) and every model skips it; 
 for it is then empty.
 """
 
-from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional
+from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
@@ -15,7 +15,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from pinads_rec.config import CANDIDATE_PREFIX
 from pinads_rec.features import FeatureLayout
 from pinads_rec.managed_collision import with_managed_collision
-from pinads_rec.modules.jagged import pool_bags
+from pinads_rec.modules.jagged import bag_segments, pool_bags
 
 if TYPE_CHECKING:
     from torchrec.sparse.jagged_tensor import JaggedTensor
@@ -57,3 +57,14 @@ def candidate_lookups(
         key = CANDIDATE_PREFIX + k
         out[k] = pool_bags(looked_up[key].values(), bag_sizes[key], mean=layout.bag_pooling[key] == "mean")
     return out
+
+
+def row_ids(layout: FeatureLayout, batch, key: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The ids of the sparse feature ``key`` as the batch holds them [M], with the unit of each [M]:
+    its row, or for a feature looked up once per request (``layout.user_keys``) its request slot."""
+    if key in layout.shared_keys:  # in the sequence KJT, the rows' ids after the events
+        ids = batch.sequences[CANDIDATE_PREFIX + key].values()
+        return ids, bag_segments(batch.sequence_bag_sizes[CANDIDATE_PREFIX + key], ids.shape[0])
+    jagged = (batch.user_sparse if key in layout.user_keys else batch.sparse)[key]
+    ids = jagged.values()
+    return ids, bag_segments(jagged.lengths(), ids.shape[0])

@@ -3,7 +3,9 @@ candidate weighs its request's events by an MLP over [q, k, q - k, q * k] (q: th
 projected to the event width, k: an event) and sums them.
 
 The weights are normalized by a masked softmax (with an empty slot, so an empty sequence gives
-zeros), so the output's scale does not grow with the sequence length. The MLP's first layer is
+zeros), so the output's scale does not grow with the sequence length; or, with ``weights="sigmoid"``
+(``model.sequence.target_weights``), each event's own sigmoid over the group's length, as the
+paper's 4.3 does to keep the intensity of an interest (how many events match). The MLP's first layer is
 split by input block: [q, k, q - k] contribute per candidate and per event, only q * k is per
 (candidate, event) pair, so the [B, L, 4W] input is never built.
 
@@ -22,12 +24,15 @@ from typing import List, Optional
 import torch
 from torch import nn
 
-from pinads_rec.modules.target_attention import by_request, masked_softmax_with_empty_slot, to_rows
+from pinads_rec.modules.target_attention import attention_weights, by_request, to_rows
 
 
 class DINAttention(nn.Module):
-    def __init__(self, query_dim: int, width: int, hidden: List[int]):
+    def __init__(self, query_dim: int, width: int, hidden: List[int], weights: str = "softmax", length: int = 1):
+        """``weights``, ``length``: target_attention.attention_weights ("sigmoid": as DIN's paper,
+        not normalized over the events)."""
         super().__init__()
+        self.weights, self.length = weights, length
         self.query = nn.Linear(query_dim, width)
         h = hidden[0]
         self.from_query = nn.Linear(width, h)  # the q and q - k blocks' q part
@@ -55,5 +60,5 @@ class DINAttention(nn.Module):
         first = (
             self.from_query(q).unsqueeze(2) + key.unsqueeze(1) + self.from_product(q.unsqueeze(2) * events.unsqueeze(1))
         )  # [V, C, L, H]: V x C <= 2B slots (by_request), whatever the candidates per request
-        weights = masked_softmax_with_empty_slot(self.score(first).squeeze(-1), mask)  # [V, C, L]
+        weights = attention_weights(self.score(first).squeeze(-1), mask, self.weights, self.length)  # [V, C, L]
         return to_rows(torch.bmm(weights, events), slot)

@@ -6,7 +6,7 @@ tensors) out. Torch types only, for annotations: the registry imports this witho
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
     import torch
@@ -16,8 +16,10 @@ if TYPE_CHECKING:
 class EncoderInputs:
     """What an encoder reads. content / x (content + time-delta positions) [U, L, W], mask [U, L],
     deltas [U, L]; tokens: early-interaction tokens [U, X, W] (or None); query [B, Dq] (or None);
-    index [B]: the unit of each row; request_index [B]; offsets [U + 1] and search (the
-    ``retrieval.Search`` fields): only for the history entries."""
+    index [B]: the unit of each row; request_index [B]; offsets [U + 1], search (the
+    ``retrieval.Search`` fields) and ids (the ids of the entries' ``id_keys``: per key the events'
+    ids [N] or bags [N, K] with None, or the candidates' ids [Mc] with the row of each): only for
+    the history entries."""
 
     content: torch.Tensor
     x: torch.Tensor
@@ -29,6 +31,7 @@ class EncoderInputs:
     tokens: Optional[torch.Tensor] = None
     offsets: Optional[torch.Tensor] = None
     search: Optional[Tuple[torch.Tensor, ...]] = None
+    ids: Optional[Dict[str, Tuple[torch.Tensor, Optional[torch.Tensor]]]] = None
 
 
 @dataclass

@@ -110,6 +110,11 @@ def width_of_events(attr_dims: List[int], pretrained_dim: int, combine: str, d_m
     return d_model if combine == "sum" else sum(attr_dims) + pretrained_dim
 
 
+def _events_read(c: BuildContext) -> int:
+    """The most events a window encoder reads: the group's max_length, or the window."""
+    return min(c.group.max_length, c.cfg.window) if c.cfg.window else c.group.max_length
+
+
 # The built-in encoders, in build order: each one's settings, build, run, checks and entry.
 
 
@@ -168,7 +173,11 @@ def _build_transformer(c: BuildContext) -> Modules:
     return {
         "transformer": transformer,
         "projection": SequenceProjection(transformer.output_dim, cfg.projection) if cfg.projection.dim else None,
-        "target": TargetAttention(c.query_dim, c.width) if c.query_dim and "target" in cfg.poolings else None,
+        "target": (
+            TargetAttention(c.query_dim, c.width, cfg.target_weights, _events_read(c))
+            if c.query_dim and "target" in cfg.poolings
+            else None
+        ),
     }
 
 
@@ -248,7 +257,9 @@ def _build_hstu(c: BuildContext) -> Modules:
             c.cfg.padding == "buckets",
         ),
         # The candidate enters here, after the history is encoded once per request.
-        "hstu_target": TargetAttention(c.query_dim, c.width) if c.query_dim else None,
+        "hstu_target": TargetAttention(c.query_dim, c.width, c.cfg.target_weights, _events_read(c))
+        if c.query_dim
+        else None,
     }
 
 
@@ -440,7 +451,7 @@ class DINSettings:
 def _build_din(c: BuildContext) -> Modules:
     from pinads_rec.modules.din import DINAttention
 
-    return {"din": DINAttention(c.query_dim, c.width, c.cfg.din_hidden)}
+    return {"din": DINAttention(c.query_dim, c.width, c.cfg.din_hidden, c.cfg.target_weights, _events_read(c))}
 
 
 register(
@@ -484,5 +495,116 @@ register(
         run=lambda m, i: Parts(row=[m["short"](i.query, i.x, i.mask, i.index)]),
         needs_query=True,
         check=_check_long_short,
+    )
+)
+
+
+@dataclass
+class CountPair:
+    """One pair counted: an attribute of the group's events and a candidate-side sparse feature on
+    the same table (ids are compared)."""
+
+    attribute: str = "item"
+    candidate: str = "item_id"
+
+
+@dataclass
+class MatchCountsSettings:
+    """Target-aware counting (modules/match_counts.py): per pair, the candidate's matches among the
+    newest events, as features the dense arch reads; model.sequence.settings.counts.*, or a group's
+    own under model.sequence_groups.<group>.settings.counts."""
+
+    # The pairs counted (each: attribute, a feature of the group; candidate, a candidate-side sparse
+    # feature on the attribute's table).
+    pairs: List[CountPair] = field(default_factory=lambda: [CountPair()])
+    # Matches counted among the newest k events, for each k (0: the whole history).
+    windows: List[int] = field(default_factory=lambda: [5, 20, 0])
+    # Recency-weighted match sums, one per half-life in seconds (an event weighs 2^(-age / half-life)).
+    half_lives_s: List[float] = field(default_factory=lambda: [86400.0])
+    # An attribute of the group (the action) whose values split each window's count ("": none).
+    by: str = ""
+    # The ids of ``by`` counted apart (the ids as the batch holds them: the build's vocabulary's).
+    by_values: List[int] = field(default_factory=list)
+    # Width of the learned encoding of the counts' piecewise-linear bins (0: the log1p counts alone).
+    dim: int = 16
+
+
+def _pair_keys(group, cfg) -> List[Tuple[str, str]]:
+    s = cfg.settings_for("counts")
+    return [(f"{group.name}.{p.attribute}", CANDIDATE_PREFIX + p.candidate) for p in s.pairs]
+
+
+def _count_keys(group, cfg) -> List[str]:
+    s = cfg.settings_for("counts")
+    keys = [k for pair in _pair_keys(group, cfg) for k in pair]
+    return keys + ([f"{group.name}.{s.by}"] if s.by else [])
+
+
+def _build_counts(c: BuildContext) -> Modules:
+    from pinads_rec.modules.match_counts import MatchCounts
+
+    s = c.cfg.settings_for("counts")
+    by = f"{c.group.name}.{s.by}" if s.by else None
+    return {
+        "counts": MatchCounts(
+            _pair_keys(c.group, c.cfg), by, s.windows, s.half_lives_s, s.by_values, c.group.max_length, s.dim
+        )
+    }
+
+
+def _run_counts(m: Modules, i: EncoderInputs) -> Parts:
+    return Parts(row=[m["counts"](i.ids, i.offsets, i.mask, i.deltas, i.request_index)])
+
+
+def _check_counts(c: CheckContext) -> None:
+    s, path = c.enc.settings_for("counts"), f"{c.path}.settings.counts"
+    for j, w in enumerate(s.windows):
+        positive(f"{path}.windows[{j}]", w, allow_zero=True)
+    for j, h in enumerate(s.half_lives_s):
+        positive(f"{path}.half_lives_s[{j}]", h)
+    positive(f"{path}.dim", s.dim, allow_zero=True)
+    if not c.listed or c.group is None:
+        return
+    if not s.pairs:
+        raise ConfigError(f"{path}.pairs: list at least one (attribute, candidate) pair to count")
+    attrs = {f.name: f for f in c.group.features}
+    sparse = {f.name: f for f in c.features.sparse}
+    for j, p in enumerate(s.pairs):
+        where = f"{path}.pairs[{j}]"
+        if p.attribute not in attrs:
+            raise ConfigError(
+                f"{where}.attribute: {p.attribute!r} is not a feature of sequence group {c.group.name!r} "
+                f"({sorted(attrs)}); a group with other attributes sets its own under model.sequence_groups"
+            )
+        cand = sparse.get(p.candidate)
+        if cand is None or cand.user_side:
+            raise ConfigError(
+                f"{where}.candidate: {p.candidate!r} is not a candidate-side sparse feature "
+                f"({sorted(n for n, f in sparse.items() if not f.user_side)})"
+            )
+        if cand.table != attrs[p.attribute].table:
+            raise ConfigError(
+                f"{where}.candidate: {p.candidate!r} uses table {cand.table!r} but {c.group.name}.{p.attribute} "
+                f"uses {attrs[p.attribute].table!r}: counting compares ids, so both must use one table"
+            )
+    if s.by and s.by not in attrs:
+        raise ConfigError(f"{path}.by: {s.by!r} is not a feature of sequence group {c.group.name!r} ({sorted(attrs)})")
+    if s.by and attrs[s.by].multi_valued:
+        raise ConfigError(f"{path}.by: {s.by!r} holds several ids per event; counts split by one id per event")
+    if bool(s.by) != bool(s.by_values):
+        raise ConfigError(f"{path}.by_values: give the ids of {path}.by to count apart, and both or neither")
+
+
+register(
+    Encoder(
+        "counts",
+        build=_build_counts,
+        widths=lambda m, c: (0, m["counts"].output_dim),
+        run=_run_counts,
+        needs_query=True,
+        reads="history",  # the windows are cut from the whole history
+        id_keys=_count_keys,
+        check=_check_counts,
+        settings=MatchCountsSettings,
     )
 )

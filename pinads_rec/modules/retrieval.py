@@ -39,6 +39,27 @@ class Search(NamedTuple):
     candidate_rows: Optional[torch.Tensor] = None
 
 
+def matches(
+    event_ids: torch.Tensor,
+    mask: torch.Tensor,
+    candidate_ids: torch.Tensor,
+    request_index: torch.Tensor,
+    candidate_rows: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Per row, which of its request's real events hold its candidate's id [B, L]: event ids
+    [U, L] or bags [U, L, Ke]; candidate ids [B], or [Mc] ids of the rows ``candidate_rows`` (a row
+    matches an event when any of its ids is one of the event's)."""
+    L = event_ids.shape[1]
+    bags = event_ids if event_ids.dim() == 3 else event_ids.unsqueeze(2)  # [U, L, Ke]
+    if candidate_rows is None:  # one id per row
+        candidate_rows = torch.arange(candidate_ids.shape[0], device=candidate_ids.device)
+    # Per candidate id, the events holding it; a row's events match when any of its ids does.
+    of_id = bags.index_select(0, request_index.index_select(0, candidate_rows))  # [Mc, L, Ke]
+    per_id = (of_id == candidate_ids[:, None, None]).any(2).to(torch.int32)  # [Mc, L]
+    hit = per_id.new_zeros(request_index.shape[0], L).index_add(0, candidate_rows, per_id) > 0
+    return hit & mask.index_select(0, request_index)  # [B, L]
+
+
 def hard_search(
     event_ids: torch.Tensor,
     mask: torch.Tensor,
@@ -51,14 +72,7 @@ def hard_search(
     which of them are real matches [B, K], and the number of matches in the history [B]. Event ids
     [U, L] or bags [U, L, Ke]; candidate ids [B], or [Mc] ids of the rows ``candidate_rows``."""
     L = event_ids.shape[1]
-    bags = event_ids if event_ids.dim() == 3 else event_ids.unsqueeze(2)  # [U, L, Ke]
-    if candidate_rows is None:  # one id per row
-        candidate_rows = torch.arange(candidate_ids.shape[0], device=candidate_ids.device)
-    # Per candidate id, the events holding it; a row's events match when any of its ids does.
-    of_id = bags.index_select(0, request_index.index_select(0, candidate_rows))  # [Mc, L, Ke]
-    per_id = (of_id == candidate_ids[:, None, None]).any(2).to(torch.int32)  # [Mc, L]
-    hit = per_id.new_zeros(request_index.shape[0], L).index_add(0, candidate_rows, per_id) > 0
-    match = hit & mask.index_select(0, request_index)  # [B, L]
+    match = matches(event_ids, mask, candidate_ids, request_index, candidate_rows)
     count = match.sum(dim=1)
     k = min(k, L)
     # Earlier (newer) matches score higher: topk keeps the first k matches in order.

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from pinads_rec.config import FeaturesConfig, SequenceEncoderConfig, SequenceGroupConfig
+from pinads_rec.config import CANDIDATE_PREFIX, FeaturesConfig, SequenceEncoderConfig, SequenceGroupConfig
 from pinads_rec.modules import encoders
 from pinads_rec.modules.early_interaction import EarlyInteraction
 from pinads_rec.modules.encoder_io import EncoderInputs
@@ -103,8 +103,12 @@ class GroupEncoder(nn.Module):
             for name, module in modules.items():
                 setattr(self, name, module)
             self.encoders.append((entry.name, list(modules)))
-            self.id_keys += entry.id_keys(group, cfg)
+            self.id_keys += [k for k in entry.id_keys(group, cfg) if k not in self.id_keys]
             self.output_dim += sum(entry.widths(modules, context))
+        # The retrieval's search: its event attribute and candidate feature.
+        self.search_keys = (
+            encoders.REGISTRY["retrieval"].id_keys(group, cfg) if "retrieval" in dict(self.encoders) else []
+        )
         if self.output_dim == 0:
             raise ValueError(
                 f"sequence group {group.name!r}: encoders {cfg.encoders} give no feature without a "
@@ -133,16 +137,20 @@ class GroupEncoder(nn.Module):
             if k in self.bags:
                 values = pool_bags(values, bag_sizes[k], mean=self.bags[k][0])
             attributes.append(values)
+        by_key = {}  # key -> (ids, the row of each): an event's ids [N] or bags [N, K]; a candidate's [Mc]
+        for key in self.id_keys:
+            if key.startswith(CANDIDATE_PREFIX):
+                by_key[key] = (ids[key], bag_segments(bag_sizes[key], ids[key].shape[0]))
+            elif key in self.bags:
+                by_key[key] = (pad_bags(ids[key], bag_sizes[key], self.bags[key][1], fill=-1), None)
+            else:
+                by_key[key] = (ids[key], None)
         search = None
-        if self.id_keys:
-            event_key, candidate_key = self.id_keys
-            event_ids, candidate_ids = ids[event_key], ids[candidate_key]
-            if event_key in self.bags:
-                event_ids = pad_bags(event_ids, bag_sizes[event_key], self.bags[event_key][1], fill=-1)
-            rows = bag_segments(bag_sizes[candidate_key], candidate_ids.shape[0])
-            search = Search(event_ids, candidate_ids, rows)
+        if self.search_keys:
+            event_key, candidate_key = self.search_keys
+            search = Search(by_key[event_key][0], *by_key[candidate_key])
         offsets = events[self.offsets_key].offsets()
-        return self.encode(attributes, offsets, time_deltas, pretrained, request_index, query, user, search)
+        return self.encode(attributes, offsets, time_deltas, pretrained, request_index, query, user, search, by_key)
 
     def encode(
         self,
@@ -154,13 +162,15 @@ class GroupEncoder(nn.Module):
         query: Optional[torch.Tensor],
         user: Optional[torch.Tensor],
         search: Optional[Tuple[torch.Tensor, ...]] = None,
+        ids: Optional[Dict[str, Tuple[torch.Tensor, Optional[torch.Tensor]]]] = None,
     ) -> torch.Tensor:
         """The group's features [B, output_dim] from plain tensors: each attribute's event embeddings
         [N, D] (in ``self.keys`` order), the events' offsets [U + 1] per request, time deltas [N],
         pretrained event embeddings [N, E] (or None), request_index [B], the candidate query [B, Dq],
         the user representation [U, Du] (each None when absent) and, for the retrieval, the ids it
         compares (``retrieval.Search``: the events' attribute ids [N] or bags [N, K], the candidates'
-        ids [B], or [Mc] with the row of each)."""
+        ids [B], or [Mc] with the row of each) and ``ids``, every key of ``id_keys`` so (an event key's
+        ids with None, a candidate key's with its rows)."""
         content, mask, deltas = self.events(
             attributes, offsets, time_deltas, pretrained if self.has_pretrained else None
         )
@@ -180,6 +190,7 @@ class GroupEncoder(nn.Module):
                 request_index,
                 offsets=offsets,
                 search=search,
+                ids=ids,
             )
             for entry, names in history:
                 parts = entry.run({n: getattr(self, n) for n in names}, inputs)

@@ -5,7 +5,9 @@ The expensive encoder runs once per request; this step is per candidate but ligh
 of a request are contiguous rows (``request_index`` is non-decreasing, as the loader builds it), so
 they are padded into [V, C, d] blocks (``by_request``) and scored against their request's events
 with one batched matmul: the [L, d] events are copied per block, not per row. A "no event" slot with
-score 0 and value 0 keeps an empty sequence finite (it attends to nothing and returns zeros).
+score 0 and value 0 keeps an empty sequence finite (it attends to nothing and returns zeros). With
+``weights="sigmoid"`` each event's weight is its own sigmoid (over the group's length), not a share
+of one: how many events the candidate matches survives the pooling.
 
 Memory bound: one block per request, padded to the batch's largest request, holds U x C_max slots.
 With 1-3 candidates per request and a last batch padded with copies of its last row (one request
@@ -80,6 +82,19 @@ def masked_softmax_with_empty_slot(scores: torch.Tensor, mask: torch.Tensor) -> 
     return torch.cat([scores, torch.zeros_like(scores[..., :1])], dim=-1).softmax(dim=-1)[..., :-1]
 
 
+def sigmoid_weights(scores: torch.Tensor, mask: torch.Tensor, length: int) -> torch.Tensor:
+    """Count-preserving weights [V, C, L] of scores [V, C, L] at real events (mask [V, L]): each
+    event's sigmoid, not normalized over the events (DIN's paper, 4.3: a softmax removes how many
+    events match; HSTU drops it too), divided by the group's ``length`` so a full sequence of
+    matches weighs at most 1 whatever its padding."""
+    return torch.sigmoid(scores) * mask.unsqueeze(1).to(scores.dtype) / length
+
+
+def attention_weights(scores: torch.Tensor, mask: torch.Tensor, kind: str, length: int) -> torch.Tensor:
+    """``masked_softmax_with_empty_slot`` ("softmax") or ``sigmoid_weights`` ("sigmoid")."""
+    return sigmoid_weights(scores, mask, length) if kind == "sigmoid" else masked_softmax_with_empty_slot(scores, mask)
+
+
 def _attend(
     q: torch.Tensor,
     keys: torch.Tensor,
@@ -87,13 +102,15 @@ def _attend(
     mask: torch.Tensor,
     request_index: torch.Tensor,
     max_rows: Optional[int] = None,
+    kind: str = "softmax",
+    length: int = 1,
 ) -> torch.Tensor:
     """q [B, d] per candidate; keys, events [U, L, d]; mask [U, L]. Returns [B, d]. ``max_rows``: as
-    ``by_request``."""
+    ``by_request``; ``kind``, ``length``: as ``attention_weights``."""
     blocks, slot, block_request = by_request(q, request_index, events.shape[0], max_rows)
     # Each block's request's events [V, L, d]: a copy of [U, L, d] when no request is cut.
     keys, events, mask = (t.index_select(0, block_request) for t in (keys, events, mask))
-    weights = masked_softmax_with_empty_slot(torch.bmm(blocks, keys.transpose(1, 2)), mask)  # [V, C, L]
+    weights = attention_weights(torch.bmm(blocks, keys.transpose(1, 2)), mask, kind, length)  # [V, C, L]
     return to_rows(torch.bmm(weights, events), slot)
 
 
@@ -102,11 +119,14 @@ torch.fx.wrap("_attend")
 
 
 class TargetAttention(nn.Module):
-    def __init__(self, query_dim: int, d_model: int):
+    def __init__(self, query_dim: int, d_model: int, weights: str = "softmax", length: int = 1):
+        """``weights``: "softmax", or "sigmoid" (count-preserving, divided by ``length``, the
+        group's events: ``attention_weights``)."""
         super().__init__()
         self.query = nn.Linear(query_dim, d_model)
         self.key = nn.Linear(d_model, d_model)
         self.scale = 1.0 / math.sqrt(d_model)
+        self.weights, self.length = weights, length
 
     def forward(
         self,
@@ -120,4 +140,5 @@ class TargetAttention(nn.Module):
         # A batched matmul, not self.key(events): nn.Linear checks the contiguity of this [U, L, d]
         # slice of the encoder output, which torch.export turns into a U != 1 guard (no single requests).
         keys = torch.baddbmm(self.key.bias.view(1, 1, -1), events, self.key.weight.t().expand(events.shape[0], -1, -1))
-        return _attend(self.query(query) * self.scale, keys, events, mask, request_index, max_rows)
+        q = self.query(query) * self.scale
+        return _attend(q, keys, events, mask, request_index, max_rows, self.weights, self.length)
