@@ -194,6 +194,8 @@ def _default(f: dataclasses.Field, obj: Any) -> str:
         return "required"
     if dataclasses.is_dataclass(value):
         return "see section"
+    if isinstance(value, list):  # a list of sections' default entries, as their keys
+        value = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value]
     text = yaml.safe_dump(value, default_flow_style=True, width=float("inf"))
     return "`" + text.removesuffix("...\n").strip() + "`"  # a bare scalar ends its document with "..."
 

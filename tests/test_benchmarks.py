@@ -4,6 +4,7 @@ against a time: these only check the scripts work and report what they claim to)
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -417,3 +418,23 @@ def test_managed_collision_times_the_hashed_and_the_managed_table_side_by_side(t
 
 # benchmarks/serving.py's smoke run is scripts/gpu_check.sh's serving step, whose dry run starts one
 # Ray cluster for both (tests/test_gpu_check.py, test_the_serving_benchmark_drives_the_service).
+
+
+def test_seeds_trains_each_seed_beside_its_reference_and_keeps_finished_runs(tiny_data, tmp_path):
+    _, data_dir = tiny_data
+    overrides = tiny_overrides(data_dir) + ["train.max_steps=3", "model.calibration=none"]
+    flags = f"--config {DEMO} --seeds 0 1 --ranks 1 --work {tmp_path} --out {tmp_path / 'seeds.md'}"
+    out = _run("seeds.py", flags, overrides)
+    assert "seed 0: training into" in out and "seed 1: training into" in out
+    rows = json.loads((tmp_path / "seeds.json").read_text())["rows"]
+    assert {(r["surface"], r["task"]) for r in rows} >= {("all", "click"), ("home_feed", "save")}
+    for r in rows:
+        assert r["seeds"] == 2 and abs(r["margin"] - (r["auc"] - r["ref_auc"])) < 1e-9
+        assert r["auc_se"] > 0 and r["lift"] is not None
+    runs = [json.loads((tmp_path / f"seed-{s}" / "config.json").read_text()) for s in (0, 1)]
+    assert [(c["train"]["seed"], c["reference"]["seed"]) for c in runs] == [(0, 0), (1, 1)]
+    verdicts = [line for line in out.splitlines() if line.startswith("all click: ")]
+    assert len(verdicts) == 1 and re.search(r"^all click: (ahead|level|behind) \([+-]", verdicts[0])
+    assert "| all | click |" in (tmp_path / "seeds.md").read_text()
+    again = _run("seeds.py", flags, overrides)  # the finished runs are kept, not trained again
+    assert "seed 0: keeping the finished run" in again and "seed 1: keeping the finished run" in again

@@ -453,7 +453,10 @@ def test_training_requires_its_paths(tmp_path, capsys):
 
 def test_demo_unstated_keys_take_defaults():
     cfg = config.load(DEMO)
-    assert cfg.model == config.ModelConfig()
+    # The model's stated keys: the counts encoder with its pairs, and the match indicator.
+    stated = config.ModelConfig(id_matches=cfg.model.id_matches)
+    stated.sequence.encoders, stated.sequence.counts = cfg.model.sequence.encoders, cfg.model.sequence.counts
+    assert cfg.model == stated and cfg.model.sequence.encoders == ["transformer", "counts"]
     assert cfg.train.warmup_steps == config.TrainConfig().warmup_steps
     assert cfg.data.nonfinite_dense == "error" and cfg.data.overlong_sequence == "truncate"
     assert cfg.features.table("user").hash and not cfg.features.table("item").hash

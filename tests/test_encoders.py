@@ -48,7 +48,12 @@ def _inputs(query_dim: int = DQ, seed: int = 0):
     query = torch.randn(B, query_dim, generator=g) if query_dim else None
     search = (torch.randint(0, 3, (n,), generator=g), torch.randint(0, 3, (B,), generator=g))
     deltas, pretrained = torch.rand(n, generator=g) * 1e6, torch.randn(n, 4, generator=g)
-    return attributes, offsets, deltas, pretrained, REQUEST_INDEX, query, None, search
+    # Every key the counts' pairs read (COUNTS): the events' ids, the candidates' with their rows.
+    ids = {"g.a": (search[0], None), "g.b": (search[0].flip(0), None), "candidate.c": (search[1], torch.arange(B))}
+    return attributes, offsets, deltas, pretrained, REQUEST_INDEX, query, None, search, ids
+
+
+COUNTS = encoders.MatchCountsConfig(pairs=[encoders.CountPair("a", "c")], by="b", by_values=[1])
 
 
 def _masked_max(m, i: EncoderInputs) -> Parts:
@@ -177,7 +182,7 @@ def _config_combinations():
 @pytest.mark.parametrize("query_dim", [DQ, 0], ids=["ranker", "user_tower"])
 def test_registry_widths_add_up_to_output_dim(names, query_dim):
     assert set(names) <= set(encoders.names())
-    cfg = SequenceEncoderConfig(d_model=D, encoders=list(names), window=4)
+    cfg = SequenceEncoderConfig(d_model=D, encoders=list(names), window=4, counts=COUNTS)
     context = encoders.BuildContext(_group(), cfg, D, query_dim, 0)
     try:
         enc = GroupEncoder(_group(), cfg, attr_dim=D, query_dim=query_dim, user_dim=0).eval()

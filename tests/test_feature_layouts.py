@@ -27,13 +27,16 @@ def sparse_without(path, names):
     return "features.sparse=" + json.dumps([s for s in sparse if s["name"] not in names])
 
 
+# Without sparse features there are no candidate ids to count or match.
+NO_CANDIDATE_IDS = ["model.sequence.encoders=[transformer]", "model.id_matches=[]"]
+
 # name -> (overrides of the demo config, the collections the model has and the pipeline pipelines)
 DEMO_LAYOUTS = {
     "no_row_bags": ([sparse_without(DEMO, ("advertiser_id", "ad_type"))], ["ec", "user_ebc"]),
     "no_user_side": ([sparse_without(DEMO, ("user_id", "query_tokens"))], ["ebc", "ec"]),
     "no_sequences": (["features.sequence_groups=[]"], ["ebc", "user_ebc"]),
-    "dense_and_sequences": (["features.sparse=[]"], ["ec"]),
-    "two_tower_dense_and_sequences": (["features.sparse=[]", "model.kind=two_tower"], ["ec"]),
+    "dense_and_sequences": (["features.sparse=[]"] + NO_CANDIDATE_IDS, ["ec"]),
+    "two_tower_dense_and_sequences": (["features.sparse=[]", "model.kind=two_tower"] + NO_CANDIDATE_IDS, ["ec"]),
 }
 
 
@@ -104,7 +107,7 @@ def test_layouts_without_bag_tables_serve_and_export(layouts, tiny_data):
 def test_plan_covers_the_tables_present():
     from pinads_rec import plan
 
-    report = plan.plan(config.load(DEMO, ["features.sparse=[]"]), plan.PlanSpec(world_size=2))
+    report = plan.plan(config.load(DEMO, ["features.sparse=[]"] + NO_CANDIDATE_IDS), plan.PlanSpec(world_size=2))
     assert sorted(report["tables"]) == ["action", "item", "seq_query_token", "topic"]
     assert {t["module"].rsplit(".", 1)[-1] for t in report["tables"].values()} == {"ec"}
 
@@ -112,15 +115,19 @@ def test_plan_covers_the_tables_present():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["features.sparse=[]", "features.dense=[]", "features.sequence_groups=[]"], "the model has no input"),
+        (
+            ["features.sparse=[]", "features.dense=[]", "features.sequence_groups=[]"] + NO_CANDIDATE_IDS,
+            "the model has no input",
+        ),
         # Dense features alone: no sharded collection, which TrainPipelineSparseDist cannot trace around.
-        (["features.sparse=[]", "features.sequence_groups=[]"], "no embedding table"),
+        (["features.sparse=[]", "features.sequence_groups=[]"] + NO_CANDIDATE_IDS, "no embedding table"),
         (
             [sparse_without(DEMO, ("item_id", "advertiser_id", "ad_type", "item_topic", "context_topic"))]
             + [
                 "features.dense=[{name: user_activity, column: user_activity, user_side: true}]",
                 "model.kind=two_tower",
-            ],
+            ]
+            + NO_CANDIDATE_IDS,
             "needs a candidate-side feature for its ad tower",
         ),
     ],

@@ -13,7 +13,7 @@ from conftest import REPO
 from pinads_rec import config
 from pinads_rec.config import SequenceEncoderConfig, SequenceFeatureConfig, SequenceGroupConfig
 from pinads_rec.modules import encoders
-from pinads_rec.modules.encoders import CountPair, MatchCountsSettings
+from pinads_rec.modules.encoders import CountPair, MatchCountsConfig
 from pinads_rec.modules.match_counts import MatchCounts, bin_edges
 from pinads_rec.modules.sequence import GroupEncoder
 
@@ -97,8 +97,8 @@ def test_the_group_encoder_runs_counts_from_the_sequence_ids():
             SequenceFeatureConfig(name="act", column="act", table="u"),
         ],
     )
-    settings = MatchCountsSettings(pairs=[CountPair("a", "c")], by="act", by_values=[1, 2], windows=[2, 0])
-    cfg = SequenceEncoderConfig(d_model=8, encoders=["counts"], settings={"counts": settings})
+    settings = MatchCountsConfig(pairs=[CountPair("a", "c")], by="act", by_values=[1, 2], windows=[2, 0])
+    cfg = SequenceEncoderConfig(d_model=8, encoders=["counts"], counts=settings)
     assert encoders.REGISTRY["counts"].id_keys(group, cfg) == ["g.a", "candidate.c", "g.act"]
     enc = GroupEncoder(group, cfg, attr_dim=8, query_dim=5, user_dim=0).eval()
     offsets, ids, actions, ages, candidates = _events()
@@ -114,17 +114,24 @@ def test_the_group_encoder_runs_counts_from_the_sequence_ids():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["{pairs: [{attribute: nope, candidate: item_id}]}"], r"pairs\[0\]\.attribute: 'nope' is not a feature"),
+        (
+            ["{pairs: [{attribute: nope, candidate: item_id}]}"],
+            r"pairs\[0\]\.attribute: 'nope' is not a feature of any",
+        ),
+        (
+            ["{pairs: [{attribute: item, candidate: item_id}]}"],
+            r"no pair's attribute is a feature of sequence group 'que",
+        ),
         (["{pairs: [{attribute: item, candidate: user_id}]}"], r"pairs\[0\]\.candidate: 'user_id' is not a candid"),
         (["{pairs: [{attribute: topic, candidate: item_id}]}"], r"uses table 'item' but pins\.topic uses 'topic'"),
-        (["{by: action}"], r"by_values: give the ids of .*\.by to count apart"),
+        (["{by: action, by_values: []}"], r"by_values: give the ids of .*\.by to count apart"),
         (["{windows: [-1]}"], r"windows\[0\]: must be >= 0"),
     ],
 )
 def test_a_bad_counts_config_names_the_key(overrides, message):
-    sets = ["model.sequence.encoders=[transformer, counts]", "model.sequence_groups={queries: {encoders: [sum]}}"]
+    sets = ["model.sequence.encoders=[transformer, counts]"]
     with pytest.raises(config.ConfigError, match=message):
-        config.load(DEMO, sets + [f"model.sequence.settings.counts={o}" for o in overrides])
+        config.load(DEMO, sets + [f"model.sequence.counts={o}" for o in overrides])
 
 
 def test_a_match_indicator_is_one_where_the_two_features_share_an_id():

@@ -99,7 +99,7 @@ def test_per_group_encoder_configs_merge_over_model_sequence():
     )
     queries, pins = cfg.model.sequence_for("queries"), cfg.model.sequence_for("pins")
     assert queries.encoders == ["sum"] and queries.d_model == 16 and queries.num_layers == 2
-    assert pins.encoders == ["transformer"] and pins.d_model == 32
+    assert pins.encoders == ["transformer", "counts"] and pins.d_model == 32  # the demo's model.sequence
     with pytest.raises(config.ConfigError, match=r"^.*model\.sequence_groups\.nope: no sequence group named 'nope'"):
         config.load(os.path.join(REPO, "configs", "demo.yaml"), ["model.sequence_groups={nope: {}}"])
     with pytest.raises(

@@ -78,7 +78,13 @@ from pinads_rec.data.build_settings import (
     VocabularyConfig,
 )
 from pinads_rec.data.synth_settings import DriftConfig, FaultsConfig, LongHistoryConfig, SynthConfig
-from pinads_rec.modules.encoders import HSTUConfig, RetrievalConfig, SequenceProjectionConfig
+from pinads_rec.modules.encoders import (
+    CountPair,
+    HSTUConfig,
+    MatchCountsConfig,
+    RetrievalConfig,
+    SequenceProjectionConfig,
+)
 
 __all__ = [
     "AdmissionConfig",
@@ -88,6 +94,7 @@ __all__ = [
     "CANDIDATE_PREFIX",
     "ColumnsConfig",
     "ConfigError",
+    "CountPair",
     "DCNConfig",
     "DataConfig",
     "DenseFeatureConfig",
@@ -104,6 +111,7 @@ __all__ = [
     "LongHistoryConfig",
     "ManagedCollisionConfig",
     "MMoEConfig",
+    "MatchCountsConfig",
     "ModelConfig",
     "NegativeDownsamplingConfig",
     "PrecisionConfig",

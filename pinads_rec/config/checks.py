@@ -211,11 +211,8 @@ def _validate_model(m: ModelConfig, f: FeaturesConfig) -> None:
 
 
 def _validate_id_matches(m, f) -> None:
-    """Each pair: a candidate-side sparse feature and another sparse feature on its table; the
-    ranker's (the two-tower model keeps the candidate apart from the request until its dot product)."""
+    """Each pair: a candidate-side sparse feature and another sparse feature on its table."""
     sparse = {s.name: s for s in f.sparse}
-    if m.id_matches and m.kind != "ranker":
-        raise ConfigError(f"model.id_matches: the {m.kind} model has no match indicators (the ranker's); remove them")
     for i, pair in enumerate(m.id_matches):
         where = f"model.id_matches[{i}]"
         cand, other = sparse.get(pair.candidate), sparse.get(pair.other)

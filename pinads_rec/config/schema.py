@@ -22,6 +22,7 @@ from pinads_rec.modules.encoders import (
     DINSettings,
     HSTUConfig,
     LongShortSettings,
+    MatchCountsConfig,
     PeriodSumSettings,
     RetrievalConfig,
     TransformerSettings,
@@ -144,6 +145,7 @@ class SequenceEncoderConfig(LongShortSettings, DINSettings, PeriodSumSettings, T
     early_interaction: EarlyInteractionConfig = field(default_factory=EarlyInteractionConfig)
     hstu: HSTUConfig = field(default_factory=HSTUConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    counts: MatchCountsConfig = field(default_factory=MatchCountsConfig)
     # The settings of a registered encoder that declares its own (modules/encoders.py, Encoder.settings),
     # by the encoder's name: its keys under model.sequence.settings.<name>.
     settings: Dict[str, Any] = field(default_factory=dict, metadata={"value_class": registry.settings_class})
@@ -236,7 +238,8 @@ class ModelConfig:
     # Per-group encoders: sequence group name -> the keys that differ from model.sequence.
     sequence_groups: Dict[str, SequenceEncoderConfig] = field(default_factory=dict)
     # The ranker's match indicators: per pair, 1 where the two sparse features share an id, an input
-    # of the cross network (an equality of two ids, which embeddings only approximate).
+    # of the cross network (an equality of two ids, which embeddings only approximate). The
+    # two-tower model has none: it keeps the candidate apart from the request until its dot product.
     id_matches: List[IdMatchConfig] = field(default_factory=list)
     # The ranker's DCNv2 cross network.
     dcn: DCNConfig = field(default_factory=DCNConfig)

@@ -504,24 +504,28 @@ class CountPair:
     """One pair counted: an attribute of the group's events and a candidate-side sparse feature on
     the same table (ids are compared)."""
 
+    # A feature of the group.
     attribute: str = "item"
+    # A candidate-side sparse feature on the attribute's table.
     candidate: str = "item_id"
 
 
 @dataclass
-class MatchCountsSettings:
+class MatchCountsConfig:
     """Target-aware counting (modules/match_counts.py): per pair, the candidate's matches among the
-    newest events, as features the dense arch reads; model.sequence.settings.counts.*, or a group's
-    own under model.sequence_groups.<group>.settings.counts."""
+    newest events, as features the dense arch reads. A group counts the pairs (and splits by the
+    ``by`` attribute) whose attributes it has; one may set its own under
+    model.sequence_groups.<group>.counts."""
 
-    # The pairs counted (each: attribute, a feature of the group; candidate, a candidate-side sparse
-    # feature on the attribute's table).
+    # The pairs counted (each: attribute, a feature of the groups that count it; candidate, a
+    # candidate-side sparse feature on the attribute's table).
     pairs: List[CountPair] = field(default_factory=lambda: [CountPair()])
     # Matches counted among the newest k events, for each k (0: the whole history).
     windows: List[int] = field(default_factory=lambda: [5, 20, 0])
     # Recency-weighted match sums, one per half-life in seconds (an event weighs 2^(-age / half-life)).
     half_lives_s: List[float] = field(default_factory=lambda: [86400.0])
-    # An attribute of the group (the action) whose values split each window's count ("": none).
+    # An attribute of the groups (the action) whose values split each window's count, in the groups
+    # that have it ("": none).
     by: str = ""
     # The ids of ``by`` counted apart (the ids as the batch holds them: the build's vocabulary's).
     by_values: List[int] = field(default_factory=list)
@@ -530,21 +534,31 @@ class MatchCountsSettings:
 
 
 def _pair_keys(group, cfg) -> List[Tuple[str, str]]:
-    s = cfg.settings_for("counts")
-    return [(f"{group.name}.{p.attribute}", CANDIDATE_PREFIX + p.candidate) for p in s.pairs]
+    """The sequence-KJT keys of the pairs ``group`` has the attribute of (the others are left out there)."""
+    attrs = {f.name for f in group.features}
+    return [
+        (f"{group.name}.{p.attribute}", CANDIDATE_PREFIX + p.candidate)
+        for p in cfg.counts.pairs
+        if p.attribute in attrs
+    ]
+
+
+def _by_key(group, cfg) -> Optional[str]:
+    by = cfg.counts.by
+    return f"{group.name}.{by}" if by and by in {f.name for f in group.features} else None
 
 
 def _count_keys(group, cfg) -> List[str]:
-    s = cfg.settings_for("counts")
     keys = [k for pair in _pair_keys(group, cfg) for k in pair]
-    return keys + ([f"{group.name}.{s.by}"] if s.by else [])
+    by = _by_key(group, cfg)
+    return keys + ([by] if by else [])
 
 
 def _build_counts(c: BuildContext) -> Modules:
     from pinads_rec.modules.match_counts import MatchCounts
 
-    s = c.cfg.settings_for("counts")
-    by = f"{c.group.name}.{s.by}" if s.by else None
+    s = c.cfg.counts
+    by = _by_key(c.group, c.cfg)
     return {
         "counts": MatchCounts(
             _pair_keys(c.group, c.cfg), by, s.windows, s.half_lives_s, s.by_values, c.group.max_length, s.dim
@@ -557,7 +571,7 @@ def _run_counts(m: Modules, i: EncoderInputs) -> Parts:
 
 
 def _check_counts(c: CheckContext) -> None:
-    s, path = c.enc.settings_for("counts"), f"{c.path}.settings.counts"
+    s, path = c.enc.counts, f"{c.path}.counts"
     for j, w in enumerate(s.windows):
         positive(f"{path}.windows[{j}]", w, allow_zero=True)
     for j, h in enumerate(s.half_lives_s):
@@ -568,14 +582,16 @@ def _check_counts(c: CheckContext) -> None:
     if not s.pairs:
         raise ConfigError(f"{path}.pairs: list at least one (attribute, candidate) pair to count")
     attrs = {f.name: f for f in c.group.features}
+    anywhere = {f.name for g in c.features.sequence_groups for f in g.features}
     sparse = {f.name: f for f in c.features.sparse}
     for j, p in enumerate(s.pairs):
         where = f"{path}.pairs[{j}]"
-        if p.attribute not in attrs:
+        if p.attribute not in anywhere:
             raise ConfigError(
-                f"{where}.attribute: {p.attribute!r} is not a feature of sequence group {c.group.name!r} "
-                f"({sorted(attrs)}); a group with other attributes sets its own under model.sequence_groups"
+                f"{where}.attribute: {p.attribute!r} is not a feature of any sequence group ({sorted(anywhere)})"
             )
+        if p.attribute not in attrs:  # counted in the groups that have it
+            continue
         cand = sparse.get(p.candidate)
         if cand is None or cand.user_side:
             raise ConfigError(
@@ -587,9 +603,14 @@ def _check_counts(c: CheckContext) -> None:
                 f"{where}.candidate: {p.candidate!r} uses table {cand.table!r} but {c.group.name}.{p.attribute} "
                 f"uses {attrs[p.attribute].table!r}: counting compares ids, so both must use one table"
             )
-    if s.by and s.by not in attrs:
-        raise ConfigError(f"{path}.by: {s.by!r} is not a feature of sequence group {c.group.name!r} ({sorted(attrs)})")
-    if s.by and attrs[s.by].multi_valued:
+    if not any(p.attribute in attrs for p in s.pairs):
+        raise ConfigError(
+            f"{path}.pairs: no pair's attribute is a feature of sequence group {c.group.name!r} ({sorted(attrs)}); "
+            f"give it pairs of its own under model.sequence_groups.{c.group.name}.counts, or leave counts out there"
+        )
+    if s.by and s.by not in anywhere:
+        raise ConfigError(f"{path}.by: {s.by!r} is not a feature of any sequence group ({sorted(anywhere)})")
+    if s.by in attrs and attrs[s.by].multi_valued:
         raise ConfigError(f"{path}.by: {s.by!r} holds several ids per event; counts split by one id per event")
     if bool(s.by) != bool(s.by_values):
         raise ConfigError(f"{path}.by_values: give the ids of {path}.by to count apart, and both or neither")
@@ -605,6 +626,5 @@ register(
         reads="history",  # the windows are cut from the whole history
         id_keys=_count_keys,
         check=_check_counts,
-        settings=MatchCountsSettings,
     )
 )
