@@ -67,20 +67,31 @@ def widths(features) -> Dict[str, int]:
 
 
 def make_inputs(cfg, rows: int, device, generator) -> dict:
+    from pinads_rec.config_base import CANDIDATE_PREFIX
+
     per_request = max(1, round(cfg.synth.candidates_per_request))  # a mean in the config (float)
     U = max(1, rows // per_request)
     request_index = torch.arange(rows) * U // rows  # non-decreasing, every request gets rows
     w = widths(cfg.features)
+    # The ids the counts (and a retrieval) compare: each candidate-side feature's, one per row, from
+    # a few dozen values so that events match them.
+    candidate_ids = {
+        CANDIDATE_PREFIX + s.name: (torch.randint(0, 32, (rows,), generator=generator), torch.arange(rows))
+        for s in cfg.features.sparse
+        if not s.user_side
+    }
     groups = {}
     for g in cfg.features.sequence_groups:
         lengths = torch.randint(g.max_length // 2, g.max_length + 1, (U,), generator=generator)
         n = int(lengths.sum())
         dim = cfg.features.table(g.features[0].table).embedding_dim
+        event_ids = {f"{g.name}.{f.name}": (torch.randint(0, 32, (n,), generator=generator), None) for f in g.features}
         groups[g.name] = {
             "attributes": [torch.randn(n, dim, generator=generator) for _ in g.features],
             "offsets": torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]),
             "time_deltas": torch.rand(n, generator=generator) * 30 * 86400.0,
             "pretrained": torch.randn(n, g.embedding_dim, generator=generator) if g.embedding_column else None,
+            "ids": {**event_ids, **candidate_ids},
         }
     inputs = {
         "groups": groups,
@@ -95,8 +106,8 @@ def make_inputs(cfg, rows: int, device, generator) -> dict:
 def _to(x, device):
     if isinstance(x, dict):
         return {k: _to(v, device) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_to(v, device) for v in x]
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to(v, device) for v in x)
     return x.to(device) if x is not None else None
 
 

@@ -14,7 +14,7 @@ from pinads_rec import config
 from pinads_rec.config import SequenceEncoderConfig, SequenceFeatureConfig, SequenceGroupConfig
 from pinads_rec.modules import encoders
 from pinads_rec.modules.encoders import CountPair, MatchCountsConfig
-from pinads_rec.modules.match_counts import MatchCounts, bin_edges
+from pinads_rec.modules.match_counts import SINCE_CAP_S, MatchCounts
 from pinads_rec.modules.sequence import GroupEncoder
 
 DEMO = os.path.join(REPO, "configs", "demo.yaml")
@@ -36,16 +36,22 @@ def _events(seed=0):
 
 
 def _by_hand(offsets, ids, actions, ages, candidates, windows, half_life, values):
+    """Each feature as the module's docstring states it: log1p of the count over log1p of its most."""
     rows = []
     for b, u in enumerate(REQUEST_INDEX.tolist()):
         events = list(range(offsets[u], offsets[u + 1]))  # newest first
         hits = [e for e in events if ids[e] == candidates[b]]
         position = {e: i for i, e in enumerate(events)}
-        f = [sum(position[e] < w for e in hits) for w in windows]
-        f += [sum(position[e] < w and actions[e] == v for e in hits) for w in windows for v in values]
-        f.append(sum(2 ** (-float(ages[e]) / half_life) for e in hits))
-        f += [min(float(ages[e]) for e in hits) if hits else 0.0, 1.0 if hits else 0.0]
-        rows.append([math.log1p(x) for x in f])
+        f = [math.log1p(sum(position[e] < w for e in hits)) / math.log1p(w) for w in windows]
+        f += [
+            math.log1p(sum(position[e] < w and actions[e] == v for e in hits)) / math.log1p(w)
+            for w in windows
+            for v in values
+        ]
+        f.append(math.log1p(sum(2 ** (-float(ages[e]) / half_life) for e in hits)) / math.log1p(L))
+        since = min(float(ages[e]) for e in hits) if hits else 0.0
+        f += [math.log1p(since) / math.log1p(SINCE_CAP_S), 1.0 if hits else 0.0]
+        rows.append(f)
     return torch.tensor(rows)
 
 
@@ -72,7 +78,7 @@ def test_counts_equal_a_count_by_hand():
 
 def test_a_bag_matches_on_any_shared_id_and_the_encoding_is_learned():
     """A candidate with two ids (a multi-hot feature) matches an event holding either; an event's
-    bag (padded with -1) matches when it holds the candidate's id."""
+    bag (padded with -1) matches when it holds the candidate's id; every feature is in [0, 1]."""
     offsets = torch.tensor([0, 3])
     bags = torch.tensor([[5, -1], [7, 8], [9, -1]])  # three events' ids
     m = MatchCounts([("g.tags", "candidate.tags")], None, [0], [], [], 4, dim=4)
@@ -80,11 +86,10 @@ def test_a_bag_matches_on_any_shared_id_and_the_encoding_is_learned():
     ids = {"g.tags": (bags, None), "candidate.tags": (torch.tensor([8, 5, 1]), torch.tensor([0, 0, 1]))}
     out = m(ids, offsets, mask, torch.zeros(1, 4), torch.tensor([0, 0]))
     assert out.shape == (2, m.num_features + 4)
-    assert out[:, 0].tolist() == pytest.approx([math.log1p(2), 0.0])  # row 0: ids 8 and 5; row 1: id 1
+    assert out[:, 0].tolist() == pytest.approx([math.log1p(2) / math.log1p(4), 0.0])  # row 0: ids 8, 5; row 1: 1
     out.sum().backward()
     assert m.encode.weight.grad.abs().sum() > 0
-    edges = bin_edges(100)
-    assert edges[0] == 0 and edges[-1] >= math.log1p(100) and edges == sorted(edges)
+    assert ((out[:, : m.num_features] >= 0) & (out[:, : m.num_features] <= 1)).all()  # bounded inputs of the DCN
 
 
 def test_the_group_encoder_runs_counts_from_the_sequence_ids():
@@ -117,10 +122,6 @@ def test_the_group_encoder_runs_counts_from_the_sequence_ids():
         (
             ["{pairs: [{attribute: nope, candidate: item_id}]}"],
             r"pairs\[0\]\.attribute: 'nope' is not a feature of any",
-        ),
-        (
-            ["{pairs: [{attribute: item, candidate: item_id}]}"],
-            r"no pair's attribute is a feature of sequence group 'que",
         ),
         (["{pairs: [{attribute: item, candidate: user_id}]}"], r"pairs\[0\]\.candidate: 'user_id' is not a candid"),
         (["{pairs: [{attribute: topic, candidate: item_id}]}"], r"uses table 'item' but pins\.topic uses 'topic'"),
@@ -161,3 +162,24 @@ def test_a_match_indicator_is_one_where_the_two_features_share_an_id():
 def test_a_bad_match_pair_names_the_key(pair, message):
     with pytest.raises(config.ConfigError, match=message):
         config.load(DEMO, [f"model.id_matches=[{pair}]"])
+
+
+def test_a_group_without_the_pairs_attributes_counts_nothing():
+    """model.sequence serves every group: one without a pair's attribute (the demo's query history
+    has no items) counts the pairs it has, and one with none of them counts nothing."""
+    group = SequenceGroupConfig(
+        name="q",
+        timestamp_column="ts",
+        max_length=L,
+        features=[SequenceFeatureConfig(name="token", column="t", table="t")],
+    )
+    cfg = SequenceEncoderConfig(d_model=8, encoders=["transformer", "counts"])
+    enc = GroupEncoder(group, cfg, attr_dim=8, query_dim=5, user_dim=0)
+    assert enc.counts is None and enc.id_keys == []
+    demo = config.load(DEMO)
+    pins, queries = (
+        GroupEncoder(g, demo.model.sequence_for(g.name), 32, 5, 0) for g in demo.features.sequence_groups[::2]
+    )
+    assert pins.counts.pair_keys == [("pins.item", "candidate.item_id"), ("pins.topic", "candidate.item_topic")]
+    assert pins.counts.by_key == "pins.action"
+    assert queries.counts.pair_keys == [("queries.topic", "candidate.item_topic")] and queries.counts.by_key is None

@@ -558,15 +558,18 @@ def _build_counts(c: BuildContext) -> Modules:
     from pinads_rec.modules.match_counts import MatchCounts
 
     s = c.cfg.counts
-    by = _by_key(c.group, c.cfg)
+    pairs, by = _pair_keys(c.group, c.cfg), _by_key(c.group, c.cfg)
+    # A group with none of the pairs' attributes counts nothing.
     return {
-        "counts": MatchCounts(
-            _pair_keys(c.group, c.cfg), by, s.windows, s.half_lives_s, s.by_values, c.group.max_length, s.dim
-        )
+        "counts": MatchCounts(pairs, by, s.windows, s.half_lives_s, s.by_values, c.group.max_length, s.dim)
+        if pairs
+        else None
     }
 
 
 def _run_counts(m: Modules, i: EncoderInputs) -> Parts:
+    if m["counts"] is None:
+        return Parts()
     return Parts(row=[m["counts"](i.ids, i.offsets, i.mask, i.deltas, i.request_index)])
 
 
@@ -603,11 +606,6 @@ def _check_counts(c: CheckContext) -> None:
                 f"{where}.candidate: {p.candidate!r} uses table {cand.table!r} but {c.group.name}.{p.attribute} "
                 f"uses {attrs[p.attribute].table!r}: counting compares ids, so both must use one table"
             )
-    if not any(p.attribute in attrs for p in s.pairs):
-        raise ConfigError(
-            f"{path}.pairs: no pair's attribute is a feature of sequence group {c.group.name!r} ({sorted(attrs)}); "
-            f"give it pairs of its own under model.sequence_groups.{c.group.name}.counts, or leave counts out there"
-        )
     if s.by and s.by not in anywhere:
         raise ConfigError(f"{path}.by: {s.by!r} is not a feature of any sequence group ({sorted(anywhere)})")
     if s.by in attrs and attrs[s.by].multi_valued:
@@ -620,7 +618,7 @@ register(
     Encoder(
         "counts",
         build=_build_counts,
-        widths=lambda m, c: (0, m["counts"].output_dim),
+        widths=lambda m, c: (0, m["counts"].output_dim if m["counts"] is not None else 0),
         run=_run_counts,
         needs_query=True,
         reads="history",  # the windows are cut from the whole history

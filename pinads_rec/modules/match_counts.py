@@ -14,9 +14,10 @@ matching events but not how many there are, which DIN's paper (4.3) and HSTU giv
 keep; a count is a sum over a few hundred ids, hard to learn through embeddings in one pass and
 cheap to compute exactly.
 
-Each feature is log1p'd, then encoded: the value itself and a learned map of its piecewise-linear
-bins (Gorishniy et al. 2022: bins on log1p(0, 1, 2, 4, ...) so one count more moves a few units
-where counts are small), both into the cross network.
+Each feature is log1p'd and scaled into [0, 1] (by the log1p of its largest value), then
+encoded: the value itself and a learned map of its piecewise-linear bins (Gorishniy et al. 2022;
+equal bins of the log1p scale, so one count more moves further where counts are small), both into
+the cross network.
 
 In: per pair, event ids [U, L] (or bags [U, L, K], padded with -1) and candidate ids [B] (or [Mc]
 with their rows), mask [U, L], ages [U, L] (seconds), the ``by`` attribute's ids [U, L],
@@ -32,11 +33,8 @@ from torch import nn
 from pinads_rec.modules.jagged import pad_jagged_torch
 from pinads_rec.modules.retrieval import matches
 
-
-def bin_edges(longest: int) -> List[float]:
-    """log1p(0, 1, 2, 4, ..., >= longest): the piecewise-linear bins of a log1p count."""
-    counts = [0] + [2**i for i in range(max(1, math.ceil(math.log2(max(longest, 2)))) + 1)]
-    return [math.log1p(c) for c in counts]
+# Seconds a "since the newest match" saturates at: a year.
+SINCE_CAP_S = 365 * 86400.0
 
 
 class MatchCounts(nn.Module):
@@ -49,10 +47,12 @@ class MatchCounts(nn.Module):
         by_values: Sequence[int],
         longest: int,
         dim: int,
+        bins: int = 8,
     ):
         """``pair_keys``: per pair, the sequence-KJT keys of the event attribute and the candidate
         feature; ``by_key``: the key of the attribute whose values split the counts (or None);
-        ``longest``: the group's max_length."""
+        ``longest``: the group's max_length; ``dim``: the learned encoding's width (0: none) over
+        ``bins`` piecewise-linear bins of each feature."""
         super().__init__()
         self.pair_keys = [tuple(p) for p in pair_keys]
         self.by_key = by_key
@@ -61,8 +61,9 @@ class MatchCounts(nn.Module):
         self.register_buffer("by_values", torch.tensor(list(by_values), dtype=torch.long), persistent=False)
         per_pair = len(self.windows) * (1 + (len(by_values) if by_key else 0)) + len(half_lives_s) + 2
         self.num_features = len(self.pair_keys) * per_pair  # + 2: since the newest match, whether one
-        self.register_buffer("edges", torch.tensor(bin_edges(longest)), persistent=False)
-        self.encode = nn.Linear(self.num_features * (len(self.edges) - 1), dim) if dim else None
+        self.longest = longest
+        self.bins = bins
+        self.encode = nn.Linear(self.num_features * bins, dim) if dim else None
         self.output_dim = self.num_features + dim
 
     def features(
@@ -73,26 +74,31 @@ class MatchCounts(nn.Module):
         by: Optional[torch.Tensor],
         request_index: torch.Tensor,
     ) -> torch.Tensor:
-        """The log1p counts [B, num_features], pair by pair: per window the count, then per window
-        the count of each ``by`` value, then the recency-weighted sums, log1p(seconds since the newest match)
-        (0 without one) and whether there is one. ``pairs``: per pair, the event ids [U, L] (or bags
-        [U, L, K]), the candidate ids and their rows (``retrieval.matches``)."""
+        """The features [B, num_features], each in [0, 1], pair by pair: per window log1p(count) /
+        log1p(window), then per window the same of each ``by`` value's count, then per half-life
+        log1p(the recency-weighted sum) / log1p(max_length), log1p(seconds since the newest match)
+        / log1p(a year) (0 without one), and whether there is one. In [0, 1] because the cross
+        network multiplies its inputs: a raw count or log-seconds near 15 drove the logits past
+        1e4 and the training to a constant model (the demo, seed 0). ``pairs``: per pair, the event
+        ids [U, L] (or bags [U, L, K]), the candidate ids and their rows (``retrieval.matches``)."""
         row_ages = ages.index_select(0, request_index).clamp(min=0)  # [B, L]
         weights = torch.exp2(-row_ages.unsqueeze(2) / self.half_lives)  # [B, L, H]
         row_by = (by.index_select(0, request_index).unsqueeze(2) == self.by_values) if by is not None else None
+        window_scale = [math.log1p(w) for w in self.windows]
         out = []
         for event_ids, candidate_ids, candidate_rows in pairs:
             match = matches(event_ids, mask, candidate_ids, request_index, candidate_rows)  # [B, L], newest first
             hit = match.to(ages.dtype)
-            out += [hit[:, :w].sum(1, keepdim=True) for w in self.windows]
+            out += [torch.log1p(hit[:, :w].sum(1, keepdim=True)) / z for w, z in zip(self.windows, window_scale)]
             if row_by is not None:
                 per_value = hit.unsqueeze(2) * row_by  # [B, L, V]
-                out += [per_value[:, :w].sum(1) for w in self.windows]
-            out.append((hit.unsqueeze(2) * weights).sum(1))
+                out += [torch.log1p(per_value[:, :w].sum(1)) / z for w, z in zip(self.windows, window_scale)]
+            out.append(torch.log1p((hit.unsqueeze(2) * weights).sum(1)) / math.log1p(self.longest))
             found = match.any(1, keepdim=True)
-            newest = row_ages.masked_fill(~match, float("inf")).amin(1, keepdim=True)
-            out += [torch.where(found, newest, torch.zeros_like(newest)), found.to(ages.dtype)]
-        return torch.log1p(torch.cat(out, dim=1))
+            newest = row_ages.masked_fill(~match, float("inf")).amin(1, keepdim=True).clamp(max=SINCE_CAP_S)
+            since = torch.log1p(torch.where(found, newest, torch.zeros_like(newest))) / math.log1p(SINCE_CAP_S)
+            out += [since, found.to(ages.dtype)]
+        return torch.cat(out, dim=1)
 
     def forward(
         self,
@@ -117,7 +123,6 @@ class MatchCounts(nn.Module):
         f = self.features(pairs, mask, ages.to(torch.float32), by, request_index)
         if self.encode is None:
             return f
-        lo, hi = self.edges[:-1], self.edges[1:]
-        bins = ((f.unsqueeze(2) - lo) / (hi - lo)).clamp(0, 1)  # [B, F, bins]; the last open-ended
-        bins = torch.cat([bins[..., :-1], ((f.unsqueeze(2) - lo[-1:]) / (hi[-1:] - lo[-1:])).clamp(min=0)], dim=2)
+        # Piecewise-linear bins of [0, 1]: bin j is 0 below its interval, 1 above, linear within.
+        bins = (f.unsqueeze(2) * self.bins - torch.arange(self.bins, device=f.device)).clamp(0, 1)
         return torch.cat([f, self.encode(bins.flatten(1))], dim=1)
