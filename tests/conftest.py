@@ -22,12 +22,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # spend 40% less CPU on them (a Taobao-fixture build, cold then warm: 110 -> 65 CPU s) than the
 # server JIT and GC tuned for long jobs. Results are unchanged; read when pyspark launches its JVM.
 # Java ignores TMPDIR: its temporary root (Spark's local dirs, blockmgr-*, spark-*) is named here, and
-# no hsperfdata file goes to /tmp (UsePerfData off: only jps and jstat read it).
+# no hsperfdata file goes to /tmp (UsePerfData off, for the driver and for spark-submit's launcher
+# JVM: only jps and jstat read it).
 os.environ.setdefault(
     "PYSPARK_SUBMIT_ARGS",
     f"--driver-java-options '-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSerialGC -XX:-UsePerfData "
     f"-Djava.io.tmpdir={tempfile.gettempdir()}' pyspark-shell",
 )
+os.environ.setdefault("SPARK_LAUNCHER_OPTS", "-XX:-UsePerfData")
 
 # Ray's temporary root of this test session's own (or the caller's RAY_TMPDIR, as .ci/run gives):
 # every Ray a test starts keeps its sessions, sockets, logs and "current cluster" address under it,

@@ -20,7 +20,7 @@ PARTS = {
     "sequence arch: din",
     "DCNv2 cross network",
     "MMoE",
-    "whole dense + sequence arch (transformer)",
+    "whole dense + sequence arch (transformer+counts)",  # configs/demo.yaml's encoders
 }
 
 

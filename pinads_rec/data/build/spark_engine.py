@@ -66,7 +66,8 @@ def check_java() -> str:
     if not java or not os.access(java, os.X_OK):
         where = f"JAVA_HOME={home} has no bin/java" if home else "no java on the PATH and JAVA_HOME is unset"
         raise ConfigError(f"--engine spark: Spark needs a Java runtime, and {where}; {fix}")
-    shown = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    # -XX:-UsePerfData: a version check leaves no /tmp/hsperfdata_<user> file behind.
+    shown = subprocess.run([java, "-XX:-UsePerfData", "-version"], capture_output=True, text=True).stderr
     found = re.search(r'version "(\d+)(?:\.(\d+))?', shown)
     major = int(found.group(1)) if found else 0
     if major == 1 and found.group(2):  # "1.8.0": Java 8
