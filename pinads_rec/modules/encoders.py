@@ -326,6 +326,23 @@ def _run_retrieval(m: Modules, i: EncoderInputs) -> Parts:
     return Parts(row=[retrieved])
 
 
+def _check_candidate_on_table(key: str, candidate: str, features, group, attribute, what: str) -> None:
+    """``candidate`` is a candidate-side sparse feature on the table of the group's ``attribute``
+    (``what`` compares their ids, so they must mean the same thing)."""
+    sparse = {f.name: f for f in features.sparse}
+    cand = sparse.get(candidate)
+    if cand is None or cand.user_side:
+        raise ConfigError(
+            f"{key}: {candidate!r} is not a candidate-side sparse feature "
+            f"({sorted(n for n, f in sparse.items() if not f.user_side)})"
+        )
+    if cand.table != attribute.table:
+        raise ConfigError(
+            f"{key}: {candidate!r} uses table {cand.table!r} but {group.name}.{attribute.name} uses "
+            f"{attribute.table!r}: {what} compares ids, so both must use one table"
+        )
+
+
 def _check_retrieval(c: CheckContext) -> None:
     """The attribute is one of the group's features; the candidate feature is candidate-side and
     uses the same table (ids are compared, so they must mean the same thing)."""
@@ -339,18 +356,7 @@ def _check_retrieval(c: CheckContext) -> None:
         raise ConfigError(
             f"{path}.attribute: {r.attribute!r} is not a feature of sequence group {group.name!r} ({sorted(attrs)})"
         )
-    sparse = {f.name: f for f in c.features.sparse}
-    cand = sparse.get(r.candidate)
-    if cand is None or cand.user_side:
-        raise ConfigError(
-            f"{path}.candidate: {r.candidate!r} is not a candidate-side sparse feature "
-            f"({sorted(n for n, f in sparse.items() if not f.user_side)})"
-        )
-    if cand.table != attrs[r.attribute].table:
-        raise ConfigError(
-            f"{path}.candidate: {r.candidate!r} uses table {cand.table!r} but {group.name}.{r.attribute} uses "
-            f"{attrs[r.attribute].table!r}: retrieval compares ids, so both must use one table"
-        )
+    _check_candidate_on_table(f"{path}.candidate", r.candidate, c.features, group, attrs[r.attribute], "retrieval")
 
 
 register(
@@ -586,7 +592,6 @@ def _check_counts(c: CheckContext) -> None:
         raise ConfigError(f"{path}.pairs: list at least one (attribute, candidate) pair to count")
     attrs = {f.name: f for f in c.group.features}
     anywhere = {f.name for g in c.features.sequence_groups for f in g.features}
-    sparse = {f.name: f for f in c.features.sparse}
     for j, p in enumerate(s.pairs):
         where = f"{path}.pairs[{j}]"
         if p.attribute not in anywhere:
@@ -595,17 +600,9 @@ def _check_counts(c: CheckContext) -> None:
             )
         if p.attribute not in attrs:  # counted in the groups that have it
             continue
-        cand = sparse.get(p.candidate)
-        if cand is None or cand.user_side:
-            raise ConfigError(
-                f"{where}.candidate: {p.candidate!r} is not a candidate-side sparse feature "
-                f"({sorted(n for n, f in sparse.items() if not f.user_side)})"
-            )
-        if cand.table != attrs[p.attribute].table:
-            raise ConfigError(
-                f"{where}.candidate: {p.candidate!r} uses table {cand.table!r} but {c.group.name}.{p.attribute} "
-                f"uses {attrs[p.attribute].table!r}: counting compares ids, so both must use one table"
-            )
+        _check_candidate_on_table(
+            f"{where}.candidate", p.candidate, c.features, c.group, attrs[p.attribute], "counting"
+        )
     if s.by and s.by not in anywhere:
         raise ConfigError(f"{path}.by: {s.by!r} is not a feature of any sequence group ({sorted(anywhere)})")
     if s.by in attrs and attrs[s.by].multi_valued:
