@@ -61,8 +61,9 @@ class MatchCounts(nn.Module):
         self.register_buffer("by_values", torch.tensor(list(by_values), dtype=torch.long), persistent=False)
         per_pair = len(self.windows) * (1 + (len(by_values) if by_key else 0)) + len(half_lives_s) + 2
         self.num_features = len(self.pair_keys) * per_pair  # + 2: since the newest match, whether one
-        self.longest = longest
-        self.bins = bins
+        self.window_scales = [math.log1p(w) for w in self.windows]  # log1p of each window's most
+        self.sum_scale = math.log1p(longest)
+        self.register_buffer("bin_starts", torch.arange(bins, dtype=torch.float32), persistent=False)
         self.encode = nn.Linear(self.num_features * bins, dim) if dim else None
         self.output_dim = self.num_features + dim
 
@@ -84,16 +85,15 @@ class MatchCounts(nn.Module):
         row_ages = ages.index_select(0, request_index).clamp(min=0)  # [B, L]
         weights = torch.exp2(-row_ages.unsqueeze(2) / self.half_lives)  # [B, L, H]
         row_by = (by.index_select(0, request_index).unsqueeze(2) == self.by_values) if by is not None else None
-        window_scale = [math.log1p(w) for w in self.windows]
         out = []
         for event_ids, candidate_ids, candidate_rows in pairs:
             match = matches(event_ids, mask, candidate_ids, request_index, candidate_rows)  # [B, L], newest first
             hit = match.to(ages.dtype)
-            out += [torch.log1p(hit[:, :w].sum(1, keepdim=True)) / z for w, z in zip(self.windows, window_scale)]
+            out += [torch.log1p(hit[:, :w].sum(1, keepdim=True)) / z for w, z in zip(self.windows, self.window_scales)]
             if row_by is not None:
                 per_value = hit.unsqueeze(2) * row_by  # [B, L, V]
-                out += [torch.log1p(per_value[:, :w].sum(1)) / z for w, z in zip(self.windows, window_scale)]
-            out.append(torch.log1p((hit.unsqueeze(2) * weights).sum(1)) / math.log1p(self.longest))
+                out += [torch.log1p(per_value[:, :w].sum(1)) / z for w, z in zip(self.windows, self.window_scales)]
+            out.append(torch.log1p((hit.unsqueeze(2) * weights).sum(1)) / self.sum_scale)
             found = match.any(1, keepdim=True)
             newest = row_ages.masked_fill(~match, float("inf")).amin(1, keepdim=True).clamp(max=SINCE_CAP_S)
             since = torch.log1p(torch.where(found, newest, torch.zeros_like(newest))) / math.log1p(SINCE_CAP_S)
@@ -124,5 +124,5 @@ class MatchCounts(nn.Module):
         if self.encode is None:
             return f
         # Piecewise-linear bins of [0, 1]: bin j is 0 below its interval, 1 above, linear within.
-        bins = (f.unsqueeze(2) * self.bins - torch.arange(self.bins, device=f.device)).clamp(0, 1)
+        bins = (f.unsqueeze(2) * len(self.bin_starts) - self.bin_starts).clamp(0, 1)
         return torch.cat([f, self.encode(bins.flatten(1))], dim=1)
