@@ -44,12 +44,16 @@ import importlib
 import json
 import math
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import yaml
+
+# A sibling script: ``python benchmarks/datasets.py`` puts benchmarks/ on sys.path.
+from seeds import verdict
 
 from pinads_rec import config, metrics
 from pinads_rec.data.build import build
@@ -58,6 +62,7 @@ from pinads_rec.data.shaped_logs.common import auc
 from pinads_rec.experiments import markdown
 from pinads_rec.experiments.harness import launch, meters
 from pinads_rec.experiments.harness.provenance import code_state
+from pinads_rec.metrics import auc_standard_error, oracle_lift
 from pinads_rec.reference import fit as reference
 from pinads_rec.reference.features import Split
 from pinads_rec.training.run_log import read_run_log
@@ -243,19 +248,10 @@ def format_table(rows: List[dict], models: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dataset", required=True, choices=sorted(DATASETS))
-    p.add_argument("--users", type=int, default=None, help="users of the generated logs (default: the generator's)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--work", default=None, help="working directory (default: runs/datasets_benchmark/<dataset>)")
-    config.add_overrides_flag(p, "an override for the build and both trainings (e.g. train.max_steps=20)")
-    p.add_argument("--timeout-s", type=float, default=4 * 3600.0, help="limit of each training launch")
-    p.add_argument("--config", default=None, help="another config of the dataset's raw files (default: its own)")
-    p.add_argument("--generate", action="append", default=[], metavar="KEY=VALUE", help="a generator option")
-    args = p.parse_args(argv)
+def run_seed(args, seed: int, work: Path) -> dict:
+    """Steps 1-5 for one seed (the generator's, the trainings' and the references'), in ``work``:
+    its report.md / report.json, and the result."""
     ds = DATASETS[args.dataset]
-    work = Path(args.work or REPO / "runs" / "datasets_benchmark" / args.dataset).resolve()
     raw, data = work / "raw", work / "data"
     work.mkdir(parents=True, exist_ok=True)
     stages: Dict[str, dict] = {}
@@ -264,10 +260,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     with Stage("generate", stages):
         writer = importlib.import_module(f"pinads_rec.data.shaped_logs.{args.dataset}")
         options = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.generate)}
-        generated = writer.write(raw, **({"users": args.users} if args.users else {}), seed=args.seed, **options)
-    overrides = data_overrides(data) + truth_overrides(args.dataset) + list(args.overrides)
+        generated = writer.write(raw, **({"users": args.users} if args.users else {}), seed=seed, **options)
+    seeded = [f"train.seed={seed}", f"reference.seed={seed}"] + list(args.overrides)
+    overrides = data_overrides(data) + truth_overrides(args.dataset) + seeded
     with Stage("build", stages):
-        cfg = config_with_truth(args.dataset, data_overrides(data) + list(args.overrides), args.config)
+        cfg = config_with_truth(args.dataset, data_overrides(data) + seeded, args.config)
         built = build(cfg, str(raw), str(data), threads=min(os.cpu_count() or 1, 4))
     runs = {}
     for name, extra in (("model", []), ("no sequences", ["features.sequence_groups=[]"])):
@@ -290,7 +287,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         for name, s in stages.items()
     )
     users = generated.get("users", args.users)
-    title = f"{args.dataset}: {users} users, seed {args.seed} ({args.config or ds.config})" + (
+    title = f"{args.dataset}: {users} users, seed {seed} ({args.config or ds.config})" + (
         f", --set {' '.join(args.overrides)}" if args.overrides else ""
     )
     sizes = {s: {k: built["splits"][s][k] for k in ("requests", "rows")} for s in built["splits"]}
@@ -299,13 +296,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         f"| stage | wall s | peak RSS MiB |\n|---|---|---|\n{timing}\n"
     )
     print("\n" + text)
-    print(f"total {time.perf_counter() - start:.0f} s; report in {work}/report.md and report.json")
+    print(f"seed {seed}: {time.perf_counter() - start:.0f} s; report in {work}/report.md and report.json")
     (work / "report.md").write_text(text)
     result = {
         "dataset": args.dataset,
         "users": args.users,
-        "seed": args.seed,
+        "seed": seed,
         "overrides": list(args.overrides),
+        "models": models,
         "rows": rows,
         "stages": stages,
         "generated": generated,
@@ -315,6 +313,108 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         "runs": {name: str(work / "runs" / name.replace(" ", "_")) for name in runs},
     }
     (work / "report.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# 6. Over the seeds: the mean and spread, and the model's margin over LightGBM.
+# --------------------------------------------------------------------------------------------
+
+
+def seed_rows(results: Sequence[dict]) -> List[dict]:
+    """Per surface x task (the cells every seed has): each model's mean AUC and sd over the seeds, the
+    oracle's, the model's margin over LightGBM (per seed; mean, and its standard error over the
+    seeds), the model's AUC standard error (Hanley & McNeil, mean over the seeds), the margin in it,
+    the verdict (seeds.verdict) and the model's oracle lift (mean, lowest seed)."""
+    models = results[0]["models"]
+    per_seed = [{(r["surface"], r["task"]): r for r in res["rows"]} for res in results]
+    out = []
+    for key in [k for k in per_seed[0] if all(k in s for s in per_seed)]:
+        rs = [s[key] for s in per_seed]
+        row = {"surface": key[0], "task": key[1], "seeds": len(rs)}
+        row["examples"] = statistics.mean(r["examples"] for r in rs)
+        row["positives"] = statistics.mean(r["positives"] for r in rs)
+        for m in models + ["oracle"]:
+            xs = [r[m] for r in rs]
+            row[m], row[f"{m} sd"] = _mean(xs), _sd(xs)
+        nan = float("nan")
+        margins = [nan if None in (r["model"], r["LightGBM"]) else r["model"] - r["LightGBM"] for r in rs]
+        ses = [auc_standard_error(r["model"], r["positives"], r["examples"] - r["positives"]) for r in rs]
+        lifts = [oracle_lift({"auc": r["model"], "oracle_auc": r["oracle"]}) for r in rs]
+        lifts = [nan if x is None else x for x in lifts]
+        row["margin"] = _mean(margins)
+        row["margin se (seeds)"] = _sd(margins) / math.sqrt(len(rs)) if len(rs) > 1 else float("nan")
+        row["auc se"] = _mean([x if x is not None else float("nan") for x in ses])
+        row["margin in se"] = row["margin"] / row["auc se"] if row["auc se"] else float("nan")
+        row["verdict"] = verdict(row["margin"], row["auc se"])
+        row["lift"], row["lift min"] = _mean(lifts), (nan if math.isnan(_mean(lifts)) else min(lifts))
+        out.append(row)
+    return out
+
+
+def _mean(xs: Sequence[Optional[float]]) -> float:
+    """The mean; nan where a seed's value is undefined (a cell of one class: no AUC)."""
+    if any(x is None or math.isnan(x) for x in xs):
+        return float("nan")
+    return statistics.mean(xs)
+
+
+def _sd(xs: Sequence[Optional[float]]) -> float:
+    if len(xs) < 2 or any(x is None or math.isnan(x) for x in xs):
+        return float("nan")
+    return statistics.stdev(xs)
+
+
+def format_seed_table(rows: Sequence[dict], models: Sequence[str]) -> str:
+    def cell(x, spec=".4f"):
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+    head = ["surface", "task", "positives"] + [f"{m} AUC (sd)" for m in models] + ["oracle AUC"]
+    head += ["model - LightGBM", "± seeds", "AUC se", "in se", "verdict", "model lift (min)"]
+    shown = [r for r in rows if min(r["positives"], r["examples"] - r["positives"]) >= MIN_CLASS] or rows
+    body = [
+        [r["surface"], r["task"], f"{r['positives']:,.0f}"]
+        + [f"{cell(r[m])} ({cell(r[f'{m} sd'])})" for m in models]
+        + [cell(r["oracle"]), cell(r["margin"], "+.4f"), cell(r["margin se (seeds)"]), cell(r["auc se"])]
+        + [cell(r["margin in se"], "+.1f"), r["verdict"], f"{cell(r['lift'], '.3f')} ({cell(r['lift min'], '.3f')})"]
+        for r in shown
+    ]
+    return "\n".join(markdown.table(head, body))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", required=True, choices=sorted(DATASETS))
+    p.add_argument("--users", type=int, default=None, help="users of the generated logs (default: the generator's)")
+    p.add_argument(
+        "--seeds", type=int, nargs="+", default=[0, 1, 2], help="each a generator, training and reference seed"
+    )
+    p.add_argument("--work", default=None, help="working directory (default: runs/datasets_benchmark/<dataset>)")
+    config.add_overrides_flag(p, "an override for the build and both trainings (e.g. train.max_steps=20)")
+    p.add_argument("--timeout-s", type=float, default=4 * 3600.0, help="limit of each training launch")
+    p.add_argument("--config", default=None, help="another config of the dataset's raw files (default: its own)")
+    p.add_argument("--generate", action="append", default=[], metavar="KEY=VALUE", help="a generator option")
+    args = p.parse_args(argv)
+    work = Path(args.work or REPO / "runs" / "datasets_benchmark" / args.dataset).resolve()
+    start = time.perf_counter()
+    results = [run_seed(args, seed, work / f"seed-{seed}") for seed in args.seeds]
+    rows = seed_rows(results)
+    models = results[0]["models"]
+    title = f"{args.dataset}: seeds {' '.join(map(str, args.seeds))} ({args.config or DATASETS[args.dataset].config})"
+    title += f", --set {' '.join(args.overrides)}" if args.overrides else ""
+    text = (
+        f"# {title}\n\nAUC on the eval split: the mean over the seeds (sd); the model's margin over LightGBM, "
+        f"its standard error over the seeds, the model's AUC se (Hanley & McNeil) and the margin in it "
+        f"(ahead / behind: beyond one AUC se)\n\n{format_seed_table(rows, models)}\n\n"
+        + "\n".join(f"- seed {seed}: {work / f'seed-{seed}' / 'report.md'}" for seed in args.seeds)
+        + "\n"
+    )
+    print("\n" + text)
+    print(f"total {time.perf_counter() - start:.0f} s; report in {work}/report.md and report.json")
+    (work / "report.md").write_text(text)
+    summary = {"dataset": args.dataset, "seeds": args.seeds, "models": models, "rows": rows}
+    summary["per_seed"] = {r["seed"]: str(work / f"seed-{r['seed']}" / "report.json") for r in results}
+    (work / "report.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
 
 
 if __name__ == "__main__":

@@ -312,8 +312,9 @@ def test_datasets_benchmark_sets_model_no_sequence_reference_and_oracle_side_by_
 
     small = ["build.requests_per_row_group=64", "data.batch_size=256", "data.shuffle_buffer_rows=2048"]
     small += ["data.num_workers=0", "train.warmup_steps=5", "train.log_every=5", "train.tensorboard=false"]
-    out = _run("datasets.py", f"--dataset kuairand --users 100 --work {tmp_path}", small)
-    raw = tmp_path / "raw"
+    out = _run("datasets.py", f"--dataset kuairand --users 100 --seeds 3 --work {tmp_path}", small)
+    work = tmp_path / "seed-3"
+    raw = work / "raw"
     logs = sorted(raw.glob("log_*.csv"))
     assert [f.name for f in logs] == [
         "log_random_4_22_to_5_08_pure.csv",
@@ -335,13 +336,14 @@ def test_datasets_benchmark_sets_model_no_sequence_reference_and_oracle_side_by_
     )
 
     # every split carries the truth; the reference sees the item's attributes through the history
-    schema = pq.read_schema(next((tmp_path / "data" / "train").glob("*.parquet")))
+    schema = pq.read_schema(next((work / "data" / "train").glob("*.parquet")))
     assert {"true_click", "true_long_view", "true_like"} <= set(schema.names)
-    names = json.loads((tmp_path / "reference_features.json").read_text())
+    names = json.loads((work / "reference_features.json").read_text())
     assert "video_id~click_video: newest 5" in names and "author_id~click_author: all" in names
     assert any("~click_video." in n for n in names), names  # an item attribute (its type, music...) through the history
 
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = json.loads((work / "report.json").read_text())
+    assert report["seed"] == 3 and "train.seed=3" in report["commands"]["model"]
     cells = {(r["surface"], r["task"]): r for r in report["rows"]}
     models = ["model", "no sequences", "logistic regression", "LightGBM"]
     for task in ("click", "long_view", "like"):
@@ -353,8 +355,15 @@ def test_datasets_benchmark_sets_model_no_sequence_reference_and_oracle_side_by_
     assert set(report["stages"]) == {"generate", "build", "train: model", "train: no sequences", "reference"}
     assert all(s["wall_s"] > 0 and s["peak_rss_mib"] > 0 for s in report["stages"].values())
     assert "features.sequence_groups=[]" in report["commands"]["no sequences"]
-    table = (tmp_path / "report.md").read_text()
+    table = (work / "report.md").read_text()
     assert "| all | click |" in table and "oracle AUC" in table and table in out
+
+    # over the seeds (one here): each model's mean, the margin over LightGBM and its verdict
+    seeds = json.loads((tmp_path / "report.json").read_text())
+    assert seeds["seeds"] == [3] and seeds["models"] == report["models"]
+    r = {(r["surface"], r["task"]): r for r in seeds["rows"]}[("all", "click")]
+    assert r["model"] == cells[("all", "click")]["model"] and r["margin"] == pytest.approx(r["model"] - r["LightGBM"])
+    assert r["verdict"] in {"ahead", "level", "behind"} and "model - LightGBM" in (tmp_path / "report.md").read_text()
 
 
 def test_reference_features_refits_without_each_group(tiny_data):
@@ -438,3 +447,20 @@ def test_seeds_trains_each_seed_beside_its_reference_and_keeps_finished_runs(tin
     assert "| all | click |" in (tmp_path / "seeds.md").read_text()
     again = _run("seeds.py", flags, overrides)  # the finished runs are kept, not trained again
     assert "seed 0: keeping the finished run" in again and "seed 1: keeping the finished run" in again
+
+
+def test_embedding_dtypes_measures_every_dtype_side_by_side(served_run, tmp_path):
+    """The served run at fp32, int8 and int4: its tables' measured bytes (each smaller), a fresh
+    process's peak RSS, the model alone's rows/s per batch size and the online path's p50."""
+    run, raw, _ = served_run
+    out = tmp_path / "dtypes.json"
+    flags = f"--run {run} --raw {raw} --requests 1 4 --batches 2 --repeats 1 --online-requests 6 --out {out}"
+    text = _run("embedding_dtypes.py", flags)
+    result = json.loads(out.read_text())["dtypes"]
+    assert list(result) == ["fp32", "int8", "int4"]
+    tables = [result[d]["memory"]["tables"] for d in result]
+    assert tables[0] > tables[1] > tables[2] > 0
+    for r in result.values():
+        assert r["memory"]["rss_kib"] > 0 and r["rows_per_s@1"] > 0 and r["rows_per_s@4"] > 0
+        assert 0 < r["online_p50_ms"] <= r["online_p99_ms"]
+    assert "| int8 |" in text and "x smaller" in text
