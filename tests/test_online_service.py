@@ -6,6 +6,7 @@ published under load taken without a failed request, every response naming its v
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -66,9 +67,10 @@ def taobao(tmp_path_factory):
     return run, tmp / "raw", out, out
 
 
-def offline_scores(run: Path, built: Path, tmp: Path, precision: str) -> dict:
-    """(timestamp, user, items) of each eval request -> its candidates' probabilities, by ``serve score``."""
-    predictor = Predictor.from_run(run, precision)
+def offline_scores(run: Path, built: Path, tmp: Path, precision: str, tables: str = "fp32") -> dict:
+    """(timestamp, user, items) of each eval request -> its candidates' probabilities, by ``serve score``
+    (its tables at ``tables``)."""
+    predictor = Predictor.from_run(run, precision, serve={"embedding_dtype": tables})
     cfg = predictor.cfg
     out = tmp / "offline.parquet"
     score_directory(predictor, str(built / "eval"), out)
@@ -88,13 +90,25 @@ def request_key(row: dict, cfg) -> tuple:
 
 # bf16: the same bound, measured: batches composed otherwise than serve score's move a probability
 # by at most 2.6e-8 at bf16 as at fp32 (3.0e-8) on the demo's eval requests (docs/serving.md).
+# int8: every table quantized (serve.embedding_dtype), a managed-collision one included.
 @pytest.mark.parametrize(
-    "which, precision", [("demo", "fp32"), ("taobao", "fp32"), ("managed", "fp32"), ("demo", "bf16")]
+    "which, precision, tables",
+    [
+        ("demo", "fp32", "fp32"),
+        ("taobao", "fp32", "fp32"),
+        ("managed", "fp32", "fp32"),
+        ("demo", "bf16", "fp32"),
+        ("demo", "fp32", "int8"),
+        ("managed", "fp32", "int8"),
+    ],
 )
-def test_online_scores_equal_the_offline_build_and_serve_score(which, precision, request, tmp_path):
+def test_online_scores_equal_the_offline_build_and_serve_score(which, precision, tables, request, tmp_path):
     run, raw, vocabularies, built = request.getfixturevalue(which)
-    ranker = Ranker(run, 8, str(raw), vocabularies and str(vocabularies), precision)
-    expected = offline_scores(run, built, tmp_path, precision)
+    settings = dataclasses.replace(config.ServeConfig(), embedding_dtype=tables)
+    ranker = Ranker(run, 8, str(raw), vocabularies and str(vocabularies), precision, settings)
+    quantized = any(type(m).__module__ == "torchrec.quant.embedding_modules" for m in ranker.predictor.model.modules())
+    assert quantized == (tables != "fp32")
+    expected = offline_scores(run, built, tmp_path, precision, tables)
     # The whole log's requests, those of the eval split kept (the tiny world's splits are not the run config's).
     every = ranker.live.requests_from_logs(None, limit=10**6)
     keyed = zip(every, [request_key(r, ranker.cfg) for r in ranker.live.build(every).to_pylist()])
@@ -110,7 +124,7 @@ def test_online_scores_equal_the_offline_build_and_serve_score(which, precision,
             scored += len(got)
             assert answer["model_version"] == "run@step-8" and answer["precision"] == precision
     assert scored == sum(len(v) for v in expected.values())
-    assert worst <= 1e-6, f"{which} {precision}: online and offline scores differ by {worst}"
+    assert worst <= 1e-6, f"{which} {precision} {tables}: online and offline scores differ by {worst}"
 
 
 # --- on Ray Serve, over HTTP ------------------------------------------------------------------------

@@ -45,6 +45,18 @@ def validate(cfg: ExperimentConfig) -> None:
     _validate_data(cfg.data, cfg.features, cfg.model)
     _validate_model(cfg.model, cfg.features)
     _validate_train(cfg.train, cfg)
+    _validate_table_dtypes(cfg)
+
+
+def _validate_table_dtypes(cfg: ExperimentConfig) -> None:
+    """serve.table_dtypes: tables of features.tables, each given a dtype serve.embedding_dtype takes."""
+    dtypes = ("fp32", "fp16", "int8", "int4")
+    tables = [t.name for t in cfg.features.tables]
+    for table, dtype in cfg.serve.table_dtypes.items():
+        if table not in tables:
+            raise ConfigError(f"serve.table_dtypes.{table}: no such table in features.tables ({tables})")
+        if dtype not in dtypes:
+            raise ConfigError(f"serve.table_dtypes.{table}: {dtype!r} is not one of {list(dtypes)}")
 
 
 def _validate_managed_collision(where: str, t) -> None:

@@ -412,6 +412,13 @@ class ServeConfig:
     # How often a replica looks for a newer model (a run's newer checkpoint, the daily loop's next
     # day), seconds; 0: never.
     reload_poll_s: float = 10.0
+    # The embedding tables' dtype as served (serve score / export / online, Predictor;
+    # serve/quantize.py): fp32 as trained, or fp16 / int8 / int4 through TorchRec's quantized
+    # collections (int8 and int4 row-wise: each row with its own scale and bias).
+    embedding_dtype: Literal["fp32", "fp16", "int8", "int4"] = "fp32"
+    # Per-table exceptions to embedding_dtype, {table: dtype}: e.g. the AUC guard's choice
+    # (python -m pinads_rec.serve guard --write).
+    table_dtypes: Dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

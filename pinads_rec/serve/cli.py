@@ -3,31 +3,37 @@
     python -m pinads_rec.serve score --run runs/demo [--data data/demo/eval] [--out predictions.parquet]
                                      [--precision auto|fp32|bf16|fp16] [--batch-size 4096]
     python -m pinads_rec.serve export --run runs/demo --out model.pt2 [--precision auto|bf16]
+    python -m pinads_rec.serve guard --run runs/demo [--dtypes fp16 int8 int4] [--tolerance 0.001] [--write F]
     python -m pinads_rec.serve export-ads --run runs/two_tower --data data/demo/eval --out ads.parquet
     python -m pinads_rec.serve online --run runs/demo --raw data/demo/raw [--vocabularies BUILD] [--address RAY]
     python -m pinads_rec.serve requests --run runs/demo --raw data/demo/raw --split eval --out requests.jsonl
     python -m pinads_rec.serve kuberay --run /models/demo --raw /data/raw --image IMAGE --out rayservice.yaml
 
-The command line only: each command is one call into scoring.py, export.py, ad_table.py, online.py
-or kuberay.py. A run,
+The command line only: each command is one call into scoring.py, export.py, guard.py, ad_table.py,
+online.py or kuberay.py. ``score``, ``export`` and ``online`` take ``--set`` for serve.* settings: the
+tables' dtypes (``--set embedding_dtype=int8``, ``--set table_dtypes.user=fp32``; serve/quantize.py). A run,
 checkpoint or data error is one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Optional, Sequence
 
 from pinads_rec import arguments, config
 from pinads_rec.data.build.live import RequestError
 from pinads_rec.data.loader.contract import ContractError
 from pinads_rec.modules.precision import PRECISIONS
+from pinads_rec.serve import guard
 from pinads_rec.serve.ad_table import export_ads
 from pinads_rec.serve.export import export_run
 from pinads_rec.serve.loading import ServeError
+from pinads_rec.serve.online import serve_settings
 from pinads_rec.serve.scoring import Predictor, score_directory
 from pinads_rec.training import checkpoint as ckpt_lib
 
@@ -48,8 +54,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                 "(default: the run's model.precision.inference, auto unless set)",
             )
 
+    def settings(s: argparse.ArgumentParser) -> None:
+        s.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a serve.* setting over the run's: embedding_dtype=fp32|fp16|int8|int4, table_dtypes.<table>=<dtype>",
+        )
+
     s = sub.add_parser("score", help="score a Parquet directory of requests, write predictions as Parquet")
     common(s)
+    settings(s)
     s.add_argument(
         "--data",
         default=None,
@@ -78,6 +94,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
     s = sub.add_parser("export", help="torch.export the model to a .pt2 archive")
     common(s)
+    settings(s)
     s.add_argument("--out", default="model.pt2", type=arguments.output_file)
     s.add_argument(
         "--data",
@@ -85,6 +102,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         type=arguments.existing_path,
         help="data for the example batch (default: the run's eval data)",
     )
+
+    s = sub.add_parser("guard", help="each table's AUC cost at each dtype; the smallest within a tolerance")
+    common(s)
+    s.add_argument("--data", default=None, type=arguments.existing_path, help="default: the run's data.eval_dir")
+    s.add_argument("--dtypes", nargs="+", choices=["fp16", "int8", "int4"], default=["fp16", "int8", "int4"])
+    s.add_argument("--tolerance", type=float, default=0.001, help="largest |AUC delta| on any surface x task")
+    s.add_argument(
+        "--calibration-tolerance", type=float, default=0.005, help="largest relative calibration change (0.005: 0.5%%)"
+    )
+    s.add_argument("--batch-size", type=arguments.positive_int, default=4096)
+    s.add_argument("--write", default=None, type=arguments.output_file, help="save the choice as a serve: section")
+    s.add_argument("--json", default=None, type=arguments.output_file, help="save every measurement as JSON")
 
     s = sub.add_parser("export-ads", help="two-tower: write every item's ad-tower vectors to Parquet")
     common(s)
@@ -152,7 +181,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)  # TorchRec's is_fx_tracing notice
     try:
         if args.command == "score":
-            predictor = Predictor.from_run(args.run, args.precision, args.step, args.fp16_overflow)
+            tables = serve_settings(args.set)
+            predictor = Predictor.from_run(args.run, args.precision, args.step, args.fp16_overflow, serve=tables)
             data = args.data or predictor.cfg.data.eval_dir
             stats = score_directory(predictor, data, args.out, args.batch_size)
             print(
@@ -161,11 +191,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             )
         elif args.command == "export":
             started = time.perf_counter()
-            out = export_run(args.run, args.out, args.data, args.precision)
+            out = export_run(args.run, args.out, args.data, args.precision, serve=serve_settings(args.set))
             print(
                 f"exported {args.run} -> {out} ({out.stat().st_size / 2**20:.1f} MiB, "
                 f"{time.perf_counter() - started:.0f}s); reload with pinads_rec.serve.load_exported"
             )
+        elif args.command == "guard":
+            result = guard.guard(
+                args.run,
+                args.data,
+                args.dtypes,
+                args.tolerance,
+                args.calibration_tolerance,
+                args.batch_size,
+                args.precision,
+                args.step,
+            )
+            print(guard.report(result))
+            if args.write:
+                print(f"wrote {guard.write_choice(result['choice'], args.write)}")
+            print(f"serve with: {guard.set_flags(result['choice']) or '(every table fp32)'}")
+            if args.json:
+                Path(args.json).write_text(json.dumps(guard.as_json(result), indent=1) + "\n")
         elif args.command == "export-ads":
             n = export_ads(args.run, args.data, args.out, args.precision, args.batch_size)
             print(f"wrote {n:,} ad embeddings -> {args.out}")

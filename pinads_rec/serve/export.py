@@ -16,7 +16,7 @@ import json
 import logging
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 from torch import nn
@@ -24,6 +24,7 @@ from torch import nn
 from pinads_rec import config
 from pinads_rec.data.loader.batch import Batch
 from pinads_rec.features import FeatureLayout
+from pinads_rec.library_notices import without_warning
 from pinads_rec.serve.batching import RequestBatcher, file_order_batches
 from pinads_rec.serve.loading import ServeError
 from pinads_rec.serve.scoring import Predictor, RowScorer
@@ -125,6 +126,19 @@ def _quiet_torchrec_export_warnings():
         root.setLevel(level)
 
 
+@contextmanager
+def _fbgemm_fake_classes():
+    # The quantized collections' kernels hold fbgemm's TorchScript counters, which export traces
+    # through TorchRec's fake versions of them, registered for the trace only.
+    from torchrec.pt2.utils import deregister_fake_classes, register_fake_classes
+
+    register_fake_classes()
+    try:
+        yield
+    finally:
+        deregister_fake_classes()
+
+
 def export_program(model: nn.Module, features: config.FeaturesConfig, example: Batch):
     """``torch.export`` (non-strict) of the whole prepared model on an example batch; every batch
     dimension dynamic, sizes 0 and 1 included (``backed_size_oblivious``: a single request of a single
@@ -141,8 +155,12 @@ def export_program(model: nn.Module, features: config.FeaturesConfig, example: B
     auto = torch.export.Dim.AUTO
     dynamic = tuple({k: {0: auto} for k in a} if isinstance(a, dict) else {0: auto} for a in args)
     try:
-        with fx_config.patch(backed_size_oblivious=True), _quiet_torchrec_export_warnings(), torch.no_grad():
-            return torch.export.export(flat, args, dynamic_shapes=dynamic, strict=False)
+        with fx_config.patch(backed_size_oblivious=True), _quiet_torchrec_export_warnings(), _fbgemm_fake_classes():
+            with torch.no_grad():
+                # One eager call first: the quantized collections cache their features' order on
+                # their first call, through a torch.tensor(data=...) the non-strict tracer cannot take.
+                flat(*args)
+                return torch.export.export(flat, args, dynamic_shapes=dynamic, strict=False)
     except Exception as e:  # torch.export's errors run to pages: keep the cause, point at the guide
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
         raise ServeError(
@@ -157,10 +175,12 @@ def export_run(
     data_dir: Optional[str] = None,
     precision: Optional[str] = None,
     example_rows: int = 64,
+    serve: Optional[Dict[str, Any]] = None,
 ) -> Path:
     """Exports a run's model to ``out`` (.pt2), traced on the first ``example_rows`` rows of
-    ``data_dir`` (default: the run's eval data)."""
-    predictor = Predictor.from_run(run_dir, precision)
+    ``data_dir`` (default: the run's eval data); ``serve``: serve.* settings over the run's (its
+    tables' dtypes: a quantized model exports with its quantized collections)."""
+    predictor = Predictor.from_run(run_dir, precision, serve=serve)
     cfg = predictor.cfg
     example = next(iter(file_order_batches(cfg, data_dir or cfg.data.eval_dir, example_rows)))
     program = export_program(predictor.model, cfg.features, example)
@@ -173,7 +193,10 @@ def export_run(
         "precision": cfg.model.precision.inference,  # as served: auto resolved
         "run": str(run_dir),
     }
-    torch.export.save(program, str(out), extra_files={EXPORT_CONFIG: json.dumps(meta, default=str)})
+    # The quantized kernels' packed rows are shared by TorchRec's per-table views of them, and the
+    # archive warns of such groups; the reload scores as the eager model (tests/test_quantized_tables.py).
+    with without_warning("No complete tensor found in the group!", UserWarning):
+        torch.export.save(program, str(out), extra_files={EXPORT_CONFIG: json.dumps(meta, default=str)})
     return out
 
 

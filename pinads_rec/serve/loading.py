@@ -16,7 +16,7 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
-from typing import Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -26,6 +26,7 @@ from pinads_rec.library_notices import without_warning
 from pinads_rec.managed_collision import route_misses
 from pinads_rec.models import build_model
 from pinads_rec.modules.precision import PRECISIONS, resolve, set_precision
+from pinads_rec.serve.quantize import quantize_tables, table_dtypes
 from pinads_rec.training import checkpoint as ckpt_lib
 from pinads_rec.training.run_log import CONFIG_FILE
 
@@ -109,18 +110,31 @@ def prepare(model: nn.Module, precision: str, fp16_overflow: str = "error") -> n
     return model
 
 
+def with_serve_settings(cfg: config.ExperimentConfig, settings: Optional[Dict[str, Any]]) -> config.ExperimentConfig:
+    """``cfg`` with a launch's ``serve.*`` settings (``serve_settings``) over the run's;
+    ``table_dtypes`` adds to the run's exceptions. Checked as a loaded config is."""
+    if not settings:
+        return cfg
+    raw = config.to_dict(cfg)
+    table_dtypes = {**raw["serve"]["table_dtypes"], **settings.get("table_dtypes", {})}
+    raw["serve"].update(settings, table_dtypes=table_dtypes)
+    return config.from_dict(raw)
+
+
 def load_model(
     run_dir: Union[str, Path],
     precision: Optional[str] = None,
     step: Optional[int] = None,
     fp16_overflow: Optional[str] = None,
     device: str = "cpu",
+    serve: Optional[Dict[str, Any]] = None,
 ) -> Tuple[nn.Module, config.ExperimentConfig]:
     """(unsharded model with the trained weights on ``device``, ready to score; the run's config as
     served: its ``model.precision.inference`` is the precision the model runs in, ``auto`` resolved
-    for that device)."""
+    for that device). ``serve``: serve.* settings over the run's (``with_serve_settings``); the
+    tables are served at their ``table_dtypes`` (serve/quantize.py)."""
     path = find_checkpoint(run_dir, step)
-    cfg = run_config(run_dir, path)
+    cfg = with_serve_settings(run_config(run_dir, path), serve)
     model = build_model(cfg.features, cfg.model)
     load_weights(model, path)
     route_misses(model, ckpt_lib.saved_world_size(path))  # managed tables' unknown rows, as trained
@@ -131,6 +145,9 @@ def load_model(
     prec = cfg.model.precision
     chosen = resolve(precision or prec.inference, next(model.parameters()).device, "inference precision")
     prepare(model, chosen, fp16_overflow or prec.fp16_overflow)
-    log.info("loaded %s (%s, %s)", path, cfg.model.kind, chosen)
+    dtypes = table_dtypes(cfg)
+    quantize_tables(model, dtypes)
+    shown = ", ".join(f"{d} {t}" for t, d in dtypes.items() if d != "fp32") or "fp32"
+    log.info("loaded %s (%s, %s; tables %s)", path, cfg.model.kind, chosen, shown)
     served = dataclasses.replace(prec, inference=chosen)
     return model, dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, precision=served))

@@ -47,7 +47,7 @@ from pinads_rec import config
 from pinads_rec.data.build.live import LiveFeatures, RequestError
 from pinads_rec.data.loader.contract import ContractError
 from pinads_rec.serve.dynamic_batching import DynamicBatcher
-from pinads_rec.serve.loading import ServeError, find_checkpoint
+from pinads_rec.serve.loading import ServeError, find_checkpoint, with_serve_settings
 from pinads_rec.serve.scoring import Predictor
 from pinads_rec.training import checkpoint as ckpt_lib
 
@@ -131,7 +131,10 @@ class Ranker:
         settings: Optional[config.ServeConfig] = None,
     ):
         device = resolve_device(settings.device if settings else "auto")
-        self.predictor = Predictor.from_run(run_dir, precision, step, device=device)
+        tables = None  # the launch's table dtypes, else the run's
+        if settings:
+            tables = {"embedding_dtype": settings.embedding_dtype, "table_dtypes": settings.table_dtypes}
+        self.predictor = Predictor.from_run(run_dir, precision, step, device=device, serve=tables)
         cfg = self.predictor.cfg
         self.cfg, self.version = cfg, version_of(run_dir, step)
         self.precision = cfg.model.precision.inference
@@ -206,19 +209,24 @@ class ServiceSpec:
     settings: Dict[str, Any] = dataclasses.field(default_factory=dict)  # ServeConfig fields overriding the run's
 
     def serve_config(self, cfg: config.ExperimentConfig) -> config.ServeConfig:
-        return dataclasses.replace(cfg.serve, **self.settings)
+        return with_serve_settings(cfg, self.settings).serve
 
 
 def serve_settings(assignments: List[str]) -> Dict[str, Any]:
-    """``KEY=VALUE`` strings -> ServeConfig fields (typed as the dataclass declares them)."""
+    """``KEY=VALUE`` strings -> ServeConfig fields (typed as the dataclass declares them; checked when
+    applied, ``loading.with_serve_settings``). ``table_dtypes.<table>=<dtype>`` is one table's exception."""
     fields = {f.name: f.type for f in dataclasses.fields(config.ServeConfig)}
     out: Dict[str, Any] = {}
     for item in assignments:
         key, sep, value = item.partition("=")
         key = key.removeprefix("serve.")
+        head, dot, table = key.partition(".")
+        if sep and head == "table_dtypes" and dot:
+            out.setdefault("table_dtypes", {})[table] = value
+            continue
         if not sep or key not in fields:
             raise config.ConfigError(f"--set {item!r}: give KEY=VALUE with KEY one of {', '.join(fields)}")
-        kind = {"int": int, "float": float, "str": str}[str(fields[key])]
+        kind = {"int": int, "float": float}.get(str(fields[key]), str)
         try:
             out[key] = kind(value)
         except ValueError:

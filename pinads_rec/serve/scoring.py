@@ -16,7 +16,7 @@ import re
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 import pyarrow as pa
@@ -77,8 +77,10 @@ class Predictor(RowScorer):
         step: Optional[int] = None,
         fp16_overflow: Optional[str] = None,
         device: str = "cpu",
+        serve: Optional[Dict[str, Any]] = None,
     ) -> "Predictor":
-        model, cfg = load_model(run_dir, precision, step, fp16_overflow, device)
+        """``serve``: serve.* settings over the run's (its tables' dtypes, ``loading.load_model``)."""
+        model, cfg = load_model(run_dir, precision, step, fp16_overflow, device, serve)
         return cls(model, cfg)
 
     @torch.inference_mode()
